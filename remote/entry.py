@@ -1,0 +1,26 @@
+# The one entry point for everything specrig runs on a host:
+#     <python> <bundle>/remote/entry.py <args.json>
+# This file stays in syntax that any Python parses, so that an interpreter too
+# old for the rest of remote/ still reports its version instead of a SyntaxError.
+import json
+import sys
+
+SENTINEL = "@@SPECRIG-RESULT@@"
+MINIMUM = (3, 9)
+
+if sys.version_info[:2] < MINIMUM:
+    sys.stdout.write("\n" + SENTINEL + " " + json.dumps({
+        "ok": False,
+        "error": {
+            "kind": "python-too-old",
+            "message": "Python %d.%d.%d at %s is older than the %d.%d specrig needs"
+            % (sys.version_info[0], sys.version_info[1], sys.version_info[2],
+               sys.executable, MINIMUM[0], MINIMUM[1]),
+        },
+    }) + "\n")
+    sys.exit(3)
+
+import rpc  # noqa: E402  (only after the version check)
+
+if __name__ == "__main__":
+    rpc.main(sys.argv[1:])

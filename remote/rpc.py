@@ -1,0 +1,111 @@
+"""The host half of the remote primitive: read the call, run it, print the result.
+
+A call file holds {"command": str, "args": dict, "env": dict, "timeout_s": float|null}.
+The command is the module remote/<command>.py, whose run(args) returns a dict.
+The result is printed as one line, SENTINEL + JSON, so that whatever libraries
+print to stdout before it does no harm.
+"""
+import importlib
+import json
+import os
+import re
+import signal
+import sys
+import threading
+import traceback
+
+SENTINEL = "@@SPECRIG-RESULT@@"
+COMMAND_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_print_lock = threading.Lock()
+_printed = False
+
+
+class RemoteFailure(Exception):
+    """An expected failure of a remote command, reported by kind rather than traceback."""
+
+    def __init__(self, kind, message, **details):
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.details = details
+
+    def as_error(self):
+        return dict(self.details, kind=self.kind, message=self.message)
+
+
+def emit(payload):
+    """Print the result line once; later calls (a racing deadline) are ignored."""
+    global _printed
+    with _print_lock:
+        if _printed:
+            return
+        _printed = True
+        sys.stdout.flush()
+        sys.stdout.write("\n" + SENTINEL + " " + json.dumps(payload, default=str) + "\n")
+        sys.stdout.flush()
+
+
+def _arm_deadline(timeout_s):
+    """End this process and everything it started once the deadline passes.
+
+    A timer thread, not SIGALRM: it fires even while the main thread is stuck
+    inside C code. The process group is killed because commands may have
+    started children (nvidia-smi, pip) that would otherwise outlive the call.
+    """
+
+    def expire():
+        emit({"ok": False, "error": {"kind": "timeout",
+                                     "message": "remote command exceeded its %.0f s deadline" % timeout_s}})
+        try:
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+        finally:
+            os._exit(124)
+
+    timer = threading.Timer(timeout_s, expire)
+    timer.daemon = True
+    timer.start()
+
+
+def load_call(path):
+    with open(path, encoding="utf-8") as handle:
+        call = json.load(handle)
+    command = call.get("command")
+    if not isinstance(command, str) or not COMMAND_NAME.match(command):
+        raise RemoteFailure("bad-call", "call file %s names no valid command: %r" % (path, command))
+    return call
+
+
+def main(argv):
+    if len(argv) != 1:
+        emit({"ok": False, "error": {"kind": "bad-call", "message": "usage: entry.py <args.json>"}})
+        sys.exit(2)
+    path = argv[0]
+    try:
+        call = load_call(path)
+    except RemoteFailure as failure:
+        emit({"ok": False, "error": failure.as_error()})
+        sys.exit(2)
+    finally:
+        if os.path.basename(os.path.dirname(os.path.abspath(path))) == "calls":
+            # Per-call argument files are single use; leave no litter on the host.
+            try:
+                os.unlink(path)
+            except OSError:
+                pass
+    os.environ.update({str(k): str(v) for k, v in (call.get("env") or {}).items()})
+    if call.get("timeout_s"):
+        _arm_deadline(float(call["timeout_s"]))
+    try:
+        module = importlib.import_module(call["command"])
+        result = module.run(call.get("args") or {})
+    except RemoteFailure as failure:
+        emit({"ok": False, "error": failure.as_error()})
+        os._exit(3)
+    except BaseException as exc:  # noqa: BLE001 - everything is reported, typed
+        emit({"ok": False, "error": {"kind": "script-error", "message": "%s: %s" % (type(exc).__name__, exc),
+                                     "traceback": traceback.format_exc()}})
+        os._exit(3)
+    emit({"ok": True, "result": result})
+    # os._exit: no interpreter teardown that could hang on a library's threads
+    # (emit has flushed stdout already).
+    os._exit(0)

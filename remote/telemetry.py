@@ -1,0 +1,82 @@
+"""GPU telemetry from nvidia-smi's CSV query output (stdlib only).
+
+Parses both `--format=csv` (header with units, values like "29587 MiB") and
+`--format=csv,noheader,nounits`. A missing nvidia-smi is a fact, not an error.
+"""
+import csv
+import io
+import shutil
+import subprocess
+
+#: The fields specrig asks nvidia-smi for, in order, with the key each becomes.
+GPU_FIELDS = (
+    ("index", "index", int),
+    ("name", "name", str),
+    ("uuid", "uuid", str),
+    ("memory.used", "memory_used_mib", float),
+    ("memory.total", "memory_total_mib", float),
+    ("utilization.gpu", "utilization_pct", float),
+    ("temperature.gpu", "temperature_c", float),
+    ("power.draw", "power_w", float),
+)
+APP_FIELDS = (
+    ("pid", "pid", int),
+    ("process_name", "process_name", str),
+    ("gpu_uuid", "gpu_uuid", str),
+    ("used_gpu_memory", "memory_used_mib", float),
+)
+UNITS = (" MiB", " %", " W", " MHz")
+
+
+def _value(text, kind):
+    text = text.strip()
+    for unit in UNITS:
+        if text.endswith(unit):
+            text = text[: -len(unit)]
+    if text in ("[N/A]", "N/A", "[Not Supported]", ""):
+        return None
+    return kind(text)
+
+
+def parse_csv(text, fields):
+    """Rows of nvidia-smi CSV as dicts keyed by our names; a header row, if present, selects columns."""
+    rows = [row for row in csv.reader(io.StringIO(text), skipinitialspace=True) if row]
+    if not rows:
+        return []
+    header = [column.split(" [")[0].strip() for column in rows[0]]
+    wanted = [query for query, _, _ in fields]
+    if set(wanted) <= set(header):
+        positions = [header.index(query) for query in wanted]
+        rows = rows[1:]
+    else:
+        positions = list(range(len(fields)))
+    parsed = []
+    for row in rows:
+        parsed.append({key: _value(row[pos], kind) for pos, (_, key, kind) in zip(positions, fields)})
+    return parsed
+
+
+def _query(flag, fields, timeout):
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None, "nvidia-smi not found on PATH"
+    argv = [exe, "%s=%s" % (flag, ",".join(query for query, _, _ in fields)), "--format=csv"]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, "nvidia-smi did not answer within %d s" % timeout
+    if proc.returncode != 0:
+        return None, "nvidia-smi failed: %s" % (proc.stderr or proc.stdout).strip()
+    return parse_csv(proc.stdout, fields), None
+
+
+def gpus(timeout=15):
+    """{"available": bool, "gpus": [...], "reason": str|None}."""
+    rows, reason = _query("--query-gpu", GPU_FIELDS, timeout)
+    return {"available": rows is not None, "gpus": rows or [], "reason": reason}
+
+
+def compute_apps(timeout=15):
+    """Processes holding GPU memory: [{pid, process_name, gpu_uuid, memory_used_mib}]."""
+    rows, _ = _query("--query-compute-apps", APP_FIELDS, timeout)
+    return rows or []

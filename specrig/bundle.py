@@ -1,0 +1,62 @@
+"""The content-addressed bundle of files every remote call runs from.
+
+remote/ and patchsets/ travel as one tar; its name is the sha256 of the
+paths and bytes inside, so a host keeps one copy per version of our code and
+an unchanged bundle is never sent twice. patchset.yaml files travel as JSON:
+the host's Python may lack PyYAML.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import yaml
+
+from specrig.paths import patchsets_dir, remote_dir
+
+SKIP_PARTS = {"__pycache__", ".pytest_cache"}
+
+
+def _bundle_files() -> list[tuple[str, bytes]]:
+    files = []
+    for top, arcroot in ((remote_dir(), "remote"), (patchsets_dir(), "patchsets")):
+        for path in sorted(top.rglob("*")):
+            if not path.is_file() or SKIP_PARTS & set(path.parts) or path.suffix == ".pyc":
+                continue
+            arcname = f"{arcroot}/{path.relative_to(top).as_posix()}"
+            data = path.read_bytes()
+            if path.name == "patchset.yaml":
+                arcname = arcname[: -len(".yaml")] + ".json"
+                data = json.dumps(yaml.safe_load(data), indent=1, sort_keys=True, default=str).encode()
+            files.append((arcname, data))
+    return files
+
+
+class Bundle:
+    """The bundle's files, digest and tar bytes."""
+
+    def __init__(self, files: list[tuple[str, bytes]]):
+        self.files = files
+        digest = hashlib.sha256()
+        for name, data in files:
+            digest.update(name.encode() + b"\0" + len(data).to_bytes(8, "big") + data)
+        self.digest = digest.hexdigest()
+
+    @functools.cached_property
+    def tar_bytes(self) -> bytes:
+        buffer = io.BytesIO()
+        with tarfile.open(fileobj=buffer, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+            for name, data in self.files + [(".complete", self.digest.encode())]:
+                info = tarfile.TarInfo(name)
+                info.size, info.mode, info.mtime = len(data), 0o644, 0
+                tar.addfile(info, io.BytesIO(data))
+        return buffer.getvalue()
+
+
+def current_bundle() -> Bundle:
+    """The bundle of the code as it is now (rebuilt per task: files may have changed)."""
+    return Bundle(_bundle_files())

@@ -1,0 +1,52 @@
+"""`inv doctor`: what a host is and whether it can run specrig's work."""
+from __future__ import annotations
+
+import time
+
+from rich.table import Table
+
+from specrig.inventory import Host
+from specrig.remote import connect
+from specrig.ui import console, human_bytes, print_json
+
+
+def doctor(host: Host) -> dict:
+    """One connection, one call: the host's facts plus how we reached it."""
+    started = time.monotonic()
+    with connect(host) as remote:
+        facts = remote.call("doctor", {"workdir": host.workdir}, timeout=60)
+        facts["connection"] = {"target": host.describe(), "ssh": not host.is_local,
+                               "exec_channels": remote.exec_count,
+                               "bundle_uploaded": getattr(remote, "uploaded", False)}
+    facts["connection"]["seconds"] = round(time.monotonic() - started, 3)
+    return facts
+
+
+def show(facts: dict, *, as_json: bool, host: Host) -> None:
+    if as_json:
+        print_json(facts)
+        return
+    conn, python = facts["connection"], facts["python"]
+    summary = Table.grid(padding=(0, 2))
+    summary.add_row("host", f"{host.name} → {conn['target']} (reached in {conn['seconds']:.2f} s)")
+    summary.add_row("user / shell", f"{facts['user']} / {facts['login_shell']}")
+    summary.add_row("python", f"{python['version']}  {python['executable']}")
+    for name, version in facts["packages"].items():
+        summary.add_row(name, version or "[yellow]not installed[/]")
+    disk = facts["disk"]
+    summary.add_row("workdir", f"{disk['path']}: {human_bytes(disk['free_bytes'])} free"
+                               + ("" if disk["exists"] else " (does not exist yet)"))
+    console.print(summary)
+    gpu = facts["gpu"]
+    if not gpu["available"]:
+        console.print(f"GPUs: none visible ({gpu['reason']})")
+        return
+    table = Table(title="GPUs")
+    for column in ("#", "name", "memory used / total", "util", "temp", "power"):
+        table.add_column(column)
+    for g in gpu["gpus"]:
+        table.add_row(str(g["index"]), g["name"],
+                      f"{g['memory_used_mib']:.0f} / {g['memory_total_mib']:.0f} MiB",
+                      f"{g['utilization_pct']:.0f} %", f"{g['temperature_c']:.0f} °C",
+                      f"{g['power_w']:.0f} W" if g["power_w"] is not None else "-")
+    console.print(table)

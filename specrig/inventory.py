@@ -1,0 +1,203 @@
+"""hosts.yaml: hosts by name, groups of hosts, and defaults every host inherits.
+
+The schema is data (FIELDS): each field's type, default and meaning. Every
+problem is one line naming the file, the key and the bad value, and exits 2.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from pathlib import Path
+from typing import Any, Iterator
+
+import yaml
+
+from specrig.errors import InventoryError
+
+LOCAL = "local"
+HOST_KEY_POLICIES = ("reject", "accept-new")
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    name: str
+    types: tuple
+    default: Any
+    help: str
+
+    def type_names(self) -> str:
+        names = {str: "a string", int: "an integer", dict: "a mapping", list: "a list", bool: "true/false"}
+        return " or ".join(names[t] for t in self.types)
+
+
+#: Keys of a host entry (and of `defaults`).
+FIELDS = {f.name: f for f in (
+    Field("hostname", (str,), None, "address or ssh_config alias (default: the entry's name)"),
+    Field("port", (int,), None, "SSH port (default: ssh_config, else 22)"),
+    Field("user", (str,), None, "login user (default: ssh_config, else the local user)"),
+    Field("identity_file", (str,), None, "private key; ssh_config and ssh-agent otherwise"),
+    Field("python", (str,), "python3", "interpreter of the environment holding speculators and vLLM"),
+    Field("workdir", (str,), "~/specrig", "where runs, logs and outputs live on the host"),
+    Field("env", (dict,), {}, "variables for remote jobs (CUDA_VISIBLE_DEVICES, NCCL_*)"),
+    Field("gpus", (int,), None, "number of GPUs the host has"),
+    Field("host_key_policy", (str,), "reject", "reject unknown host keys, or accept-new (record on first use)"),
+    Field("extract", (dict,), {}, "defaults for `inv extract`: model, data, out, tp, layers, batch_size, ..."),
+    Field("description", (str,), "", "free text shown by `inv hosts`"),
+)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Host:
+    """One host of the inventory, with defaults applied and paths resolved."""
+
+    name: str
+    hostname: str | None = None
+    port: int | None = None
+    user: str | None = None
+    identity_file: str | None = None
+    python: str = "python3"
+    workdir: str = "~/specrig"
+    env: dict = dataclasses.field(default_factory=dict)
+    gpus: int | None = None
+    host_key_policy: str = "reject"
+    extract: dict = dataclasses.field(default_factory=dict)
+    description: str = ""
+    #: Project known_hosts file, beside hosts.yaml.
+    known_hosts: str | None = None
+
+    @property
+    def is_local(self) -> bool:
+        return self.name == LOCAL
+
+    def describe(self) -> str:
+        if self.is_local:
+            return "this machine"
+        user = f"{self.user}@" if self.user else ""
+        port = f":{self.port}" if self.port else ""
+        return f"{user}{self.hostname or self.name}{port}"
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Inventory:
+    path: Path
+    hosts: dict
+    groups: dict
+
+    def host(self, name: str) -> Host:
+        """The host called `name`; `local` is always there (this machine, no SSH)."""
+        if name in self.hosts:
+            return self.hosts[name]
+        if name == LOCAL:
+            return Host(name=LOCAL, python=sys.executable, workdir=str(Path.home() / "specrig"))
+        raise InventoryError(f"{self.path}: no host {name!r}",
+                             hint=f"known hosts: {', '.join(sorted(self.hosts)) or 'none'}, local; "
+                                  f"groups: {', '.join(sorted(self.groups)) or 'none'}")
+
+    def select(self, name: str) -> list[Host]:
+        """A host, or every host of a group."""
+        if name in self.groups:
+            return [self.hosts[member] for member in self.groups[name]]
+        return [self.host(name)]
+
+    def __iter__(self) -> Iterator[Host]:
+        return iter(self.hosts.values())
+
+
+def default_path() -> Path:
+    """$SPECRIG_HOSTS, else hosts.yaml in the current directory, else the project's own."""
+    if os.environ.get("SPECRIG_HOSTS"):
+        return Path(os.environ["SPECRIG_HOSTS"])
+    here = Path.cwd() / "hosts.yaml"
+    return here if here.exists() else Path(__file__).resolve().parent.parent / "hosts.yaml"
+
+
+def load_inventory(path: str | os.PathLike | None = None) -> Inventory:
+    path = Path(path) if path else default_path()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InventoryError(f"{path}: inventory file not found",
+                             hint="create it (see the README's hosts.yaml section) or set SPECRIG_HOSTS") from None
+    except OSError as exc:
+        raise InventoryError(f"{path}: cannot read inventory: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise InventoryError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    return parse_inventory(data if data is not None else {}, path=path)
+
+
+def parse_inventory(data: Any, *, path: Path) -> Inventory:
+    def fail(key: str, message: str, hint: str | None = None) -> InventoryError:
+        return InventoryError(f"{path}: {key}: {message}", hint=hint)
+
+    if not isinstance(data, dict):
+        raise fail("(top level)", f"expected a mapping with 'hosts', got {type(data).__name__} {data!r:.60}")
+    unknown = set(data) - {"defaults", "hosts", "groups"}
+    if unknown:
+        raise fail(sorted(map(str, unknown))[0], "unknown top-level key", hint="allowed: defaults, hosts, groups")
+    defaults = _check_entry(data.get("defaults") or {}, "defaults", fail)
+    raw_hosts = data.get("hosts") or {}
+    if not isinstance(raw_hosts, dict):
+        raise fail("hosts", f"expected a mapping of host names, got {raw_hosts!r:.60}")
+    known_hosts = str(path.resolve().parent / ".specrig" / "known_hosts")
+    hosts = {}
+    for name, entry in raw_hosts.items():
+        if not isinstance(name, str) or not name or name == LOCAL:
+            raise fail(f"hosts.{name}", f"invalid host name {name!r}", hint="'local' is reserved for this machine")
+        fields = {**defaults, **_check_entry(entry or {}, f"hosts.{name}", fail)}
+        if fields.get("identity_file"):
+            fields["identity_file"] = _resolve(fields["identity_file"], path)
+        hosts[name] = Host(name=name, known_hosts=known_hosts, **fields)
+    raw_groups = data.get("groups") or {}
+    if not isinstance(raw_groups, dict):
+        raise fail("groups", f"expected a mapping of group names to host lists, got {raw_groups!r:.60}")
+    groups = {}
+    for group, members in raw_groups.items():
+        if group in hosts:
+            raise fail(f"groups.{group}", "a group may not share its name with a host")
+        if not isinstance(members, list) or not all(isinstance(m, str) for m in members):
+            raise fail(f"groups.{group}", f"expected a list of host names, got {members!r:.60}")
+        for member in members:
+            if member not in hosts:
+                raise fail(f"groups.{group}", f"names unknown host {member!r}",
+                           hint=f"known hosts: {', '.join(sorted(hosts)) or 'none'}")
+        groups[group] = list(members)
+    return Inventory(path=path, hosts=hosts, groups=groups)
+
+
+def _check_entry(entry: Any, where: str, fail) -> dict:
+    if not isinstance(entry, dict):
+        raise fail(where, f"expected a mapping of settings, got {entry!r:.60}")
+    for key, value in entry.items():
+        field = FIELDS.get(key)
+        if field is None:
+            raise fail(f"{where}.{key}", "unknown key", hint=f"allowed: {', '.join(FIELDS)}")
+        # bool is an int subclass; `port: yes` must not pass as 1.
+        if not isinstance(value, field.types) or (isinstance(value, bool) and bool not in field.types):
+            raise fail(f"{where}.{key}", f"expected {field.type_names()}, got {value!r:.60}")
+        if key == "port" and not 0 < value < 65536:
+            raise fail(f"{where}.{key}", f"port {value!r} is out of range 1-65535")
+        if key == "gpus" and value < 0:
+            raise fail(f"{where}.{key}", f"gpus {value!r} must not be negative")
+        if key == "host_key_policy" and value not in HOST_KEY_POLICIES:
+            raise fail(f"{where}.{key}", f"unknown policy {value!r}", hint=f"use one of {', '.join(HOST_KEY_POLICIES)}")
+        if key == "env":
+            for var, val in value.items():
+                if not isinstance(var, str) or not var.isidentifier():
+                    raise fail(f"{where}.env.{var}", f"invalid variable name {var!r}")
+                if not isinstance(val, (str, int, float)) or isinstance(val, bool):
+                    raise fail(f"{where}.env.{var}", f"expected a string or number, got {val!r:.60}")
+    return dict(entry)
+
+
+def _resolve(file: str, inventory_path: Path) -> str:
+    """`~` expands to the laptop user's home; relative paths are relative to hosts.yaml."""
+    expanded = Path(os.path.expanduser(file))
+    return str(expanded if expanded.is_absolute() else inventory_path.resolve().parent / expanded)

@@ -1,0 +1,23 @@
+"""Tables of the inventory."""
+from __future__ import annotations
+
+from rich.table import Table
+
+from specrig.inventory import Inventory
+from specrig.ui import console, print_json
+
+
+def show_inventory(inventory: Inventory, *, as_json: bool) -> None:
+    if as_json:
+        print_json({"file": str(inventory.path), "hosts": {h.name: h.as_dict() for h in inventory},
+                    "groups": inventory.groups})
+        return
+    table = Table(title=f"hosts ({inventory.path})")
+    for column in ("name", "target", "python", "workdir", "gpus", "host keys", "groups", "description"):
+        table.add_column(column)
+    for host in inventory:
+        groups = ", ".join(g for g, members in inventory.groups.items() if host.name in members)
+        table.add_row(host.name, host.describe(), host.python, host.workdir,
+                      str(host.gpus) if host.gpus is not None else "-", host.host_key_policy, groups,
+                      host.description)
+    console.print(table)
