@@ -16,6 +16,7 @@ Paths are relative to the login directory (the remote home), since a quoted
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -37,12 +38,18 @@ from specrig.inventory import Host
 from specrig.paths import remote_dir
 from specrig.quoting import AND, OR, THEN, WRITE_TO, command_line
 
+# paramiko logs a traceback for every failed handshake; specrig reports one line instead.
+logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+
 SENTINEL = "@@SPECRIG-RESULT@@"
 CACHE = ".cache/specrig"
 BUNDLE_MISSING = 86
 #: Extra seconds the laptop waits past a call's deadline for the host to report it.
 DEADLINE_GRACE_S = 10
 CONNECT_TIMEOUT_S = 10
+#: Shorter than CONNECT_TIMEOUT_S, which paramiko also spends on the key exchange: a silent
+#: port then fails on the banner, with that cause, instead of a later "No existing session".
+BANNER_TIMEOUT_S = 7
 KEEPALIVE_S = 15
 
 
@@ -166,9 +173,14 @@ class SshRemote(Remote):
         channel = transport.open_session(timeout=CONNECT_TIMEOUT_S)
         try:
             channel.exec_command(command)
-            if stdin:
-                channel.sendall(stdin)
-            channel.shutdown_write()
+            try:
+                if stdin:
+                    channel.sendall(stdin)
+                channel.shutdown_write()
+            except OSError:
+                # The command ended without reading its input (a missing bundle exits at once);
+                # its exit status tells the rest.
+                pass
             return _drain(channel, timeout + DEADLINE_GRACE_S if timeout else None, self.host.name)
         finally:
             channel.close()
@@ -218,7 +230,7 @@ def _fabric_connection(host: Host):
     if host.identity_file and not Path(host.identity_file).exists():
         raise UsageError(f"hosts.yaml: hosts.{host.name}.identity_file: file {host.identity_file!r} does not exist",
                          hint="fix the path, or remove the key to use ssh_config and ssh-agent")
-    connect_kwargs = {"banner_timeout": CONNECT_TIMEOUT_S, "auth_timeout": CONNECT_TIMEOUT_S}
+    connect_kwargs = {"banner_timeout": BANNER_TIMEOUT_S, "auth_timeout": CONNECT_TIMEOUT_S}
     if host.identity_file:
         connect_kwargs["key_filename"] = [host.identity_file]
     connection = fabric.Connection(host.hostname or host.name, user=host.user, port=host.port,

@@ -1,0 +1,75 @@
+"""Shared fixtures: the real lab host (built by `inv lab.up`), inventories, the CLI."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_FIXTURES = REPO.parent / "shared" / "fixtures"
+LAB_READY = Path("/var/lib/specrig-lab/READY")
+
+sys.path.insert(0, str(REPO / "remote"))  # remote/ modules are plain stdlib modules: test them directly
+
+
+def lab_is_up() -> bool:
+    return LAB_READY.exists()
+
+
+@pytest.fixture(scope="session")
+def lab():
+    """Skip (or, under CI's SPECRIG_REQUIRE_LAB=1, fail) when the lab host is not built."""
+    if not lab_is_up():
+        message = "lab host not built: run `inv lab.up` as root"
+        if os.environ.get("SPECRIG_REQUIRE_LAB"):
+            pytest.fail(message)
+        pytest.skip(message)
+    from specrig.inventory import load_inventory
+
+    return load_inventory(REPO / "hosts.yaml")
+
+
+@pytest.fixture
+def make_inventory(tmp_path):
+    """Write a hosts.yaml in a fresh directory (own known_hosts) and return its path."""
+
+    def make(data: dict | str) -> Path:
+        path = tmp_path / "hosts.yaml"
+        path.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+        return path
+
+    return make
+
+
+def lab_entry(**overrides) -> dict:
+    """The lab host's hosts.yaml entry with an absolute key path, for inventories elsewhere."""
+    entry = yaml.safe_load((REPO / "hosts.yaml").read_text())["hosts"]["lab"]
+    entry["identity_file"] = str(REPO / entry["identity_file"])
+    entry.update(overrides)
+    return entry
+
+
+@pytest.fixture
+def trusted_known_hosts():
+    """Copy the project known_hosts (holding the lab's key) into an inventory directory."""
+
+    def copy(inventory: Path) -> None:
+        target = inventory.parent / ".specrig" / "known_hosts"
+        target.parent.mkdir(exist_ok=True)
+        shutil.copy(REPO / ".specrig" / "known_hosts", target)
+
+    return copy
+
+
+def inv(*args: str, inventory: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run a real `inv` task of this repo, as a user would."""
+    env = dict(os.environ)
+    if inventory:
+        env["SPECRIG_HOSTS"] = str(inventory)
+    return subprocess.run([sys.executable, "-m", "invoke", "-r", str(REPO), *args], capture_output=True,
+                          text=True, env=env, timeout=timeout, cwd=REPO)
