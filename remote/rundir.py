@@ -1,0 +1,123 @@
+"""One run directory per supervised run: <workdir>/runs/<run-id>/ (stdlib only).
+
+    run.json          the launch record: driver arguments, supervision options, env, python
+    code/             the remote/ files the run was launched with (bundles may be replaced)
+    driver-args.json  what the driver reads (its schema is documented in extract_driver.py)
+    heartbeat.json    written by the driver, atomically, every few seconds
+    status.json       written by the supervisor: state, attempts, failures, progress, GPUs
+    driver.log        the driver's stdout and stderr, all attempts, with supervisor markers
+    supervisor.log    the supervisor's own output (empty unless it crashed)
+    exit.json         the final record, once the supervisor is done
+    stop.request      present once a stop was asked for; the supervisor does not restart after it
+
+Every JSON file is replaced atomically (write to a temporary name, fsync, rename),
+so a reader never sees half a file.
+"""
+import datetime
+import json
+import os
+import random
+import string
+
+import procs
+
+RUNS = "runs"
+#: States in which the run's supervisor is (or should be) alive.
+ACTIVE_STATES = ("starting", "running", "restarting", "stalled")
+FINAL_STATES = ("succeeded", "failed", "stopped")
+
+
+def now_iso():
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def write_json(path, data):
+    temporary = "%s.tmp-%d" % (path, os.getpid())
+    with open(temporary, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=1, default=str)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+
+
+def read_json(path, default=None):
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (FileNotFoundError, ValueError):
+        return default
+
+
+def runs_root(workdir):
+    return os.path.join(os.path.expanduser(workdir), RUNS)
+
+
+def new_run_id():
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return "%s-%s" % (stamp, "".join(random.choice(string.ascii_lowercase + string.digits) for _ in range(4)))
+
+
+class RunDir:
+    """The files of one run and the questions asked of them."""
+
+    def __init__(self, path):
+        self.path = path
+        self.run_id = os.path.basename(path.rstrip("/"))
+
+    def file(self, name):
+        return os.path.join(self.path, name)
+
+    @property
+    def record(self):
+        return read_json(self.file("run.json"), {})
+
+    @property
+    def status(self):
+        return read_json(self.file("status.json"), {})
+
+    @property
+    def exit_record(self):
+        return read_json(self.file("exit.json"))
+
+    @property
+    def heartbeat(self):
+        return read_json(self.file("heartbeat.json"))
+
+    def stop_requested(self):
+        return os.path.exists(self.file("stop.request"))
+
+    def supervisor_alive(self):
+        pid = self.status.get("supervisor_pid")
+        return bool(pid) and procs.alive(pid) and self.run_id in procs.cmdline(pid)
+
+    def state(self):
+        """The status's state, corrected by the facts: a dead supervisor without an exit record is 'lost'."""
+        exit_record = self.exit_record
+        if exit_record:
+            return exit_record["state"]
+        state = self.status.get("state", "starting")
+        if state in ACTIVE_STATES and not self.supervisor_alive():
+            return "lost"
+        return state
+
+    def is_active(self):
+        return self.state() in ACTIVE_STATES
+
+    def summary(self):
+        """What `status` shows: the status file with the corrected state, the heartbeat and the exit record."""
+        status = dict(self.status)
+        record = self.record
+        status.update(run_id=self.run_id, path=self.path, state=self.state(), heartbeat=self.heartbeat,
+                      exit=self.exit_record, created_at=record.get("created_at"), out=record.get("out"),
+                      driver_args=record.get("driver_args"), options=record.get("options"))
+        return status
+
+
+def all_runs(workdir):
+    """Every run under the workdir, oldest first (run ids start with a UTC timestamp)."""
+    root = runs_root(workdir)
+    try:
+        names = sorted(name for name in os.listdir(root) if os.path.isfile(os.path.join(root, name, "run.json")))
+    except FileNotFoundError:
+        return []
+    return [RunDir(os.path.join(root, name)) for name in names]

@@ -1,0 +1,239 @@
+"""The `runs` remote command: launch, status, logs, stop and resume supervised runs (stdlib only).
+
+    {"action": "launch", "workdir", "host", "driver_args": {...}, "env": {...}, "options": {...}}
+    {"action": "status", "workdir", "run": id|null}          null: every run
+    {"action": "logs",   "workdir", "run": id|null, "offset": int|null, "lines": int}
+    {"action": "stop",   "workdir", "run": id|null}          null: the newest active run
+    {"action": "resume", "workdir", "run": id|null}          null: the newest run
+
+Runs live in <workdir>/runs/<run-id>/ (see rundir.py). The supervisor is
+started in a new session with stdio on files and stdin from /dev/null, so
+closing the SSH connection that launched it does not reach it.
+"""
+import fcntl
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import procs
+import rundir
+import telemetry
+from rpc import RemoteFailure
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+OPTION_DEFAULTS = {
+    "max_restarts": 3,        # restarts of retryable failures, per supervisor
+    "backoff_s": 5.0,         # first restart delay, doubled each time
+    "backoff_max_s": 300.0,
+    "stall_timeout_s": 900.0,  # no heartbeat change and no new output for this long: stalled
+    "stall_restart": False,   # restart a stalled driver (counts as a restart)
+    "grace_s": 20.0,          # between SIGTERM and SIGKILL when stopping
+    "telemetry_interval_s": 5.0,
+}
+#: Driver arguments that are paths on the host (`~` is expanded here, where it means the host user's home).
+PATH_ARGS = ("model", "dataset", "output_dir")
+SUPERVISOR_START_S = 15
+LOG_LINES = 50
+
+
+def run(args):
+    action = args.get("action")
+    handler = ACTIONS.get(action)
+    if handler is None:
+        raise RemoteFailure("bad-argument", "unknown runs action %r; known: %s" % (action, ", ".join(ACTIONS)))
+    workdir = args.get("workdir")
+    if not workdir:
+        raise RemoteFailure("bad-argument", "runs: no workdir given")
+    return handler(args, workdir)
+
+
+# -- finding runs -------------------------------------------------------------------------------
+
+def find_run(workdir, run_id, *, prefer_active=False):
+    runs = rundir.all_runs(workdir)
+    if run_id:
+        for run in runs:
+            if run.run_id == run_id:
+                return run
+        known = ", ".join(r.run_id for r in runs[-5:]) or "none"
+        raise RemoteFailure("unknown-run", "no run %r under %s (newest: %s)" % (run_id, rundir.runs_root(workdir),
+                                                                               known))
+    if not runs:
+        raise RemoteFailure("unknown-run", "no runs under %s yet" % rundir.runs_root(workdir))
+    if prefer_active:
+        active = [run for run in runs if run.is_active()]
+        if active:
+            return active[-1]
+    return runs[-1]
+
+
+def _lock(workdir):
+    """Serialise launches and resumes on this host: the output-directory check and the start are one step."""
+    root = rundir.runs_root(workdir)
+    os.makedirs(root, exist_ok=True)
+    handle = open(os.path.join(root, ".lock"), "w")
+    fcntl.flock(handle, fcntl.LOCK_EX)
+    return handle
+
+
+def writers_of(workdir, output_dir, *, excluding=None):
+    """Active runs writing `output_dir`."""
+    target = os.path.realpath(os.path.expanduser(output_dir))
+    return [run for run in rundir.all_runs(workdir)
+            if run.run_id != excluding and run.is_active()
+            and os.path.realpath(run.record.get("out") or "") == target]
+
+
+# -- actions ------------------------------------------------------------------------------------
+
+def launch(args, workdir):
+    driver_args = dict(args.get("driver_args") or {})
+    for key in PATH_ARGS:
+        if driver_args.get(key):
+            driver_args[key] = os.path.abspath(os.path.expanduser(driver_args[key]))
+    if not driver_args.get("output_dir"):
+        raise RemoteFailure("bad-argument", "no output directory given (driver_args.output_dir)")
+    options = dict(OPTION_DEFAULTS)
+    unknown = sorted(set(args.get("options") or {}) - set(OPTION_DEFAULTS))
+    if unknown:
+        raise RemoteFailure("bad-argument", "unknown supervisor option(s) %r; known: %s"
+                            % (unknown, ", ".join(OPTION_DEFAULTS)))
+    options.update(args.get("options") or {})
+    with _lock(workdir):
+        busy = writers_of(workdir, driver_args["output_dir"])
+        if busy:
+            raise RemoteFailure("output-busy", "run %s is already writing %s" % (busy[0].run_id,
+                                                                               driver_args["output_dir"]),
+                                run=busy[0].run_id)
+        run = rundir.RunDir(os.path.join(rundir.runs_root(workdir), rundir.new_run_id()))
+        os.makedirs(run.path)
+        driver_args["heartbeat"] = run.file("heartbeat.json")
+        rundir.write_json(run.file("driver-args.json"), driver_args)
+        rundir.write_json(run.file("run.json"), {
+            "run_id": run.run_id, "created_at": rundir.now_iso(), "host": args.get("host"),
+            "python": sys.executable, "workdir": workdir, "out": driver_args["output_dir"],
+            "driver_args": driver_args, "options": options, "env": args.get("env") or {}})
+        pid = _start_supervisor(run)
+    return {"run_id": run.run_id, "path": run.path, "supervisor_pid": pid}
+
+
+def resume(args, workdir):
+    with _lock(workdir):
+        run = find_run(workdir, args.get("run"))
+        state = run.state()
+        if state in rundir.ACTIVE_STATES:
+            raise RemoteFailure("run-active", "run %s is %s: nothing to resume" % (run.run_id, state))
+        if state == "succeeded":
+            raise RemoteFailure("run-finished", "run %s already succeeded" % run.run_id)
+        busy = writers_of(workdir, run.record["out"], excluding=run.run_id)
+        if busy:
+            raise RemoteFailure("output-busy", "run %s is writing %s now" % (busy[0].run_id, run.record["out"]))
+        for name in ("exit.json", "stop.request"):
+            try:
+                os.unlink(run.file(name))
+            except FileNotFoundError:
+                pass
+        pid = _start_supervisor(run)
+    return {"run_id": run.run_id, "path": run.path, "supervisor_pid": pid, "resumed_from": state}
+
+
+def _start_supervisor(run):
+    """Copy the code the run needs into the run directory, then start the supervisor detached."""
+    code = run.file("code")
+    # A fresh copy of this bundle's remote/: bundles may be replaced while the run goes on,
+    # and a resume picks up fixes of the driver.
+    shutil.rmtree(code, ignore_errors=True)
+    shutil.copytree(HERE, code, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    with open(run.file("supervisor.log"), "ab") as log:
+        proc = subprocess.Popen([sys.executable, os.path.join(code, "supervisor.py"), run.path],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                cwd=run.path, start_new_session=True, close_fds=True)
+    deadline = time.monotonic() + SUPERVISOR_START_S
+    while time.monotonic() < deadline:
+        if run.status.get("supervisor_pid") == proc.pid:
+            return proc.pid
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    with open(run.file("supervisor.log"), encoding="utf-8", errors="replace") as handle:
+        output = handle.read()[-4000:]
+    raise RemoteFailure("supervisor-failed", "the supervisor of run %s did not start (exit %s): %s"
+                        % (run.run_id, proc.poll(), output.strip().splitlines()[-1:] or "no output"),
+                        traceback=output)
+
+
+def status(args, workdir):
+    if args.get("run"):
+        run = find_run(workdir, args["run"])
+        return {"runs": [run.summary()], "log_tail": _tail(run, args.get("lines") or 10)}
+    return {"runs": [run.summary() for run in rundir.all_runs(workdir)]}
+
+
+def logs(args, workdir):
+    """The last `lines` lines, or (with `offset`) everything written since that byte offset."""
+    run = find_run(workdir, args.get("run"))
+    path = run.file("driver.log")
+    size = os.path.getsize(path) if os.path.exists(path) else 0
+    offset = args.get("offset")
+    if offset is None:
+        text = _tail(run, args.get("lines") or LOG_LINES)
+    else:
+        with open(path, "rb") as handle:
+            handle.seek(min(offset, size))
+            text = handle.read(4 * 1024 * 1024).decode(errors="replace")
+            size = handle.tell()
+    return {"run_id": run.run_id, "text": text, "offset": size, "state": run.state()}
+
+
+def _tail(run, lines):
+    path = run.file("driver.log")
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, os.path.getsize(path) - 256 * 1024))
+            text = handle.read().decode(errors="replace")
+    except FileNotFoundError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def stop(args, workdir):
+    """Stop the run's supervisor and driver, then check what is left: processes, and GPU memory."""
+    run = find_run(workdir, args.get("run"), prefer_active=True)
+    state = run.state()
+    grace = float(args.get("grace_s") or run.record.get("options", {}).get("grace_s", OPTION_DEFAULTS["grace_s"]))
+    status_now = run.status
+    job = status_now.get("driver_pgid")
+    # Every pid the job had, before anything is killed: its GPU memory is checked against them afterwards.
+    pids = {m["pid"] for m in procs.members(job)} if job else set()
+    with open(run.file("stop.request"), "w") as handle:
+        handle.write(rundir.now_iso() + "\n")
+    supervisor = status_now.get("supervisor_pid") if run.supervisor_alive() else None
+    if supervisor:
+        os.kill(supervisor, signal.SIGTERM)
+        deadline = time.monotonic() + grace + 30
+        while procs.alive(supervisor) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    ended_by_us = None
+    if job and procs.members(job):
+        # No supervisor to do it (lost), or it did not finish: end the group from here.
+        ended_by_us = procs.terminate_job(job, grace)
+    if supervisor and procs.alive(supervisor):
+        os.kill(supervisor, signal.SIGKILL)
+    if not run.exit_record:
+        rundir.write_json(run.file("exit.json"), {"state": "stopped", "ended_at": rundir.now_iso(),
+                                                  "stopped_by": "inv stop", "was": state})
+    left = procs.members(job) if job else []
+    gpus = telemetry.gpus(timeout=10)
+    gpu_held = []
+    if gpus["available"]:
+        gpu_held = [app for app in telemetry.compute_apps(timeout=10)
+                    if app["pid"] in pids or app["pid"] in {m["pid"] for m in left}]
+    return {"run_id": run.run_id, "was": state, "state": run.state(), "pids": sorted(pids),
+            "supervisor_pid": supervisor, "ended_by_stop_command": ended_by_us, "left": left,
+            "gpu_memory_held": gpu_held, "gpus_after": gpus["gpus"], "clean": not left and not gpu_held}
+
+
+ACTIONS = {"launch": launch, "status": status, "logs": logs, "stop": stop, "resume": resume}

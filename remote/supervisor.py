@@ -1,0 +1,225 @@
+"""The supervisor of one extraction run: `python supervisor.py <run-dir>` (stdlib only).
+
+Started detached by runs.launch (its own session, stdio to files, stdin from
+/dev/null), so it outlives the SSH connection that started it. It runs the
+driver, `<python> <run>/code/extract_driver.py <run>/driver-args.json`, in a
+session of its own, and:
+
+- samples the driver's heartbeat and the GPUs into status.json every second or so;
+- on a failed attempt, classifies the failure (classify.py), records it, and restarts
+  with resume after a backoff if it is retryable and restarts are left;
+- marks the run stalled when neither the heartbeat nor the output moved for
+  `stall_timeout_s`, and restarts it if `stall_restart` is set;
+- on SIGTERM (inv stop) ends the driver's whole session: SIGTERM, grace, SIGKILL.
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import classify
+import procs
+import rundir
+import telemetry
+
+POLL_S = 0.5
+#: Seconds between counts of the output directory (a cheap second sign of progress).
+OUTPUT_COUNT_EVERY_S = 15
+LOG_TAIL_BYTES = 256 * 1024
+
+
+class Supervisor:
+    def __init__(self, run):
+        self.run = run
+        record = run.record
+        self.record = record
+        self.options = record["options"]
+        previous = run.status
+        self.status = {
+            "run_id": run.run_id,
+            "state": "starting",
+            "supervisor_pid": os.getpid(),
+            "supervisor_started_at": rundir.now_iso(),
+            # Attempts and failures survive a resume (a new supervisor on the same run).
+            "attempts": previous.get("attempts", []),
+            "history": previous.get("history", []),
+            "restarts": 0,
+            "stalled": False,
+            "driver_pid": None,
+            "driver_pgid": None,
+            "last_failure": previous.get("last_failure"),
+            "gpus": None,
+            "gpu_apps": [],
+        }
+        self.stop_signal = None
+        self.last_telemetry = 0.0
+
+    # -- status ---------------------------------------------------------------------------------
+
+    def save(self, **changes):
+        self.status.update(changes, updated_at=rundir.now_iso())
+        rundir.write_json(self.run.file("status.json"), self.status)
+
+    def log_marker(self, text):
+        with open(self.run.file("driver.log"), "ab") as log:
+            log.write(("\n[specrig-supervisor %s] %s\n" % (rundir.now_iso(), text)).encode())
+
+    def sample_gpus(self, pgid):
+        """Per-GPU telemetry and the compute processes, marking those that belong to this run."""
+        if time.monotonic() - self.last_telemetry < self.options["telemetry_interval_s"]:
+            return
+        self.last_telemetry = time.monotonic()
+        gpus = telemetry.gpus(timeout=10)
+        apps = telemetry.compute_apps(timeout=10) if gpus["available"] else []
+        ours = {m["pid"] for m in procs.members(pgid)} if pgid else set()
+        for app in apps:
+            app["this_run"] = app["pid"] in ours
+        self.status.update(gpus=gpus, gpu_apps=apps)
+
+    # -- signals --------------------------------------------------------------------------------
+
+    def on_signal(self, signum, frame):
+        self.stop_signal = signal.Signals(signum).name
+
+    def stop_requested(self):
+        return self.stop_signal is not None or self.run.stop_requested()
+
+    # -- the run --------------------------------------------------------------------------------
+
+    def main(self):
+        signal.signal(signal.SIGTERM, self.on_signal)
+        signal.signal(signal.SIGINT, self.on_signal)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the SSH session going away is no reason to stop
+        self.save()
+        while True:
+            outcome = self.attempt()
+            if outcome["state"] != "retry":
+                return self.finish(outcome)
+            if not self.backoff():
+                return self.finish({"state": "stopped", "failure": self.status["last_failure"]})
+
+    def backoff(self):
+        """Sleep before a restart; False when a stop came meanwhile."""
+        restarts = self.status["restarts"]
+        delay = min(self.options["backoff_s"] * (2 ** restarts), self.options["backoff_max_s"])
+        self.save(state="restarting", restart_at=time.time() + delay)
+        deadline = time.monotonic() + delay
+        while time.monotonic() < deadline:
+            if self.stop_requested():
+                return False
+            time.sleep(POLL_S)
+        self.save(restarts=restarts + 1)
+        return True
+
+    def attempt(self):
+        number = len(self.status["attempts"]) + 1
+        log_path = self.run.file("driver.log")
+        self.log_marker("attempt %d: starting the driver" % number)
+        log_offset = os.path.getsize(log_path)
+        env = dict(os.environ)
+        env.update({str(k): str(v) for k, v in (self.record.get("env") or {}).items()})
+        env["PYTHONUNBUFFERED"] = "1"
+        argv = [self.record["python"], self.run.file(os.path.join("code", "extract_driver.py")),
+                self.run.file("driver-args.json")]
+        with open(log_path, "ab") as log:
+            driver = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                      cwd=self.run.path, env=env, start_new_session=True)
+        entry = {"attempt": number, "started_at": rundir.now_iso(), "pid": driver.pid, "ended_at": None,
+                 "exit_status": None, "failure": None}
+        self.status["attempts"].append(entry)
+        self.save(state="running", driver_pid=driver.pid, driver_pgid=driver.pid, stalled=False, restart_at=None)
+        exit_status, stall = self.watch(driver)
+        cleanup = procs.terminate_job(driver.pid, self.options["grace_s"], reap=driver.poll)
+        # Children the driver left behind (vLLM workers) were ended with it; any still alive are listed.
+        entry.update(ended_at=rundir.now_iso(), exit_status=exit_status, orphans_ended=cleanup["pids"] or None,
+                     left_behind=[m["pid"] for m in cleanup["left"]] or None)
+        if self.stop_signal or (self.run.stop_requested() and exit_status != 0):
+            entry["stopped"] = True
+            self.log_marker("attempt %d: stopped (%s)" % (number, self.stop_signal or "stop requested"))
+            return {"state": "stopped", "stop": cleanup}
+        if exit_status == 0 and stall is None:
+            self.log_marker("attempt %d: the driver finished" % number)
+            return {"state": "succeeded"}
+        failure = stall or classify.classify(self._attempt_log(log_path, log_offset), exit_status,
+                                             host=self.record.get("host") or "the host")
+        failure["attempt"] = number
+        entry["failure"] = failure
+        retry = failure["retryable"] and self.status["restarts"] < self.options["max_restarts"]
+        self.log_marker("attempt %d: %s (%s)%s" % (number, failure["kind"], failure["explain"],
+                                                    "; restarting" if retry else "; not restarting"))
+        self.save(last_failure=failure, driver_pid=None)
+        if retry:
+            return {"state": "retry"}
+        return {"state": "failed", "failure": failure}
+
+    def watch(self, driver):
+        """Follow the driver until it exits; (exit status, stall failure or None)."""
+        started = time.monotonic()
+        last_progress, last_beat, last_count, count_checked = started, None, None, 0.0
+        while True:
+            exit_status = driver.poll()
+            self.sample_gpus(driver.pid)
+            if exit_status is not None:
+                self.save(heartbeat=self.run.heartbeat)
+                return exit_status, None
+            if self.stop_requested():
+                return None, None
+            beat = self.run.heartbeat
+            mark = beat and (beat.get("updated_at"), beat.get("phase"), beat.get("samples_done"))
+            if mark and mark != last_beat:
+                last_beat, last_progress = mark, time.monotonic()
+            elif time.monotonic() - count_checked > OUTPUT_COUNT_EVERY_S:
+                count_checked = time.monotonic()
+                count = _entries(self.record.get("out"))
+                if count != last_count:
+                    last_count, last_progress = count, time.monotonic()
+            quiet = time.monotonic() - last_progress
+            stalled = quiet > self.options["stall_timeout_s"]
+            if stalled and not self.status["stalled"]:
+                self.log_marker("no progress for %.0f s: stalled" % quiet)
+            self.save(state="stalled" if stalled else "running", stalled=stalled, heartbeat=beat,
+                      seconds_since_progress=round(quiet, 1))
+            if stalled and self.options["stall_restart"]:
+                return None, self._stall_failure(quiet)
+            time.sleep(POLL_S)
+
+    def _stall_failure(self, quiet):
+        return {"kind": "stalled", "retryable": True, "exit_status": None, "signal": None, "callee": None,
+                "caller": None, "evidence": None,
+                "explain": "no heartbeat and no new output for %.0f s" % quiet,
+                "advice": "see `inv logs`; raise stall_timeout_s if loading the model takes longer"}
+
+    @staticmethod
+    def _attempt_log(path, offset):
+        size = os.path.getsize(path)
+        start = max(offset, size - LOG_TAIL_BYTES)
+        with open(path, "rb") as handle:
+            handle.seek(start)
+            return handle.read().decode(errors="replace")
+
+    def finish(self, outcome):
+        record = dict(outcome, state=outcome["state"], ended_at=rundir.now_iso(),
+                      attempts=len(self.status["attempts"]), restarts=self.status["restarts"])
+        self.status["history"].append(record)
+        self.save(state=outcome["state"], driver_pid=None, stalled=False)
+        rundir.write_json(self.run.file("exit.json"), record)
+        return 0
+
+
+def _entries(path):
+    try:
+        return sum(1 for _ in os.scandir(os.path.expanduser(path)))
+    except (OSError, TypeError):
+        return None
+
+
+def main(argv):
+    if len(argv) != 1:
+        sys.stderr.write("usage: supervisor.py <run-dir>\n")
+        return 2
+    return Supervisor(rundir.RunDir(os.path.abspath(argv[0]))).main()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
