@@ -5,15 +5,16 @@ import time
 
 from rich.table import Table
 
+from specrig.bundle import Bundle
 from specrig.inventory import Host
 from specrig.remote import connect
 from specrig.ui import console, human_bytes, print_json
 
 
-def doctor(host: Host) -> dict:
+def doctor(host: Host, *, bundle: Bundle | None = None) -> dict:
     """One connection, one call: the host's facts plus how we reached it."""
     started = time.monotonic()
-    with connect(host) as remote:
+    with connect(host, bundle=bundle) as remote:
         facts = remote.call("doctor", {"workdir": host.workdir}, timeout=60)
         facts["connection"] = {"target": host.describe(), "ssh": not host.is_local,
                                "exec_channels": remote.exec_count,
