@@ -233,7 +233,9 @@ def _fabric_connection(host: Host):
     connect_kwargs = {"banner_timeout": BANNER_TIMEOUT_S, "auth_timeout": CONNECT_TIMEOUT_S}
     if host.identity_file:
         connect_kwargs["key_filename"] = [host.identity_file]
-    connection = fabric.Connection(host.hostname or host.name, user=host.user, port=host.port,
+    # Fabric reads ~/.ssh/config (aliases, ProxyJump, IdentityFile); SPECRIG_SSH_CONFIG names another file.
+    config = fabric.Config(runtime_ssh_path=os.environ.get("SPECRIG_SSH_CONFIG") or None)
+    connection = fabric.Connection(host.hostname or host.name, user=host.user, port=host.port, config=config,
                                    connect_timeout=CONNECT_TIMEOUT_S, connect_kwargs=connect_kwargs)
     hostkeys.install(connection.client, known_hosts=host.known_hosts, policy=host.host_key_policy)
     if isinstance(connection.gateway, fabric.Connection):

@@ -105,3 +105,18 @@ def test_local_host_runs_the_same_scripts():
     assert facts["connection"]["ssh"] is False and facts["python"]["version"]
 
 
+
+
+@pytest.mark.parametrize("version", ["2.7.18", "3.8.18"])
+def test_too_old_python_reports_its_version(version):
+    import dataclasses
+    from pathlib import Path
+
+    python = Path(f"/root/.pyenv/versions/{version}/bin/python")
+    if not python.exists():
+        pytest.skip(f"no Python {version} on this machine")
+    host = dataclasses.replace(load_inventory().host("local"), python=str(python))
+    with connect(host) as remote:
+        with pytest.raises(RemotePythonError) as caught:
+            remote.call("doctor", {})
+    assert f"Python {version}" in caught.value.message and "older than the 3.9" in caught.value.message
