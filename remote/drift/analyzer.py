@@ -1,0 +1,161 @@
+"""The analyzer: consumer package(s) + provider package → findings. Pure: it only reads files."""
+import time
+
+from drift import findings as F
+from drift.consumer import BoundMethod, ConsumerModule
+from drift.signatures import Unchecked, bind, constructor_signature, function_signature, method_kind
+from drift.source import SourceTree
+from drift.symbols import ClassRef, FunctionRef, Index, MaybeRef, MissingRef, ModuleRef, UnknownRef
+
+
+class Analysis:
+    """Collects the findings, and the touches that could not be checked, of one run."""
+
+    def __init__(self, *, consumers, provider):
+        #: [(SourceTree, package)] and (SourceTree, package).
+        self.consumer_trees = consumers
+        self.provider_tree = provider
+        self.provider = Index(provider)
+        self.findings = []
+        self.unchecked = []
+        self.modules = []
+        self._seen = set()
+
+    def add(self, finding):
+        key = (finding.id, finding.consumer.module.name, finding.consumer.start)
+        if key not in self._seen:
+            self._seen.add(key)
+            self.findings.append(finding)
+
+    def skip(self, module, node, callee, reason):
+        self.unchecked.append({"consumer": F.Location(module, node.lineno).as_consumer(),
+                               "callee": callee, "reason": reason})
+
+    # ---- consumer modules -------------------------------------------------------------------
+
+    def read_consumers(self):
+        for tree, package in self.consumer_trees:
+            index = Index(tree)
+            for name in tree.walk(package):
+                module = tree.module(name)
+                if module is None:
+                    continue
+                consumer = ConsumerModule(module, index, self.provider)
+                if consumer.touches_provider:
+                    consumer.walk()
+                    self.modules.append(consumer)
+        return self.modules
+
+    def check_imports(self, consumer):
+        for use in consumer.imports:
+            location = F.Location(consumer.module, use.node.lineno)
+            if isinstance(use.ref, MissingRef) and not use.guarded:
+                self.add(F.MissingSymbol(consumer=location, callee=use.ref.dotted))
+            elif isinstance(use.ref, MaybeRef) and not use.guarded:
+                self.add(F.MaybeSymbol(consumer=location, callee=use.ref.dotted))
+            elif isinstance(use.ref, UnknownRef):
+                self.skip(consumer.module, use.node, use.dotted, use.ref.reason)
+
+    def check_attributes(self, consumer):
+        for use in consumer.attributes:
+            if consumer.guarded_attribute(use.node):
+                continue
+            location = F.Location(consumer.module, use.node.lineno)
+            if isinstance(use.ref, MissingRef):
+                if isinstance(use.base, ModuleRef):
+                    self.add(F.MissingSymbol(consumer=location, callee=use.ref.dotted))
+                else:
+                    cls = use.base if isinstance(use.base, ClassRef) else use.base.cls
+                    start, end = cls.module.span(cls.node)
+                    self.add(F.MissingAttribute(consumer=location, callee=cls.dotted, detail=use.node.attr,
+                                                provider=F.Location(cls.module, start, end)))
+            elif isinstance(use.ref, MaybeRef):
+                self.add(F.MaybeSymbol(consumer=location, callee=use.ref.dotted))
+            elif isinstance(use.ref, UnknownRef):
+                self.skip(consumer.module, use.node, use.ref.dotted, use.ref.reason)
+
+    def signature_for(self, target):
+        """The signature a call of `target` binds against (Unchecked when unknowable), or None."""
+        if isinstance(target, ClassRef):
+            return constructor_signature(self.provider, target)
+        if isinstance(target, BoundMethod):
+            signature = function_signature(self.provider, target.function, origin="method")
+            if method_kind(self.provider, target.function) != "static":
+                signature = signature.without_first()
+            return signature
+        if isinstance(target, FunctionRef):
+            signature = function_signature(self.provider, target)
+            if target.owner is not None and method_kind(self.provider, target) == "class":
+                signature = signature.without_first()
+            return signature
+        return None
+
+    def check_calls(self, consumer):
+        for use in consumer.calls:
+            try:
+                signature = self.signature_for(use.target)
+            except Unchecked as unchecked:
+                self.skip(consumer.module, use.node, getattr(use.target, "dotted", "?"), unchecked.reason)
+                continue
+            if signature is None:
+                continue
+            for problem in bind(signature, use.node):
+                self.add(self.signature_finding(consumer.module, signature, problem))
+
+    def signature_finding(self, module, signature, problem):
+        provider_module, node = signature.module, signature.node
+        if problem.parameter is not None and signature.origin == "dataclass":
+            # A dataclass has no written signature: point at the field's own declaration.
+            provider_module, node = problem.parameter.module, problem.parameter.node
+        start, end = provider_module.span(node)
+        return F.SIGNATURE_KINDS[problem.kind](
+            consumer=F.Location(module, problem.node.lineno), callee=signature.callee, detail=problem.detail,
+            provider=F.Location(provider_module, start, end), parameters=signature.parameters)
+
+    def run(self):
+        for consumer in self.read_consumers():
+            self.check_imports(consumer)
+            self.check_attributes(consumer)
+            self.check_calls(consumer)
+
+
+def analyze(*, consumers, provider, model=None, rules=True):
+    """Findings of consumer packages against a provider package.
+
+    consumers: [{"root": dir, "package": "speculators", ...}]; provider: {"root": dir, "package": "vllm", ...}
+    (extra keys such as name/version are echoed); model: {"config": {...}, "tokenizer_config": {...},
+    "path": str} or None.
+    """
+    started = time.perf_counter()
+    analysis = Analysis(consumers=[(SourceTree(c["root"], [c["package"]]), c["package"]) for c in consumers],
+                        provider=SourceTree(provider["root"], [provider["package"]]))
+    analysis.run()
+    if model is not None:
+        from drift.model_interface import check_model
+
+        check_model(analysis, model)
+    if rules:
+        from drift.rules import check_rules
+
+        check_rules(analysis)
+    analysis.findings.sort(key=lambda f: (f.consumer.module.relpath, f.consumer.start, f.id))
+    found = [f.as_json() for f in analysis.findings]
+    return {
+        "consumers": consumers,
+        "provider": provider,
+        "model": _model_summary(model),
+        "findings": found,
+        "counts": {"drift": sum(1 for f in found if f["severity"] == "drift"),
+                   "note": sum(1 for f in found if f["severity"] == "note")},
+        "unchecked": analysis.unchecked,
+        "modules_parsed": analysis.provider_tree.parsed_count,
+        "elapsed_s": round(time.perf_counter() - started, 3),
+    }
+
+
+def _model_summary(model):
+    if model is None:
+        return None
+    config = model.get("config") or {}
+    return {"path": model.get("path"), "architectures": config.get("architectures") or [],
+            "custom_code": bool(config.get("auto_map") or (model.get("tokenizer_config") or {}).get("auto_map"))}

@@ -1,0 +1,215 @@
+"""Classes read from source: bases across modules, MRO, class and instance members."""
+import ast
+
+from drift.symbols import ClassRef, ExternalRef, FunctionRef, MaybeRef, MissingRef, UnknownRef, ValueRef
+
+#: Bases that add no attributes a caller could use and take no constructor arguments.
+INERT_BASES = frozenset({
+    "builtins.object", "abc.ABC", "typing.Protocol", "typing_extensions.Protocol", "typing.Generic",
+    "typing_extensions.Generic",
+})
+#: Metaclasses that change neither construction nor attribute lookup.
+INERT_METACLASSES = frozenset({"abc.ABCMeta", "builtins.type"})
+
+
+class ClassInfo:
+    """Resolved bases and the linearized MRO of one class.
+
+    `mro` lists ClassRefs of readable classes and ExternalRef/UnknownRef for bases
+    that cannot be read; `opaque` are the latter (inert ones left out).
+    """
+
+    def __init__(self, index, cls):
+        self.cls = cls
+        self.bases = []
+        for base in cls.node.bases:
+            ref = index.resolve_in(cls.module, base) if _is_name_chain(base) else UnknownRef("<base>", "computed base")
+            if isinstance(ref, ExternalRef) and ref.dotted in INERT_BASES:
+                continue
+            self.bases.append(ref)
+        self.metaclass = None
+        for keyword in cls.node.keywords:
+            if keyword.arg == "metaclass":
+                ref = index.resolve_in(cls.module, keyword.value) if _is_name_chain(keyword.value) else None
+                if not (isinstance(ref, ExternalRef) and ref.dotted in INERT_METACLASSES):
+                    self.metaclass = ref or UnknownRef("<metaclass>", "computed metaclass")
+        self.mro = [cls] + _merge([_mro_of(index, base) for base in self.bases] + [list(self.bases)])
+        self.opaque = [entry for entry in self.mro if not isinstance(entry, ClassRef)]
+
+    def classes(self):
+        return [entry for entry in self.mro if isinstance(entry, ClassRef)]
+
+
+def _is_name_chain(expr):
+    while isinstance(expr, ast.Attribute):
+        expr = expr.value
+    if isinstance(expr, ast.Subscript):
+        return _is_name_chain(expr.value)
+    return isinstance(expr, ast.Name)
+
+
+def _key(entry):
+    return id(entry.node) if isinstance(entry, ClassRef) else ("ext", entry.dotted)
+
+
+def _mro_of(index, base):
+    if isinstance(base, ClassRef):
+        return list(info(index, base).mro)
+    return [base]
+
+
+def _merge(sequences):
+    """C3 linearization; falls back to depth-first order when the hierarchy is inconsistent."""
+    pending = [list(seq) for seq in sequences if seq]
+    result = []
+    while pending:
+        for seq in pending:
+            head = seq[0]
+            if not any(_key(head) in [_key(e) for e in other[1:]] for other in pending):
+                break
+        else:
+            seen = {_key(e) for e in result}
+            for seq in pending:
+                for entry in seq:
+                    if _key(entry) not in seen:
+                        seen.add(_key(entry))
+                        result.append(entry)
+            return result
+        result.append(head)
+        pending = [[e for e in seq if _key(e) != _key(head)] for seq in pending]
+        pending = [seq for seq in pending if seq]
+    return result
+
+
+def info(index, cls):
+    cache = index.class_infos
+    key = id(cls.node)
+    if key not in cache:
+        cache[key] = None  # a class inheriting from itself through a cycle sees no bases
+        cache[key] = ClassInfo(index, cls)
+    return cache[key] or _Bare(cls)
+
+
+class _Bare:
+    def __init__(self, cls):
+        self.cls = cls
+        self.bases = []
+        self.metaclass = None
+        self.mro = [cls]
+        self.opaque = []
+
+    def classes(self):
+        return [self.cls]
+
+
+def body_statements(body):
+    """Statements of a class body, looking into if/try blocks."""
+    for node in body:
+        if isinstance(node, ast.If):
+            yield from body_statements(node.body)
+            yield from body_statements(node.orelse)
+        elif isinstance(node, ast.Try):
+            yield from body_statements(node.body)
+            for handler in node.handlers:
+                yield from body_statements(handler.body)
+            yield from body_statements(node.orelse)
+        else:
+            yield node
+
+
+def own_member(cls, name):
+    """The statement in `cls`'s own body defining `name` as a class attribute, or None."""
+    found = None
+    for node in body_statements(cls.node.body):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and node.name == name:
+            if not _is_overload(node) or found is None:
+                found = node
+        elif isinstance(node, ast.Assign):
+            if any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
+                found = node
+        elif isinstance(node, ast.AnnAssign):
+            if isinstance(node.target, ast.Name) and node.target.id == name:
+                found = node
+    return found
+
+
+def _is_overload(node):
+    return any((isinstance(d, ast.Name) and d.id == "overload")
+               or (isinstance(d, ast.Attribute) and d.attr == "overload") for d in node.decorator_list)
+
+
+def member_ref(cls, node):
+    if isinstance(node, ast.ClassDef):
+        return ClassRef(cls.module, node, cls.qualname + "." + node.name)
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return FunctionRef(cls.module, node, cls.qualname + "." + node.name, owner=cls)
+    name = node.targets[0].id if isinstance(node, ast.Assign) else node.target.id
+    return ValueRef(cls.module, node, cls.dotted + "." + name)
+
+
+def class_member(index, cls, name):
+    """`cls.name` looked up through the MRO."""
+    class_info = info(index, cls)
+    for entry in class_info.mro:
+        if isinstance(entry, ClassRef):
+            node = own_member(entry, name)
+            if node is not None:
+                return member_ref(entry, node)
+        else:
+            return UnknownRef(cls.dotted + "." + name, "%s inherits from %s, which is not read" % (
+                cls.qualname, entry.dotted))
+    if class_info.metaclass is not None:
+        return UnknownRef(cls.dotted + "." + name, "%s has a metaclass" % cls.qualname)
+    return MissingRef(cls.dotted + "." + name)
+
+
+def assigned_self_attributes(cls):
+    """{name: first statement} of `self.<name> = ...` in any method of `cls`'s own body."""
+    found = {}
+    for method in body_statements(cls.node.body):
+        if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) or not method.args.args:
+            continue
+        self_name = method.args.args[0].arg
+        for node in ast.walk(method):
+            targets = []
+            if isinstance(node, ast.Assign):
+                targets = node.targets
+            elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+                targets = [node.target]
+            for target in targets:
+                for attribute in _attribute_targets(target):
+                    if isinstance(attribute.value, ast.Name) and attribute.value.id == self_name:
+                        found.setdefault(attribute.attr, node)
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr"
+                    and len(node.args) >= 2 and isinstance(node.args[0], ast.Name)
+                    and node.args[0].id == self_name and isinstance(node.args[1], ast.Constant)
+                    and isinstance(node.args[1].value, str)):
+                found.setdefault(node.args[1].value, node)
+    return found
+
+
+def _attribute_targets(target):
+    if isinstance(target, ast.Attribute):
+        return [target]
+    if isinstance(target, (ast.Tuple, ast.List)):
+        result = []
+        for element in target.elts:
+            result.extend(_attribute_targets(element))
+        return result
+    return []
+
+
+def instance_member(index, cls, name):
+    """`instance.name` for an instance of `cls`: class members, then attributes its methods assign."""
+    ref = class_member(index, cls, name)
+    if not isinstance(ref, MissingRef):
+        return ref
+    for entry in info(index, cls).classes():
+        node = assigned_self_attributes(entry).get(name)
+        if node is not None:
+            return ValueRef(entry.module, node, cls.dotted + "." + name)
+    for hook in ("__getattr__", "__getattribute__"):
+        found = class_member(index, cls, hook)
+        if isinstance(found, FunctionRef):
+            return MaybeRef(cls.module, cls.dotted + "." + name)
+    return ref

@@ -1,0 +1,394 @@
+"""What a consumer module touches in the provider: imports, calls, attribute reads.
+
+Values are tracked only as far as the consumer's own code makes them certain:
+a name bound by an import, a local or `self.<attr>` assigned exactly from a
+provider constructor call (`self.scheduler = Scheduler(...)`). Anything else
+is unknown and never reported on.
+"""
+import ast
+
+from drift.classes import instance_member
+from drift.symbols import ClassRef, ExternalRef, FunctionRef, ModuleRef, absolute_module
+
+
+class Instance:
+    """An object certainly of provider class `cls`."""
+
+    def __init__(self, cls):
+        self.cls = cls
+
+
+class BoundMethod:
+    """`instance.method`: calls bind the method's first parameter."""
+
+    def __init__(self, function, cls):
+        self.function = function
+        self.cls = cls
+
+
+class SelfOf:
+    """`self` inside a method of the consumer's class `node`."""
+
+    def __init__(self, node):
+        self.node = node
+
+
+class ImportUse:
+    def __init__(self, node, dotted, ref, guarded):
+        self.node = node
+        #: What the statement imports: "pkg.mod" or "pkg.mod.name".
+        self.dotted = dotted
+        self.ref = ref
+        #: Inside `try: ... except ImportError` or `if TYPE_CHECKING:`: absence is handled.
+        self.guarded = guarded
+
+
+class CallUse:
+    def __init__(self, node, target):
+        self.node = node
+        #: A provider Ref (function, class), a BoundMethod, or an ExternalRef.
+        self.target = target
+
+
+class AttributeUse:
+    def __init__(self, node, base, ref):
+        self.node = node
+        #: The value the attribute is read from (ModuleRef, ClassRef or Instance).
+        self.base = base
+        self.ref = ref
+
+
+IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError", "Exception", "BaseException"})
+
+
+def _handles_import_error(handler):
+    if handler.type is None:
+        return True
+    types = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+    return any(isinstance(t, ast.Name) and t.id in IMPORT_ERRORS for t in types)
+
+
+class ConsumerModule:
+    """One consumer module read against the provider."""
+
+    def __init__(self, module, consumer_index, provider_index):
+        self.module = module
+        self.consumer_index = consumer_index
+        self.provider = provider_index
+        self.imports = []
+        self.calls = []
+        self.attributes = []
+        self._values = {}
+        self._self_attributes = {}
+        self._contexts = {}
+        self._hasattr = set()
+        self.touches_provider = False
+        if module.tree is not None:
+            self._collect_imports(module.tree, guarded=False)
+            self._collect_hasattr()
+
+    # ---- imports ----------------------------------------------------------------------------
+
+    def translate(self, ref):
+        """Map a consumer-side reference to a provider object into the provider's index."""
+        if isinstance(ref, ExternalRef) and self.provider.tree.owns(ref.dotted):
+            return self.provider.resolve_dotted(ref.dotted)
+        return ref
+
+    def provider_value(self, ref):
+        """`ref` when it is a provider object or external; None for the consumer's own objects."""
+        module = getattr(ref, "module", None)
+        if isinstance(ref, ModuleRef):
+            return ref if self.provider.tree.owns(ref.name) else None
+        if module is not None and not self.provider.tree.owns(module.name):
+            return None
+        return ref
+
+    def _collect_imports(self, node, guarded):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Try):
+                handles = any(_handles_import_error(h) for h in child.handlers)
+                for statement in child.body:
+                    self._collect_imports_in(statement, guarded or handles)
+                for part in child.handlers + child.orelse + child.finalbody:
+                    self._collect_imports_in(part, guarded)
+            elif isinstance(child, ast.If) and _is_type_checking(child.test):
+                for statement in child.body:
+                    self._collect_imports_in(statement, True)
+                for statement in child.orelse:
+                    self._collect_imports_in(statement, guarded)
+            else:
+                self._collect_imports_in(child, guarded)
+
+    def _collect_imports_in(self, node, guarded):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if self.provider.tree.owns(alias.name):
+                    self.touches_provider = True
+                    self.imports.append(ImportUse(node, alias.name, self.provider.resolve_module(alias.name),
+                                                  guarded))
+        elif isinstance(node, ast.ImportFrom):
+            source = absolute_module(self.module.package, node.level, node.module)
+            if self.provider.tree.owns(source):
+                self.touches_provider = True
+                module_ref = self.provider.resolve_module(source)
+                if not isinstance(module_ref, ModuleRef):
+                    self.imports.append(ImportUse(node, source, module_ref, guarded))
+                    return
+                for alias in node.names:
+                    if alias.name == "*":
+                        continue
+                    ref = self.provider.lookup(source, alias.name)
+                    self.imports.append(ImportUse(node, source + "." + alias.name, ref, guarded))
+        else:
+            self._collect_imports(node, guarded)
+
+    def _collect_hasattr(self):
+        for node in ast.walk(self.module.tree):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "hasattr"
+                    and len(node.args) == 2 and isinstance(node.args[1], ast.Constant)):
+                self._hasattr.add((ast.dump(node.args[0]), node.args[1].value))
+
+    def guarded_attribute(self, node):
+        """True when the code checks `hasattr(<same object>, "<attr>")` somewhere: it expects absence."""
+        return (ast.dump(node.value), node.attr) in self._hasattr
+
+    # ---- scopes -----------------------------------------------------------------------------
+
+    def walk(self):
+        """Evaluate every call and attribute read of the module; fills calls/attributes."""
+        if self.module.tree is None:
+            return
+        top = Context(self, None, self.module.tree, None)
+        self._walk_scope(self.module.tree, top, None)
+
+    def _walk_scope(self, scope_node, context, class_node):
+        for node in _scope_nodes(scope_node):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                self_class = class_node if (class_node is not None and _is_instance_method(node)) else None
+                self._walk_scope(node, Context(self, context, node, self_class), None)
+            elif isinstance(node, ast.ClassDef):
+                self._walk_scope(node, context, node)
+            elif isinstance(node, ast.Call):
+                target = context.evaluate(node.func)
+                if target is not None:
+                    self.calls.append(CallUse(node, target))
+                context.evaluate(node)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+                context.evaluate(node)
+
+    def record_attribute(self, node, base, ref):
+        if id(node) not in self._values:
+            self.attributes.append(AttributeUse(node, base, ref))
+
+    def self_attribute(self, class_node, attr):
+        """The certain value of `self.<attr>` in consumer class `class_node`, or None."""
+        key = (id(class_node), attr)
+        if key in self._self_attributes:
+            return self._self_attributes[key]
+        self._self_attributes[key] = None  # assignments that refer to themselves stay unknown
+        values = []
+        for method in class_node.body:
+            if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) or not _is_instance_method(method):
+                continue
+            self_name = method.args.args[0].arg
+            for node in ast.walk(method):
+                if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                    for target in targets:
+                        for element in _flatten(target):
+                            if (isinstance(element, ast.Attribute) and element.attr == attr
+                                    and isinstance(element.value, ast.Name) and element.value.id == self_name):
+                                single = isinstance(node, ast.Assign) and isinstance(target, ast.Attribute)
+                                values.append(self._context_of(method, class_node).evaluate(node.value)
+                                              if single and node.value is not None else None)
+        result = None
+        if values and all(isinstance(v, Instance) for v in values) and len({id(v.cls.node) for v in values}) == 1:
+            result = values[0]
+        self._self_attributes[key] = result
+        return result
+
+    def _context_of(self, function, class_node):
+        key = id(function)
+        if key not in self._contexts:
+            top = Context(self, None, self.module.tree, None)
+            self._contexts[key] = Context(self, top, function, class_node)
+        return self._contexts[key]
+
+
+def _is_type_checking(test):
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _is_instance_method(node):
+    if isinstance(node, ast.Lambda) or not node.args.args:
+        return False
+    for decorator in node.decorator_list:
+        if isinstance(decorator, ast.Name) and decorator.id in ("staticmethod", "classmethod"):
+            return False
+    return True
+
+
+def _flatten(target):
+    if isinstance(target, (ast.Tuple, ast.List)):
+        result = []
+        for element in target.elts:
+            result.extend(_flatten(element))
+        return result
+    if isinstance(target, ast.Starred):
+        return _flatten(target.value)
+    return [target]
+
+
+def _scope_nodes(scope_node):
+    """Nodes of one scope in source order, nested function and class bodies yielded but not entered."""
+    stack = list(reversed(_children(scope_node)))
+    while stack:
+        node = stack.pop()
+        yield node
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            # Decorators, defaults and bases are evaluated in the enclosing scope.
+            outer = list(getattr(node, "decorator_list", []))
+            if isinstance(node, ast.ClassDef):
+                outer += node.bases + [k.value for k in node.keywords]
+            else:
+                outer += node.args.defaults + [d for d in node.args.kw_defaults if d is not None]
+            stack.extend(reversed(outer))
+            continue
+        stack.extend(reversed(list(ast.iter_child_nodes(node))))
+
+
+def _children(scope_node):
+    if isinstance(scope_node, ast.Lambda):
+        return [scope_node.body]
+    return list(scope_node.body)
+
+
+class Context:
+    """One scope (module, function or lambda) of a consumer module: what its names certainly are."""
+
+    def __init__(self, consumer, parent, node, self_class):
+        self.consumer = consumer
+        self.parent = parent
+        self.node = node
+        self.self_class = self_class
+        self.bindings = {}
+        self._evaluating = set()
+        self.is_module = isinstance(node, ast.Module)
+        if not self.is_module:
+            self._collect_locals()
+
+    def _collect_locals(self):
+        args = self.node.args
+        params = args.posonlyargs + args.args + args.kwonlyargs + [a for a in (args.vararg, args.kwarg) if a]
+        for index, arg in enumerate(params):
+            value = ("self",) if (index == 0 and self.self_class is not None) else ("unknown",)
+            self.bindings.setdefault(arg.arg, []).append(value)
+        for node in _scope_nodes(self.node):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                self.bindings.setdefault(node.name, []).append(("unknown",))
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                for alias in node.names:
+                    if alias.name == "*":
+                        continue
+                    name = alias.asname or alias.name.partition(".")[0]
+                    self.bindings.setdefault(name, []).append(("import", node, alias))
+            elif isinstance(node, ast.Assign):
+                for target in node.targets:
+                    simple = isinstance(target, ast.Name)
+                    for element in _flatten(target):
+                        if isinstance(element, ast.Name):
+                            value = ("expr", node.value) if simple else ("unknown",)
+                            self.bindings.setdefault(element.id, []).append(value)
+            elif isinstance(node, ast.NamedExpr):
+                self.bindings.setdefault(node.target.id, []).append(("expr", node.value))
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
+                self.bindings.setdefault(node.id, []).append(("unknown",))
+            elif isinstance(node, (ast.Global, ast.Nonlocal)):
+                for name in node.names:
+                    self.bindings[name] = [("outer",)]
+
+    def lookup(self, name):
+        if self.is_module:
+            consumer = self.consumer
+            if name not in consumer.consumer_index.scope(consumer.module.name).bindings:
+                return None
+            return consumer.provider_value(consumer.translate(consumer.consumer_index.lookup(consumer.module.name,
+                                                                                             name)))
+        values = self.bindings.get(name)
+        if values is None or values == [("outer",)]:
+            return self.parent.lookup(name) if self.parent is not None else None
+        if len(values) != 1:
+            # Assigned more than once (or also a parameter): which value holds is flow-dependent.
+            return None
+        value = values[0]
+        if value[0] == "self":
+            return SelfOf(self.self_class)
+        if value[0] == "import":
+            return self._import_value(value[1], value[2])
+        if value[0] == "expr":
+            key = ("name", name)
+            if key in self._evaluating:
+                return None
+            self._evaluating.add(key)
+            try:
+                return self.evaluate(value[1])
+            finally:
+                self._evaluating.discard(key)
+        return None
+
+    def _import_value(self, node, alias):
+        consumer = self.consumer
+        if isinstance(node, ast.Import):
+            dotted = alias.name if alias.asname else alias.name.partition(".")[0]
+            return consumer.translate(ExternalRef(dotted)) if consumer.provider.tree.owns(dotted) \
+                else ExternalRef(dotted)
+        source = absolute_module(consumer.module.package, node.level, node.module)
+        if consumer.provider.tree.owns(source):
+            return consumer.provider.lookup(source, alias.name) \
+                if isinstance(consumer.provider.resolve_module(source), ModuleRef) else None
+        if consumer.consumer_index.tree.owns(source):
+            return consumer.provider_value(consumer.translate(consumer.consumer_index.lookup(source, alias.name)))
+        return ExternalRef(source + "." + alias.name)
+
+    def evaluate(self, expr):
+        key = id(expr)
+        if key in self.consumer._values:
+            return self.consumer._values[key]
+        value = self._evaluate(expr)
+        self.consumer._values[key] = value
+        return value
+
+    def _evaluate(self, expr):
+        consumer = self.consumer
+        if isinstance(expr, ast.Name):
+            return self.lookup(expr.id)
+        if isinstance(expr, ast.Attribute):
+            base = self.evaluate(expr.value)
+            if base is None:
+                return None
+            if isinstance(base, SelfOf):
+                return consumer.self_attribute(base.node, expr.attr)
+            if isinstance(base, ExternalRef):
+                return ExternalRef(base.dotted + "." + expr.attr)
+            if isinstance(base, (ModuleRef, ClassRef)):
+                ref = consumer.provider.attribute(base, expr.attr)
+                consumer.record_attribute(expr, base, ref)
+                return ref
+            if isinstance(base, Instance):
+                ref = instance_member(consumer.provider, base.cls, expr.attr)
+                consumer.record_attribute(expr, base, ref)
+                if isinstance(ref, FunctionRef):
+                    return BoundMethod(ref, base.cls)
+                return None
+            return None
+        if isinstance(expr, ast.Call):
+            target = self.evaluate(expr.func)
+            if isinstance(target, ClassRef):
+                return Instance(target)
+            return None
+        if isinstance(expr, ast.NamedExpr):
+            return self.evaluate(expr.value)
+        return None
+

@@ -1,0 +1,164 @@
+"""Python source of installed packages, read lazily: a module is parsed the first time it is asked for."""
+import ast
+import os
+import tokenize
+
+#: Extension-module suffixes: such a module exists but has no source to read.
+COMPILED_SUFFIXES = (".so", ".pyd")
+#: Written by the wheel unpacker (specrig.compat) beside the unpacked .py files: the
+#: compiled modules of the wheel, one dotted name a line, since their files were not unpacked.
+COMPILED_MANIFEST = ".specrig-compiled-modules"
+
+
+class Module:
+    """One parsed module: its dotted name, file, AST and lines."""
+
+    def __init__(self, *, name, path, relpath, is_package, tree, lines):
+        self.name = name
+        self.path = path
+        self.relpath = relpath
+        self.is_package = is_package
+        self.tree = tree
+        self.lines = lines
+
+    @property
+    def package(self):
+        """The package relative imports of this module start from."""
+        return self.name if self.is_package else self.name.rpartition(".")[0]
+
+    def line(self, lineno):
+        """Line `lineno` (1-based) exactly as in the file, without its newline."""
+        if 1 <= lineno <= len(self.lines):
+            return self.lines[lineno - 1].rstrip("\r\n")
+        return ""
+
+    def text(self, start, end):
+        """Lines start..end, what `sed -n START,ENDp` prints (without the last newline)."""
+        return "".join(self.lines[start - 1:end]).rstrip("\r\n")
+
+    def header_end(self, node):
+        """Last line of a def/class header: the line of the ':' that closes it.
+
+        The body's first line is no guide (a docstring or body may share the header's
+        line, comments may sit between), so the header is tokenized from its start.
+        """
+        depth = 0
+        started = False
+        lines = iter(self.lines[node.lineno - 1:])
+        try:
+            for token in tokenize.generate_tokens(lambda: next(lines, "")):
+                if token.type == tokenize.OP:
+                    if token.string in "([{":
+                        depth += 1
+                    elif token.string in ")]}":
+                        depth -= 1
+                    elif token.string == ":" and depth == 0 and started:
+                        return node.lineno + token.start[0] - 1
+                elif token.type == tokenize.NAME and token.string in ("def", "class"):
+                    started = True
+        except (tokenize.TokenError, IndentationError):
+            pass
+        return node.lineno
+
+    def span(self, node):
+        """(start, end) of a def/class header with its decorators, or of any other statement."""
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            start = min([d.lineno for d in node.decorator_list] + [node.lineno])
+            return start, self.header_end(node)
+        return node.lineno, getattr(node, "end_lineno", None) or node.lineno
+
+
+class SourceTree:
+    """The modules of some top-level packages under one root directory (site-packages or an unpacked wheel)."""
+
+    def __init__(self, root, packages):
+        if not os.path.isdir(root):
+            raise ValueError("package root %r is not a directory" % (root,))
+        self.root = os.path.abspath(root)
+        self.packages = tuple(packages)
+        self._modules = {}
+        self._compiled = self._read_manifest()
+
+    def _read_manifest(self):
+        path = os.path.join(self.root, COMPILED_MANIFEST)
+        if not os.path.exists(path):
+            return frozenset()
+        with open(path, encoding="utf-8") as handle:
+            return frozenset(line.strip() for line in handle if line.strip())
+
+    def owns(self, dotted):
+        """True when `dotted` names a module inside one of this tree's packages."""
+        top = dotted.partition(".")[0]
+        return top in self.packages
+
+    def _locate(self, dotted):
+        """(path or None, is_package, exists) of module `dotted`."""
+        base = os.path.join(self.root, *dotted.split("."))
+        init = os.path.join(base, "__init__.py")
+        if os.path.isfile(init):
+            return init, True, True
+        if os.path.isfile(base + ".py"):
+            return base + ".py", False, True
+        if os.path.isdir(base):
+            return None, True, True  # a namespace package: no source, but importable
+        if dotted in self._compiled:
+            return None, False, True
+        parent = os.path.dirname(base)
+        stem = os.path.basename(base)
+        if os.path.isdir(parent):
+            for entry in os.listdir(parent):
+                if entry.startswith(stem + ".") and entry.endswith(COMPILED_SUFFIXES):
+                    return None, False, True
+        return None, False, False
+
+    def exists(self, dotted):
+        return self.owns(dotted) and self._locate(dotted)[2]
+
+    def module(self, dotted):
+        """The parsed module, or None when it has no readable source (missing, compiled, namespace)."""
+        if dotted in self._modules:
+            return self._modules[dotted]
+        module = None
+        if self.owns(dotted):
+            path, is_package, _ = self._locate(dotted)
+            if path is not None:
+                module = self._parse(dotted, path, is_package)
+        self._modules[dotted] = module
+        return module
+
+    def _parse(self, dotted, path, is_package):
+        with open(path, "rb") as handle:
+            data = handle.read()
+        text = data.decode("utf-8", errors="replace")
+        try:
+            tree = ast.parse(text, filename=path)
+        except SyntaxError:
+            # Newer syntax than this interpreter parses: the module exists, its contents are unknown.
+            tree = None
+        return Module(name=dotted, path=path, relpath=os.path.relpath(path, self.root),
+                      is_package=is_package, tree=tree, lines=text.splitlines(True))
+
+    def is_namespace(self, dotted):
+        path, is_package, exists = self._locate(dotted)
+        return exists and is_package and path is None
+
+    @property
+    def parsed_count(self):
+        return sum(1 for m in self._modules.values() if m is not None)
+
+    def walk(self, package):
+        """Dotted names of every .py module under `package` (for consumers: they are small)."""
+        top = os.path.join(self.root, *package.split("."))
+        names = []
+        for directory, subdirs, files in os.walk(top):
+            subdirs.sort()
+            rel = os.path.relpath(directory, self.root)
+            prefix = ".".join(rel.split(os.sep))
+            for name in sorted(files):
+                if not name.endswith(".py"):
+                    continue
+                if name == "__init__.py":
+                    names.append(prefix)
+                else:
+                    names.append(prefix + "." + name[:-3])
+        return names
