@@ -129,7 +129,10 @@ def _ensure_user(user: str, shell: str, public_key: str, log) -> None:
     ssh_dir = home / ".ssh"
     ssh_dir.mkdir(mode=0o700, exist_ok=True)
     authorized = ssh_dir / "authorized_keys"
-    authorized.write_text(public_key)
+    # Append rather than overwrite: several checkouts on one machine share the lab users.
+    present = authorized.read_text() if authorized.exists() else ""
+    if public_key.strip() not in present:
+        authorized.write_text(present + public_key.strip() + "\n")
     entry = pwd.getpwnam(user)
     for path in (ssh_dir, authorized):
         os.chown(path, entry.pw_uid, entry.pw_gid)
