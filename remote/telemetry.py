@@ -15,6 +15,7 @@ GPU_FIELDS = (
     ("uuid", "uuid", str),
     ("memory.used", "memory_used_mib", float),
     ("memory.total", "memory_total_mib", float),
+    ("memory.free", "memory_free_mib", float),
     ("utilization.gpu", "utilization_pct", float),
     ("temperature.gpu", "temperature_c", float),
     ("power.draw", "power_w", float),
@@ -38,8 +39,12 @@ def _value(text, kind):
     return kind(text)
 
 
-def parse_csv(text, fields):
-    """Rows of nvidia-smi CSV as dicts keyed by our names; a header row, if present, selects columns."""
+def parse_csv(text, fields, columns=None):
+    """Rows of nvidia-smi CSV as dicts keyed by our names; a header row, if present, selects columns.
+
+    Without a header (`noheader`), `columns` names the queried fields in the order they were
+    asked for; by default they are `fields` themselves, in order.
+    """
     rows = [row for row in csv.reader(io.StringIO(text), skipinitialspace=True) if row]
     if not rows:
         return []
@@ -48,6 +53,11 @@ def parse_csv(text, fields):
     if set(wanted) <= set(header):
         positions = [header.index(query) for query in wanted]
         rows = rows[1:]
+    elif columns is not None:
+        missing = [query for query in wanted if query not in columns]
+        if missing:
+            raise ValueError("columns %r lack the fields %r" % (list(columns), missing))
+        positions = [list(columns).index(query) for query in wanted]
     else:
         positions = list(range(len(fields)))
     parsed = []
@@ -80,3 +90,8 @@ def compute_apps(timeout=15):
     """Processes holding GPU memory: [{pid, process_name, gpu_uuid, memory_used_mib}]."""
     rows, _ = _query("--query-compute-apps", APP_FIELDS, timeout)
     return rows or []
+
+
+def with_processes(gpu_rows, apps):
+    """Copies of the GPU rows, each with "processes": the compute apps on that GPU (matched by uuid)."""
+    return [dict(gpu, processes=[app for app in apps if app["gpu_uuid"] == gpu["uuid"]]) for gpu in gpu_rows]

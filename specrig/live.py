@@ -1,0 +1,81 @@
+"""The live view of a run: phase, progress and ETA, tokens/s, GPUs, the last log lines.
+
+It only reads: one `runs status` call a second over the task's connection.
+Ctrl-C detaches and says so; the run goes on, on the host.
+"""
+from __future__ import annotations
+
+import time
+
+from rich.console import Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.table import Table
+from rich.text import Text
+
+from specrig.inventory import Host
+from specrig.remote import Remote
+from specrig.runs import STATE_STYLE, describe_failure, format_duration, show_run
+from specrig.ui import console
+
+POLL_S = 1.0
+LOG_LINES = 8
+ACTIVE = ("starting", "running", "restarting", "stalled")
+
+
+def follow(remote: Remote, host: Host, run_id: str) -> dict | None:
+    """Show the run until it ends (its summary is returned) or the user detaches (None)."""
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[rate]}"), TextColumn("ETA {task.fields[eta]}"))
+    bar = progress.add_task("samples", total=None, rate="", eta="-")
+    run, tail = None, ""
+    try:
+        with Live(console=console, refresh_per_second=4, transient=False) as live:
+            while True:
+                result = remote.call("runs", {"action": "status", "workdir": host.workdir, "run": run_id,
+                                              "lines": LOG_LINES}, timeout=60)
+                run, tail = result["runs"][0], result.get("log_tail") or ""
+                live.update(render(run, tail, progress, bar))
+                if run["state"] not in ACTIVE:
+                    break
+                time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        console.print(f"detached from run {run_id}; it goes on on {host.name}. "
+                      f"`inv status --host {host.name} --run {run_id}` shows it, "
+                      f"`inv stop --host {host.name} --run {run_id}` stops it.")
+        return None
+    console.print(f"run {run_id} {run['state']}")
+    if run["state"] != "succeeded":
+        show_run(run)
+    return run
+
+
+def render(run: dict, tail: str, progress: Progress, bar) -> Panel:
+    beat = run.get("heartbeat") or {}
+    done, total = beat.get("samples_done") or 0, beat.get("samples_total")
+    rate = f"{beat['tokens_per_s']:.0f} tokens/s" if beat.get("tokens_per_s") else ""
+    eta = format_duration(beat["eta_s"]) if beat.get("eta_s") else "-"
+    progress.update(bar, completed=done, total=total, rate=rate, eta=eta)
+    style = STATE_STYLE.get(run["state"], "")
+    header = Text.from_markup(f"[{style}]{run['state']}[/]  phase [bold]{beat.get('phase') or '-'}[/]  "
+                              f"attempt {len(run.get('attempts') or [])}"
+                              + (f"  [yellow]stalled {run.get('seconds_since_progress')} s[/]"
+                                 if run.get("stalled") else ""))
+    parts = [header, progress]
+    failure = run.get("last_failure")
+    if failure and run["state"] in ("restarting", "failed"):
+        parts.append(Text.from_markup("last failure: " + describe_failure(failure)))
+    gpus = (run.get("gpus") or {}).get("gpus") or []
+    if gpus:
+        table = Table(box=None, padding=(0, 1))
+        for column in ("GPU", "memory", "util", "temp", "power"):
+            table.add_column(column)
+        for gpu in gpus:
+            table.add_row(str(gpu["index"]), f"{gpu['memory_used_mib']:.0f}/{gpu['memory_total_mib']:.0f} MiB",
+                          f"{gpu['utilization_pct'] or 0:.0f} %", f"{gpu['temperature_c'] or 0:.0f} °C",
+                          f"{gpu['power_w'] or 0:.0f} W")
+        parts.append(table)
+    parts.append(Text(tail, style="dim", overflow="ellipsis", no_wrap=True))
+    return Panel(Group(*parts), title=f"run {run['run_id']}", subtitle="Ctrl-C detaches (the run goes on)")
+
