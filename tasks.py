@@ -67,3 +67,73 @@ def down(c):
 
 lab = Collection("lab", up, down)
 namespace = Collection(hosts, doctor, trust_host, lab)
+
+
+# ---- extract: supervised runs (issue 6) -------------------------------------------------------
+RUN_HELP = "run id (default: the newest run; `inv status --host H` lists them)"
+
+
+@task(help={"host": HOST_HELP,
+            "model": "model directory on the host (default: hosts.yaml extract.model)",
+            "data": "dataset on the host: .json/.jsonl conversations, or sharegpt/ultrachat (default: extract.data)",
+            "out": "output directory on the host (default: extract.out)",
+            "tp": "tensor-parallel size (default: extract.tp, else all visible GPUs)",
+            "layers": "layer ids to capture, comma-separated, e.g. 2,30,58,60 (default: extract.layers)",
+            "batch_size": "samples per generate() call (default: extract.batch_size, else 8)",
+            "max_len": "tokens per sample (default: extract.max_len, else 2048)",
+            "max_samples": "take at most this many conversations (default: extract.max_samples, else all)",
+            "skip_preflight": "launch without the preflight checks (drift, GPUs, model, disk, batch hazard)",
+            "detach": "launch and return at once instead of showing the live view",
+            "json": JSON_HELP})
+@guarded
+def extract(c, host, model=None, data=None, out=None, tp=None, layers=None, batch_size=None, max_len=None,
+            max_samples=None, skip_preflight=False, detach=False, json=False):
+    """Preflight, launch the supervised extraction on a host, and show it live (Ctrl-C detaches; the run goes on)."""
+    from specrig.runs import extract as run_extract
+
+    given = {"model": model, "data": data, "out": out, "tp": tp, "layers": layers, "batch_size": batch_size,
+             "max_len": max_len, "max_samples": max_samples}
+    return run_extract(load_inventory().host(host), given, skip_preflight=skip_preflight,
+                       attach=not (detach or json), as_json=json)
+
+
+@task(help={"host": HOST_HELP, "run": "run id (default: every run)", "json": JSON_HELP})
+@guarded
+def status(c, host, run=None, json=False):
+    """Runs on a host: state, progress, attempts and classified failures, GPUs."""
+    from specrig.runs import status as run_status
+
+    return run_status(load_inventory().host(host), run, as_json=json)
+
+
+@task(help={"host": HOST_HELP, "run": RUN_HELP, "follow": "keep printing new lines until the run ends (Ctrl-C stops)",
+            "n": "how many of the last lines to print (default 50)"})
+@guarded
+def logs(c, host, run=None, follow=False, n=50):
+    """The driver's log of a run (every attempt, with the supervisor's markers)."""
+    from specrig.runs import logs as run_logs
+
+    return run_logs(load_inventory().host(host), run, follow=follow, lines=int(n))
+
+
+@task(help={"host": HOST_HELP, "run": "run id (default: the newest active run)", "json": JSON_HELP})
+@guarded
+def stop(c, host, run=None, json=False):
+    """Stop a run: SIGTERM to its whole process group, a grace period, SIGKILL; report anything left."""
+    from specrig.runs import stop as run_stop
+
+    return run_stop(load_inventory().host(host), run, as_json=json)
+
+
+@task(help={"host": HOST_HELP, "run": RUN_HELP, "detach": "return at once instead of showing the live view",
+            "json": JSON_HELP})
+@guarded
+def resume(c, host, run=None, detach=False, json=False):
+    """Restart a failed, stopped or lost run; the driver continues from the first missing sample."""
+    from specrig.runs import resume as run_resume
+
+    return run_resume(load_inventory().host(host), run, attach=not (detach or json), as_json=json)
+
+
+for _task in (extract, status, logs, stop, resume):
+    namespace.add_task(_task)
