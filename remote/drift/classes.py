@@ -147,14 +147,20 @@ def member_ref(cls, node):
     return ValueRef(cls.module, node, cls.dotted + "." + name)
 
 
-def class_member(index, cls, name):
-    """`cls.name` looked up through the MRO."""
+def class_member(index, cls, name, opaque_lacks=None):
+    """`cls.name` looked up through the MRO.
+
+    An unread base makes the answer unknown, unless `opaque_lacks(base dotted, name)`
+    says that base certainly has no such attribute.
+    """
     class_info = info(index, cls)
     for entry in class_info.mro:
         if isinstance(entry, ClassRef):
             node = own_member(entry, name)
             if node is not None:
                 return member_ref(entry, node)
+        elif opaque_lacks is not None and opaque_lacks(entry.dotted, name):
+            continue
         else:
             return UnknownRef(cls.dotted + "." + name, "%s inherits from %s, which is not read" % (
                 cls.qualname, entry.dotted))
@@ -199,9 +205,9 @@ def _attribute_targets(target):
     return []
 
 
-def instance_member(index, cls, name):
+def instance_member(index, cls, name, opaque_lacks=None):
     """`instance.name` for an instance of `cls`: class members, then attributes its methods assign."""
-    ref = class_member(index, cls, name)
+    ref = class_member(index, cls, name, opaque_lacks)
     if not isinstance(ref, MissingRef):
         return ref
     for entry in info(index, cls).classes():
@@ -209,7 +215,7 @@ def instance_member(index, cls, name):
         if node is not None:
             return ValueRef(entry.module, node, cls.dotted + "." + name)
     for hook in ("__getattr__", "__getattribute__"):
-        found = class_member(index, cls, hook)
+        found = class_member(index, cls, hook, opaque_lacks)
         if isinstance(found, FunctionRef):
             return MaybeRef(cls.module, cls.dotted + "." + name)
     return ref

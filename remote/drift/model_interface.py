@@ -1,0 +1,292 @@
+"""What speculators needs of the served model class, checked against the provider's model code.
+
+The model class comes from the architecture name in the model directory's
+config.json through vLLM's model registry source. What is needed is read from
+the consumer: the interface-check functions it calls on the model (provider
+functions whose body is `isinstance(model, SomeProtocol)`), the attributes it
+reads on the model once the check passed, and those it reads, through a
+function bound with `types.MethodType`, on objects taken from the model.
+A model directory with custom code (`auto_map`) needs `trust_remote_code=True`
+on every Hugging Face loader the consumer points at it.
+"""
+import ast
+import re
+
+from drift import findings as F
+from drift.classes import class_member, info, instance_member
+from drift.symbols import ClassRef, ExternalRef, FunctionRef, MissingRef
+
+#: Where vLLM's registry of architecture names lives, relative to the provider package.
+REGISTRY_MODULE = "model_executor.models.registry"
+#: Hugging Face loaders that read a model directory (and run its custom code when trusted).
+HF_LOADER = re.compile(r"^transformers\.(?:[\w.]+\.)?Auto\w+\.from_pretrained$")
+#: The public API of torch.nn.Module, the one external base of every vLLM model: an attribute
+#: outside it that the model's own source does not define is not there (submodules are
+#: assigned in __init__, which is read).
+NN_MODULE_API = frozenset("""
+T_destination add_module apply bfloat16 buffers call_super_init children compile cpu cuda double
+dump_patches eval extra_repr float forward get_buffer get_extra_state get_parameter get_submodule half
+ipu load_state_dict modules mtia named_buffers named_children named_modules named_parameters parameters
+register_backward_hook register_buffer register_forward_hook register_forward_pre_hook
+register_full_backward_hook register_full_backward_pre_hook register_load_state_dict_post_hook
+register_load_state_dict_pre_hook register_module register_parameter register_state_dict_post_hook
+register_state_dict_pre_hook requires_grad_ set_extra_state set_submodule share_memory state_dict to
+to_empty train training type xpu zero_grad
+""".split())
+NN_MODULE = frozenset({"torch.nn.Module", "torch.nn.modules.module.Module"})
+
+
+def _opaque_lacks(base, name):
+    """Whether the unread base class `base` certainly has no attribute `name`."""
+    return base in NN_MODULE and name not in NN_MODULE_API
+
+
+def registry(index):
+    """{architecture: (module, class)} read from the registry's dict literals."""
+    package = index.tree.packages[0]
+    module = index.tree.module(package + "." + REGISTRY_MODULE)
+    if module is None or module.tree is None:
+        return None, None
+    entries = {}
+    for node in ast.walk(module.tree):
+        if not isinstance(node, ast.Dict):
+            continue
+        for key, value in zip(node.keys, node.values):
+            if (isinstance(key, ast.Constant) and isinstance(key.value, str) and isinstance(value, ast.Tuple)
+                    and len(value.elts) == 2
+                    and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in value.elts)):
+                entries.setdefault(key.value, (value.elts[0].value, value.elts[1].value))
+    return entries, module
+
+
+def interface_checked(index, function):
+    """The protocol class a `supports_x(model)` function tests with isinstance, or None."""
+    params = function.node.args.posonlyargs + function.node.args.args
+    if not params:
+        return None
+    for node in ast.walk(function.node):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance"
+                and len(node.args) == 2 and isinstance(node.args[0], ast.Name)
+                and node.args[0].id == params[0].arg and isinstance(node.args[1], (ast.Name, ast.Attribute))):
+            found = index.resolve_in(function.module, node.args[1])
+            if isinstance(found, ClassRef):
+                return found
+    return None
+
+
+def protocol_members(index, protocol):
+    """Names a runtime isinstance() check of `protocol` requires (its and its protocol bases' members)."""
+    names = []
+    for cls in info(index, protocol).classes():
+        for node in cls.node.body:
+            name = None
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                name = node.name
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                name = node.target.id
+            elif isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+                name = node.targets[0].id
+            if name and not (name.startswith("__") and name.endswith("__")) and name not in names:
+                names.append(name)
+    return names
+
+
+def _implements(index, cls, protocol):
+    if any(entry == protocol for entry in info(index, cls).classes()):
+        return []
+    missing = []
+    for name in protocol_members(index, protocol):
+        if isinstance(class_member(index, cls, name, opaque_lacks=lambda base, n: True), MissingRef):
+            # No unread base (torch.nn.Module) can provide a member of a vLLM protocol.
+            missing.append(name)
+    return missing
+
+
+def _inner_class(index, cls, attribute):
+    """The class of `self.<attribute>` as the model's own __init__ constructs it, or None."""
+    for entry in info(index, cls).classes():
+        for method in entry.node.body:
+            if not isinstance(method, ast.FunctionDef) or not method.args.args:
+                continue
+            self_name = method.args.args[0].arg
+            for node in ast.walk(method):
+                if (isinstance(node, ast.Assign) and len(node.targets) == 1
+                        and isinstance(node.targets[0], ast.Attribute) and node.targets[0].attr == attribute
+                        and isinstance(node.targets[0].value, ast.Name) and node.targets[0].value.id == self_name):
+                    return _constructed(index, entry, node.value, self_name)
+    return None
+
+
+def _constructed(index, cls, value, self_name):
+    """The class `value` certainly constructs: `Class(...)` or `self.method(...)` returning `Class(...)`."""
+    if not isinstance(value, ast.Call):
+        return None
+    func = value.func
+    if isinstance(func, (ast.Name, ast.Attribute)) and not (
+            isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == self_name):
+        found = index.resolve_in(cls.module, func)
+        return found if isinstance(found, ClassRef) else None
+    if isinstance(func, ast.Attribute):
+        method = class_member(index, cls, func.attr)
+        if isinstance(method, FunctionRef):
+            returns = [n.value for n in ast.walk(method.node) if isinstance(n, ast.Return) and n.value is not None]
+            classes = [_constructed(index, method.owner or cls, r, self_name) for r in returns]
+            if classes and all(c is not None and c == classes[0] for c in classes):
+                return classes[0]
+    return None
+
+
+class ModelUses:
+    """What a consumer function does with the model it checks: attribute reads, objects it takes from it."""
+
+    def __init__(self, function, model_name, consumer_tree):
+        self.reads = []       # [(path tuple, attribute node)] e.g. (("model",), node)
+        self.assigned = set()  # paths the consumer sets itself, e.g. ("model", "_extension")
+        aliases = {model_name: ()}
+        for node in ast.walk(function):
+            if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                    and isinstance(node.value, ast.Attribute) and isinstance(node.value.value, ast.Name)
+                    and node.value.value.id in aliases):
+                aliases[node.targets[0].id] = aliases[node.value.value.id] + (node.value.attr,)
+        for node in ast.walk(function):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
+                path = aliases[node.value.id] + (node.attr,)
+                if isinstance(node.ctx, ast.Store):
+                    self.assigned.add(path)
+                else:
+                    self.reads.append((path, node))
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "MethodType"
+                    and len(node.args) == 2 and isinstance(node.args[0], ast.Name)
+                    and isinstance(node.args[1], ast.Name) and node.args[1].id in aliases):
+                bound = _module_function(consumer_tree, node.args[0].id)
+                if bound is not None and bound.args.args:
+                    self_name = bound.args.args[0].arg
+                    prefix = aliases[node.args[1].id]
+                    for inner in ast.walk(bound):
+                        if (isinstance(inner, ast.Attribute) and isinstance(inner.value, ast.Name)
+                                and inner.value.id == self_name):
+                            path = prefix + (inner.attr,)
+                            if isinstance(inner.ctx, ast.Store):
+                                self.assigned.add(path)
+                            else:
+                                self.reads.append((path, inner))
+
+
+def _module_function(tree, name):
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return node
+    return None
+
+
+def _enclosing_function(tree, target):
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if any(child is target for child in ast.walk(node)):
+                best = _enclosing_function_inner(node, target)
+                return best or node
+    return None
+
+
+def _enclosing_function_inner(function, target):
+    for node in ast.walk(function):
+        if node is not function and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            if any(child is target for child in ast.walk(node)):
+                return _enclosing_function_inner(node, target) or node
+    return None
+
+
+def check_model(analysis, model):
+    index = analysis.provider
+    config = model.get("config") or {}
+    custom = [name for name, content in (("config.json", config),
+                                         ("tokenizer_config.json", model.get("tokenizer_config") or {}))
+              if content.get("auto_map")]
+    if custom:
+        _check_trust_remote_code(analysis, custom)
+    architectures = config.get("architectures") or []
+    if not architectures:
+        return
+    entries, registry_module = registry(index)
+    for consumer in analysis.modules:
+        for use in consumer.calls:
+            if not isinstance(use.target, FunctionRef) or not use.node.args:
+                continue
+            protocol = interface_checked(index, use.target)
+            if protocol is None:
+                continue
+            for architecture in architectures:
+                cls = _model_class(analysis, consumer, use, entries, registry_module, architecture)
+                if cls is not None:
+                    _check_class(analysis, consumer, use, protocol, cls)
+
+
+def _model_class(analysis, consumer, use, entries, registry_module, architecture):
+    index = analysis.provider
+    if entries is None:
+        analysis.skip(consumer.module, use.node, architecture, "the provider has no model registry to read")
+        return None
+    if architecture not in entries:
+        analysis.skip(consumer.module, use.node, architecture, "vLLM's registry does not list this architecture")
+        return None
+    module_name, class_name = entries[architecture]
+    found = index.lookup(registry_module.package + "." + module_name, class_name)
+    if not isinstance(found, ClassRef):
+        analysis.skip(consumer.module, use.node, architecture,
+                      "registry names %s.%s, which was not found" % (module_name, class_name))
+        return None
+    return found
+
+
+def _check_class(analysis, consumer, use, protocol, cls):
+    index = analysis.provider
+    location = F.Location(consumer.module, use.node.lineno)
+    start, end = cls.module.span(cls.node)
+    provider = F.Location(cls.module, start, end)
+    missing = _implements(index, cls, protocol)
+    if missing:
+        analysis.add(F.ModelInterface(consumer=location, callee=cls.dotted, detail=protocol.qualname,
+                                      provider=provider, missing_members=missing,
+                                      checked_by="%s()" % use.target.qualname))
+    argument = use.node.args[0]
+    function = _enclosing_function(consumer.module.tree, use.node)
+    if function is None or not isinstance(argument, ast.Name):
+        return
+    uses = ModelUses(function, argument.id, consumer.module.tree)
+    classes = {(): cls}
+    for path, node in sorted(uses.reads, key=lambda item: len(item[0])):
+        if path in uses.assigned or path[:-1] not in classes:
+            continue
+        owner = classes[path[:-1]]
+        if owner is None:
+            continue
+        found = instance_member(index, owner, path[-1], opaque_lacks=_opaque_lacks)
+        if isinstance(found, MissingRef):
+            o_start, o_end = owner.module.span(owner.node)
+            analysis.add(F.ModelAttribute(consumer=F.Location(consumer.module, node.lineno), callee=cls.dotted,
+                                          detail=".".join(path), provider=F.Location(owner.module, o_start, o_end)))
+            classes[path] = None
+        elif path not in classes:
+            classes[path] = _inner_class(index, owner, path[-1])
+
+
+def _check_trust_remote_code(analysis, custom):
+    for consumer in analysis.modules:
+        for use in consumer.calls:
+            if not (isinstance(use.target, ExternalRef) and HF_LOADER.match(use.target.dotted)):
+                continue
+            call = use.node
+            if call.args and isinstance(call.args[0], ast.Constant):
+                continue  # a hub id written in the code, not the model directory
+            if any(k.arg is None for k in call.keywords):
+                analysis.skip(consumer.module, call, use.target.dotted, "keyword arguments passed with **")
+                continue
+            trust = next((k.value for k in call.keywords if k.arg == "trust_remote_code"), None)
+            if trust is not None and not isinstance(trust, ast.Constant):
+                analysis.skip(consumer.module, call, use.target.dotted, "trust_remote_code is computed")
+                continue
+            if trust is None or trust.value is not True:
+                analysis.add(F.TrustRemoteCode(consumer=F.Location(consumer.module, call.lineno),
+                                               callee=use.target.dotted, detail=consumer.module.name,
+                                               loaded=" and ".join(custom)))
+

@@ -1,0 +1,169 @@
+"""Known behaviour changes: drift that shows in no signature.
+
+Each rule is a data entry (id, plain-words explanation, the fix) naming a small
+detector with its parameters. A detector looks at both sides' source: it fires
+only when the consumer relies on the old behaviour *and* the provider's source
+shows the new one, never on a version number alone.
+
+To add a rule: append a RULES entry; write a detector class only when none of
+the existing ones can express the check.
+"""
+import ast
+
+from drift import findings as F
+from drift.classes import class_member
+from drift.consumer import BoundMethod
+from drift.symbols import FunctionRef
+
+
+class Rule:
+    def __init__(self, *, id, title, explanation, detector, fix_summary, patch):
+        self.id = id
+        self.title = title
+        self.explanation = explanation
+        self.detector = detector
+        self.fix = {"summary": fix_summary, "patch": patch}
+
+
+class Hit:
+    """Where a rule fired: the consumer's node, the provider function showing the new behaviour."""
+
+    def __init__(self, consumer, node, provider_function):
+        self.consumer = consumer
+        self.node = node
+        self.provider_function = provider_function
+
+
+def _method_calls(analysis, method):
+    """(consumer module, CallUse) for every certain call of a provider method named `method`."""
+    for consumer in analysis.modules:
+        for use in consumer.calls:
+            if isinstance(use.target, BoundMethod) and use.target.function.node.name == method:
+                yield consumer, use
+
+
+def _enclosing_functions(tree):
+    return [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+class ReplyUnwrapped:
+    """A call whose result the consumer indexes with [0], where the provider now returns the single reply.
+
+    Provider side: the method (or a function nested in it) returns `x[0] if ... else x`.
+    Consumer side: `name = receiver.method(..., <keyword>=...)` then `name[0]` in the same function.
+    """
+
+    def __init__(self, *, method, keyword):
+        self.method = method
+        self.keyword = keyword
+
+    def __call__(self, analysis):
+        hits = []
+        for consumer, use in _method_calls(analysis, self.method):
+            if not any(k.arg == self.keyword for k in use.node.keywords):
+                continue
+            if not _returns_first_or_all(use.target.function.node):
+                continue
+            for function in _enclosing_functions(consumer.module.tree):
+                name = _assigned_name(function, use.node)
+                if name is None:
+                    continue
+                for node in ast.walk(function):
+                    if (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name)
+                            and node.value.id == name and _is_zero(node.slice)):
+                        hits.append(Hit(consumer, node, use.target.function))
+        return hits
+
+
+def _is_zero(index):
+    index = getattr(index, "value", index) if type(index).__name__ == "Index" else index
+    return isinstance(index, ast.Constant) and index.value == 0
+
+
+def _returns_first_or_all(function):
+    for node in ast.walk(function):
+        if (isinstance(node, ast.IfExp) and isinstance(node.body, ast.Subscript)
+                and isinstance(node.body.value, ast.Name) and _is_zero(node.body.slice)
+                and isinstance(node.orelse, ast.Name) and node.orelse.id == node.body.value.id):
+            return True
+    return False
+
+
+def _assigned_name(function, call):
+    for node in ast.walk(function):
+        if (isinstance(node, ast.Assign) and node.value is call and len(node.targets) == 1
+                and isinstance(node.targets[0], ast.Name)):
+            return node.targets[0].id
+    return None
+
+
+class FollowUpCallRequired:
+    """The provider split one step into two calls; the consumer makes only the first.
+
+    Provider side: the receiver's class defines `follow_up`. Consumer side: it calls
+    `method` on that receiver and never calls `follow_up` anywhere in the module.
+    """
+
+    def __init__(self, *, method, follow_up):
+        self.method = method
+        self.follow_up = follow_up
+
+    def __call__(self, analysis):
+        hits = []
+        for consumer, use in _method_calls(analysis, self.method):
+            follow_up = class_member(analysis.provider, use.target.cls, self.follow_up)
+            if not isinstance(follow_up, FunctionRef):
+                continue
+            called = any(isinstance(n, ast.Attribute) and n.attr == self.follow_up
+                         for n in ast.walk(consumer.module.tree))
+            if not called:
+                hits.append(Hit(consumer, use.node, follow_up))
+        return hits
+
+
+RULES = [
+    Rule(
+        id="collective-rpc-single-reply",
+        title="collective_rpc(unique_reply_rank=...) returns the reply itself, not a one-element list",
+        explanation=("collective_rpc(..., unique_reply_rank=R) now returns rank R's reply itself, not a list "
+                     "of one, so indexing it with [0] takes the first captured layer instead of all of them."),
+        detector=ReplyUnwrapped(method="collective_rpc", keyword="unique_reply_rank"),
+        fix_summary="use the reply directly when it is not wrapped in a list",
+        patch="""\
+--- a/speculators/data_generation/vllm_hidden_states_generator.py
++++ b/speculators/data_generation/vllm_hidden_states_generator.py
+@@
+-        aux_hidden_states = captured_states_list[0]
++        # Newer vLLM returns the single reply itself when unique_reply_rank is given.
++        aux_hidden_states = captured_states_list
+""",
+    ),
+    Rule(
+        id="execute-model-needs-sample-tokens",
+        title="execute_model() must be followed by sample_tokens()",
+        explanation=("The executor now splits a step into execute_model() and sample_tokens(); a worker refuses "
+                     "the next execute_model() ('sample_tokens() must be called after execute_model() returns "
+                     "None') until sample_tokens() has run."),
+        detector=FollowUpCallRequired(method="execute_model", follow_up="sample_tokens"),
+        fix_summary="call executor.sample_tokens(None) after an execute_model() that returned None",
+        patch="""\
+--- a/speculators/data_generation/vllm_hidden_states_generator.py
++++ b/speculators/data_generation/vllm_hidden_states_generator.py
+@@
+-            self.executor.execute_model(scheduler_output)
++            if self.executor.execute_model(scheduler_output) is None:
++                # Newer vLLM: a step is execute_model() then sample_tokens().
++                self.executor.sample_tokens(None)
+""",
+    ),
+]
+
+
+def check_rules(analysis, rules=None):
+    for rule in RULES if rules is None else rules:
+        for hit in rule.detector(analysis):
+            function = hit.provider_function
+            start, end = function.module.span(function.node)
+            analysis.add(F.Behaviour(consumer=F.Location(hit.consumer.module, hit.node.lineno),
+                                     callee=function.dotted, detail=rule.id, rule=rule,
+                                     provider=F.Location(function.module, start, end), fix=rule.fix))
