@@ -1,0 +1,234 @@
+"""What the host keeps about our patches: manifest, original bytes, lock; and how files are written.
+
+Layout (patchsets/README.md, "On the host"), per environment (sys.prefix):
+
+    <sys.prefix>/.specrig/patches/         (or ~/.cache/specrig/patches/<env-hash>/ if the prefix is read-only)
+        manifest.json    {"format": 1, "files": {KEY: entry}, "intent": null | {...}}
+        backups/<sha256> the original bytes of a patched file
+        lock             flock'ed while applying or reverting; holds who holds it
+
+A file is never half written: new bytes go to a temporary file in the same
+directory, flushed and fsynced, then os.replace'd over the old one. The
+manifest cannot change in the same step as a target file, so every change is
+announced first (an *intent*: each file's sha256 before and after), then made,
+then committed. Whoever next reads the manifest resolves a leftover intent from
+the files themselves: a file whose bytes are the intended ones was written.
+"""
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import socket
+import sys
+import time
+
+import rpc
+
+FORMAT = 1
+TEMP_MARK = ".specrig-tmp-"
+
+
+def sha256(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+def file_sha256(path):
+    """The file's sha256, or None when it does not exist."""
+    try:
+        with open(path, "rb") as handle:
+            return sha256(handle.read())
+    except FileNotFoundError:
+        return None
+
+
+def now():
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def state_dir():
+    prefix = os.path.abspath(sys.prefix)
+    if os.access(prefix, os.W_OK):
+        return os.path.join(prefix, ".specrig", "patches")
+    return os.path.join(os.path.expanduser("~/.cache/specrig/patches"), sha256(prefix.encode())[:16])
+
+
+def _fsync_dir(directory):
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomically(path, data, mode=None):
+    """Replace `path` with `data` in one step: temporary file beside it, fsync, os.replace, fsync the directory."""
+    directory, name = os.path.split(path)
+    temp = os.path.join(directory, ".%s%s%d" % (name, TEMP_MARK, os.getpid()))
+    if mode is None:
+        try:
+            mode = os.stat(path).st_mode & 0o7777
+        except FileNotFoundError:
+            mode = 0o644
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temp, mode)
+        os.replace(temp, path)
+    except BaseException:
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
+        raise
+    _fsync_dir(directory)
+    return len(data)
+
+
+def remove_stale_temporaries(directory):
+    """Temporary files a killed writer left behind (they never replaced anything)."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    removed = []
+    for name in names:
+        if name.startswith(".") and TEMP_MARK in name:
+            os.unlink(os.path.join(directory, name))
+            removed.append(os.path.join(directory, name))
+    return removed
+
+
+class Store:
+    def __init__(self, directory=None):
+        self.directory = directory or state_dir()
+        self.manifest_path = os.path.join(self.directory, "manifest.json")
+        self.backups = os.path.join(self.directory, "backups")
+        self.lock_path = os.path.join(self.directory, "lock")
+        self._lock_fd = None
+
+    # ---- manifest ---------------------------------------------------------------------------
+
+    def read_raw(self):
+        try:
+            with open(self.manifest_path, encoding="utf-8") as handle:
+                manifest = json.load(handle)
+        except FileNotFoundError:
+            return {"format": FORMAT, "files": {}, "intent": None}
+        if manifest.get("format") != FORMAT:
+            raise rpc.RemoteFailure("bad-manifest", "%s has format %r; this specrig reads format %d"
+                                    % (self.manifest_path, manifest.get("format"), FORMAT))
+        return manifest
+
+    def read(self):
+        """The manifest with any leftover intent resolved in memory (nothing written): what is true now."""
+        return resolve_intent(self.read_raw())[0]
+
+    def write(self, manifest):
+        os.makedirs(self.directory, exist_ok=True)
+        data = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
+        return write_atomically(self.manifest_path, data, mode=0o644)
+
+    def recover(self):
+        """Under the lock: commit or drop a killed run's intent, per file, from the files' bytes."""
+        raw = self.read_raw()
+        if not raw.get("intent"):
+            return []
+        manifest, outcomes = resolve_intent(raw)
+        for item in raw["intent"]["files"].values():
+            remove_stale_temporaries(os.path.dirname(item["file"]))
+        self.write(manifest)
+        return outcomes
+
+    # ---- backups ----------------------------------------------------------------------------
+
+    def keep_original(self, data):
+        """Store the original bytes (content-addressed) and return their name relative to the store."""
+        digest = sha256(data)
+        path = os.path.join(self.backups, digest)
+        if file_sha256(path) != digest:
+            os.makedirs(self.backups, exist_ok=True)
+            write_atomically(path, data, mode=0o444)
+        return os.path.join("backups", digest)
+
+    def original(self, entry):
+        """The backup's bytes, checked against the sha256 recorded when it was taken."""
+        path = os.path.join(self.directory, entry["backup"])
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read()
+        except FileNotFoundError:
+            raise rpc.RemoteFailure("backup-missing", "the backup of %s (%s) is gone; the original cannot be "
+                                    "restored (reinstall the package instead)" % (entry["file"], path)) from None
+        if sha256(data) != entry["original_sha256"]:
+            raise rpc.RemoteFailure("backup-corrupt", "the backup %s of %s does not have the recorded sha256 %s; "
+                                    "refusing to restore it" % (path, entry["file"], entry["original_sha256"]))
+        return data
+
+    def drop_unreferenced_backups(self, manifest):
+        wanted = {entry["backup"] for entry in manifest["files"].values()}
+        for name in os.listdir(self.backups) if os.path.isdir(self.backups) else []:
+            if os.path.join("backups", name) not in wanted and TEMP_MARK not in name:
+                os.unlink(os.path.join(self.backups, name))
+
+    # ---- lock -------------------------------------------------------------------------------
+
+    def lock(self, action):
+        """Take this environment's lock or fail at once (kind `locked`), naming the holder."""
+        os.makedirs(self.directory, exist_ok=True)
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            holder = self.holder()
+            raise rpc.RemoteFailure(
+                "locked", "another specrig client is changing the patches of %s (%s); try again when it has "
+                "finished" % (sys.prefix, _describe_holder(holder)), holder=holder) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "action": action,
+                                 "since": now()}).encode())
+        self._lock_fd = fd
+
+    def holder(self):
+        try:
+            with open(self.lock_path, encoding="utf-8") as handle:
+                return json.loads(handle.read() or "null")
+        except (OSError, ValueError):
+            return None
+
+    def unlock(self):
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+def _describe_holder(holder):
+    if not holder:
+        return "holder unknown"
+    return "%s by pid %s on %s since %s" % (holder.get("action"), holder.get("pid"), holder.get("host"),
+                                            holder.get("since"))
+
+
+def resolve_intent(manifest):
+    """(manifest without intent, outcomes): each intended file change is kept if the file has the new bytes."""
+    intent = manifest.get("intent")
+    resolved = {"format": FORMAT, "files": dict(manifest["files"]), "intent": None}
+    outcomes = []
+    for key, item in sorted((intent or {}).get("files", {}).items()):
+        current = file_sha256(item["file"])
+        if current == item["to_sha256"]:
+            if item["entry"] is None:
+                resolved["files"].pop(key, None)
+            else:
+                resolved["files"][key] = item["entry"]
+            outcomes.append({"file": item["file"], "outcome": "completed"})
+        else:
+            outcomes.append({"file": item["file"], "outcome": "not written" if current == item["from_sha256"]
+                             else "changed by someone else"})
+    return resolved, outcomes
