@@ -137,3 +137,26 @@ def resume(c, host, run=None, detach=False, json=False):
 
 for _task in (extract, status, logs, stop, resume):
     namespace.add_task(_task)
+
+
+# ---- smoke: the extraction on a shrunk model with dummy weights (issue 5) ---------------------
+
+@task(name="smoke", help={"host": HOST_HELP,
+                          "model": "model directory on the host (default: hosts.yaml extract.model)",
+                          "samples": "conversations to extract, at least 3 (default 6: three generate() calls)",
+                          "json": JSON_HELP})
+@guarded
+def smoke_task(c, host, model=None, samples=6, json=False):
+    """Run the extraction driver on the target's config shrunk (few layers, small dims, dummy weights): drift in a minute."""
+    from specrig.smoke import SmokeFailed, show, show_failure, smoke
+
+    target = load_inventory().host(host)
+    try:
+        result = smoke(target, model=model, samples=int(samples))
+    except SmokeFailed as failure:
+        show_failure(failure, as_json=json)
+        raise
+    show(result, host=target, as_json=json)
+
+
+namespace.add_task(smoke_task)

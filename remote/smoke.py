@@ -1,0 +1,182 @@
+"""`inv smoke`: the extraction driver on a shrunk copy of the target, to show runtime drift in a minute.
+
+args: {"model": path (required), "samples": int, "timeout_s": float, "keep": bool}
+
+The driver runs exactly as `inv extract` runs it (same file, same code path through
+speculators and vLLM) with three differences: the model's own config.json shrunk to a few
+layers and small dimensions (same architecture, same tokenizer) through the driver's
+`hf_overrides`, random weights (`load_format: dummy`), and a few built-in conversations.
+Two or more generate() calls are made, since some drift only fails the second one.
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import classify
+from rpc import RemoteFailure
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DRIVER = os.path.join(HERE, "extract_driver.py")
+SMOKE_ROOT = os.path.join(os.path.expanduser("~"), ".cache", "specrig", "smoke")
+BATCH_SIZE, MAX_LENGTH = 2, 256
+#: Small enough to build in seconds, shaped for vLLM's CPU attention (head_dim 32), and 8 layers so
+#: that speculators' default layer choice [2, n/2, n-3, n-1] still names four distinct layers.
+SHRUNK = {"num_hidden_layers": 8, "hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4,
+          "head_dim": 32, "moe_intermediate_size": 64, "shared_expert_intermediate_size": 64,
+          "n_routed_experts": 4, "num_experts": 4, "num_local_experts": 4, "num_experts_per_tok": 2,
+          "n_shared_experts": 1, "n_group": 1, "topk_group": 1, "q_lora_rank": 64, "kv_lora_rank": 32,
+          "qk_nope_head_dim": 32, "qk_rope_head_dim": 32, "v_head_dim": 32}
+#: Dummy weights cannot be quantized checkpoints of another shape.
+DROPPED = ("quantization_config",)
+WORKER_PREFIX = re.compile(r"^\(\w+ pid=\d+\) (?:(?:ERROR|WARNING|INFO) \S+ \S+ \[[^\]]*\] )?", re.MULTILINE)
+FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)\n(?P<code>.*)$',
+                   re.MULTILINE)
+CONVERSATIONS = [
+    [("human", "What does a draft model do in speculative decoding?"),
+     ("gpt", "It proposes several tokens cheaply; the target model verifies them in one pass.")],
+    [("human", "Name three colours."), ("gpt", "Red, green and blue."),
+     ("human", "And three more?"), ("gpt", "Cyan, magenta and yellow.")],
+    [("human", "Count from one to five."), ("gpt", "One, two, three, four, five.")],
+    [("human", "Why cache keys and values?"), ("gpt", "So that earlier tokens are not recomputed at each step.")],
+    [("human", "Say hello."), ("gpt", "Hello!")],
+    [("human", "What is a hidden state?"),
+     ("gpt", "The vector a transformer layer outputs for each token, which the next layer reads.")],
+]
+
+
+def shrunk_overrides(config):
+    """Overrides making `config` small; applied to text_config too for multimodal wrappers."""
+    overrides = _shrink(config)
+    for nested in ("text_config", "language_config", "llm_config"):
+        if isinstance(config.get(nested), dict):
+            overrides[nested] = _shrink(config[nested])
+    return overrides
+
+
+def _shrink(config):
+    layers = config.get("num_hidden_layers")
+    overrides = {key: value for key, value in SHRUNK.items() if key in config}
+    if layers:
+        overrides["num_hidden_layers"] = min(layers, SHRUNK["num_hidden_layers"])
+    heads, kv_heads = config.get("num_attention_heads"), config.get("num_key_value_heads")
+    if heads and kv_heads:
+        # Keep the model's kind of attention: multi-head stays multi-head, grouped stays grouped.
+        overrides["num_key_value_heads"] = SHRUNK["num_attention_heads"] if kv_heads == heads else 2
+    if "first_k_dense_replace" in config:
+        overrides["first_k_dense_replace"] = min(config["first_k_dense_replace"], 1)
+    for key, value in config.items():
+        # Per-layer lists (layer_types, sliding-window patterns) must keep one entry per layer.
+        if layers and isinstance(value, list) and len(value) == layers and key not in SHRUNK:
+            overrides[key] = value[: overrides["num_hidden_layers"]]
+    for key in DROPPED:
+        if key in config:
+            overrides[key] = None
+    return overrides
+
+
+def name_failure(log_text, exit_status):
+    """What failed, for people: the exception, the speculators call that raised it, the classifier's kind."""
+    text = WORKER_PREFIX.sub("", log_text)
+    verdict = classify.classify(text, exit_status)
+    blocks = text.split(classify.TRACEBACK)
+    driver_tb = blocks[-1] if len(blocks) > 1 else ""
+    # A worker's failure reaches the driver as "Worker failed with error ..."; the root cause is in
+    # the worker's own traceback, printed before it.
+    root_tb = blocks[-2] if "Worker failed" in driver_tb and len(blocks) > 2 else driver_tb
+    frames = [f for f in FRAME.finditer(root_tb) if "/speculators/" in f.group("file")]
+    exception = _exception_line(root_tb) or _exception_line(driver_tb) or verdict["evidence"]
+    where = None
+    if frames:
+        frame = frames[-1]
+        short = frame.group("file").split("/site-packages/")[-1]
+        where = "%s:%s in %s: %s" % (short, frame.group("line"), frame.group("function"), frame.group("code").strip())
+    return {"kind": verdict["kind"], "exception": exception, "where": where, "explain": verdict["explain"],
+            "exit_status": exit_status}
+
+
+def _exception_line(traceback_text):
+    lines = [line for line in traceback_text.strip().splitlines() if line and not line.startswith(" ")]
+    candidates = [line for line in lines if re.match(r"^[\w.]+(Error|Exception|Failure)\b|^AssertionError", line)]
+    if not candidates:
+        return None
+    line = candidates[0]
+    # pydantic puts the field on the next lines: keep them, they name the missing argument.
+    following = traceback_text[traceback_text.find(line) + len(line):].strip().splitlines()[:2]
+    return " ".join([line] + [f.strip() for f in following if f.strip() and "errors.pydantic.dev" not in f]) \
+        if line.startswith("pydantic") or "ValidationError" in line else line
+
+
+def run(args):
+    model = os.path.expanduser(str(args.get("model") or ""))
+    if not model or not os.path.isfile(os.path.join(model, "config.json")):
+        raise RemoteFailure("bad-argument", "model %r has no config.json on this host" % (args.get("model"),))
+    samples = int(args.get("samples") or 6)
+    if samples < BATCH_SIZE + 1:
+        raise RemoteFailure("bad-argument", "samples=%r: give at least %d (two generate() calls)"
+                            % (samples, BATCH_SIZE + 1))
+    with open(os.path.join(model, "config.json"), encoding="utf-8") as handle:
+        config = json.load(handle)
+    os.makedirs(SMOKE_ROOT, exist_ok=True)
+    work = tempfile.mkdtemp(prefix="smoke-", dir=SMOKE_ROOT)
+    try:
+        return _run_driver(model, config, samples, work, float(args.get("timeout_s") or 540))
+    finally:
+        if not args.get("keep"):
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _run_driver(model, config, samples, work, timeout_s):
+    dataset = os.path.join(work, "conversations.jsonl")
+    with open(dataset, "w", encoding="utf-8") as handle:
+        for turns in CONVERSATIONS:
+            handle.write(json.dumps({"conversations": [{"from": r, "value": v} for r, v in turns]}) + "\n")
+    overrides = shrunk_overrides(config)
+    driver_args = {"model": model, "dataset": dataset, "output_dir": os.path.join(work, "out"),
+                   "max_length": MAX_LENGTH, "batch_size": BATCH_SIZE, "max_samples": samples,
+                   "load_format": "dummy", "hf_overrides": overrides}
+    args_file = os.path.join(work, "args.json")
+    with open(args_file, "w", encoding="utf-8") as handle:
+        json.dump(driver_args, handle)
+    log_file = os.path.join(work, "driver.log")
+    started = time.monotonic()
+    with open(log_file, "w+", encoding="utf-8") as log:
+        proc = subprocess.Popen([sys.executable, DRIVER, args_file], stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            exit_status = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            raise RemoteFailure("timeout", "the smoke run did not finish within %.0f s" % timeout_s)
+        log.seek(0)
+        log_text = log.read()
+    elapsed = round(time.monotonic() - started, 1)
+    heartbeat = _read_json(os.path.join(work, "out", "heartbeat.json")) or {}
+    shrunk = {k: v for k, v in overrides.items() if not isinstance(v, (dict, list))}
+    if exit_status != 0:
+        failure = name_failure(log_text, exit_status)
+        raise RemoteFailure("smoke-failed", _failure_message(failure), failure=failure, elapsed_s=elapsed,
+                            log_tail=log_text[-6000:], shrunk=shrunk)
+    data_config = _read_json(os.path.join(work, "out", "data_config.json")) or {}
+    return {"ok": True, "model": model, "architectures": config.get("architectures"), "shrunk": shrunk,
+            "samples": heartbeat.get("samples_done"), "layer_ids": data_config.get("hidden_states", {}).get("layer_ids"),
+            "tokens_per_s": heartbeat.get("tokens_per_s"), "elapsed_s": elapsed,
+            "versions": (data_config.get("reproducibility") or {}).get("package_versions")}
+
+
+def _failure_message(failure):
+    where = (" at %s" % failure["where"]) if failure["where"] else ""
+    return "%s%s [%s]" % (failure["exception"], where, failure["kind"])
+
+
+def _read_json(path):
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (OSError, ValueError):
+        return None

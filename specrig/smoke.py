@@ -1,0 +1,69 @@
+"""`inv smoke`: run the extraction driver on a shrunk, randomly weighted copy of the target model.
+
+The host does it (remote/smoke.py): the target's own config.json with a few layers and small
+dimensions, `load_format: dummy`, a few built-in conversations, through the very driver and code
+path `inv extract` uses. Every runtime drift (signature, behaviour, platform) shows in about a
+minute instead of after a full model load; the failure is named (exception, the speculators
+line that raised it, the classifier's kind) and the exit status is FINDINGS.
+"""
+from __future__ import annotations
+
+from specrig.errors import RemoteScriptError, SpecrigError, UsageError
+from specrig.exit_status import ExitStatus
+from specrig.inventory import Host
+from specrig.remote import connect
+from specrig.ui import console, print_json
+
+#: Seconds the host gives the driver; the call's own deadline is a little longer.
+DRIVER_TIMEOUT_S = 540
+
+
+class SmokeFailed(SpecrigError):
+    """The smoke run failed: drift (or a broken environment) that a real extraction would hit."""
+
+    exit_status = ExitStatus.FINDINGS
+
+    def __init__(self, message: str, *, failure: dict, **kwargs):
+        super().__init__(message, **kwargs)
+        self.failure = failure
+
+
+def smoke(host: Host, *, model: str | None = None, samples: int = 6) -> dict:
+    """The host's smoke result dict, or SmokeFailed naming what broke."""
+    model = model or host.extract.get("model")
+    if not model:
+        raise UsageError(f"inv smoke: no model for host {host.name!r}",
+                         hint=f"pass --model PATH, or set hosts.{host.name}.extract.model in hosts.yaml")
+    if samples < 3:
+        raise UsageError(f"--samples {samples!r}: give 3 or more (the driver must call generate() twice)")
+    with connect(host) as remote:
+        try:
+            return remote.call("smoke", {"model": model, "samples": samples, "timeout_s": DRIVER_TIMEOUT_S},
+                               timeout=DRIVER_TIMEOUT_S + 60)
+        except RemoteScriptError as exc:
+            if exc.kind == "bad-argument":
+                raise UsageError(exc.message) from None
+            if exc.kind != "smoke-failed":
+                raise
+            failure = exc.error.get("failure") or {}
+            raise SmokeFailed(f"{host.name}: smoke failed: {exc.error.get('message')}", failure=failure,
+                              hint="`inv verify-signatures` names static drift, `inv apply-patches` fixes "
+                                   "known drift; see docs/extraction-drift.md",
+                              detail=exc.error.get("log_tail")) from None
+
+
+def show(result: dict, *, host: Host, as_json: bool) -> None:
+    if as_json:
+        print_json(result)
+        return
+    versions = result.get("versions") or {}
+    console.print(f"[bold green]smoke passed[/] on {host.name}: {result['samples']} samples of "
+                  f"{', '.join(result.get('architectures') or ['?'])} shrunk to {result['shrunk']}, "
+                  f"layers {result['layer_ids']}, {result['elapsed_s']} s "
+                  f"(speculators {versions.get('speculators')}, vllm {versions.get('vllm')})")
+
+
+def show_failure(failure: SmokeFailed, *, as_json: bool) -> None:
+    """For --json: the failure as JSON on stdout (people get the guarded one-line error)."""
+    if as_json:
+        print_json({"ok": False, "message": failure.message, "failure": failure.failure})
