@@ -148,12 +148,14 @@ class Engine:
         return recorded
 
     def _result(self, action, chosen, plans, manifest, **extra):
+        order = [patch.id for patch in chosen.patches] if chosen else []
         result = {
             "action": action,
             "environment": {"prefix": sys.prefix, "python": sys.executable, "state_dir": self.store.directory},
             "facts": self.facts.as_dict(),
             "patchset": chosen.as_dict() if chosen else None,
-            "patches": [record for plan in plans for record in plan.patches],
+            "patches": sorted((record for plan in plans for record in plan.patches),
+                              key=lambda record: order.index(record["id"])),
             "recorded": self._recorded(manifest),
             "bytes_written": 0,
         }

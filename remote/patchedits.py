@@ -166,20 +166,21 @@ class AddBase(Edit):
 
 class RenameAttribute(Edit):
     operation = "rename-attribute"
-    fields = ("attribute", "to", "on", "count")
+    fields = ("attribute", "to", "object", "count")
 
     def __init__(self, spec):
         self.attribute = _identifier(spec, "attribute")
         self.to = _identifier(spec, "to")
-        self.on = _expression(spec, "on") if "on" in spec else None
+        self.object = _expression(spec, "object") if "object" in spec else None
         self.count = _field(spec, "count", int, 1, required=False)
 
     def describe(self):
-        return "rename %s.%s to .%s" % (self.on or "<any>", self.attribute, self.to)
+        return "rename %s.%s to .%s" % (self.object or "<any>", self.attribute, self.to)
 
     def _accesses(self, source, name):
         return [node for node in ast.walk(source.tree) if isinstance(node, ast.Attribute) and node.attr == name
-                and (self.on is None or ast.dump(node.value) == ast.dump(ast.parse(self.on, mode="eval").body))]
+                and (self.object is None
+                    or ast.dump(node.value) == ast.dump(ast.parse(self.object, mode="eval").body))]
 
     def state(self, source):
         old, new = self._accesses(source, self.attribute), self._accesses(source, self.to)
