@@ -1,6 +1,7 @@
 """The `runs` remote command: launch, status, logs, stop and resume supervised runs (stdlib only).
 
-    {"action": "launch", "workdir", "host", "driver_args": {...}, "env": {...}, "options": {...}}
+    {"action": "launch", "workdir", "host", "driver_args": {...}, "env": {...}, "options": {...},
+     "driver_program": path|null}
     {"action": "status", "workdir", "run": id|null}          null: every run
     {"action": "logs",   "workdir", "run": id|null, "offset": int|null, "lines": int}
     {"action": "stop",   "workdir", "run": id|null}          null: the newest active run
@@ -111,11 +112,15 @@ def launch(args, workdir):
         run = rundir.RunDir(os.path.join(rundir.runs_root(workdir), rundir.new_run_id()))
         os.makedirs(run.path)
         driver_args["heartbeat"] = run.file("heartbeat.json")
+        program = args.get("driver_program")
         rundir.write_json(run.file("driver-args.json"), driver_args)
         rundir.write_json(run.file("run.json"), {
             "run_id": run.run_id, "created_at": rundir.now_iso(), "host": args.get("host"),
             "python": sys.executable, "workdir": workdir, "out": driver_args["output_dir"],
-            "driver_args": driver_args, "options": options, "env": args.get("env") or {}})
+            "driver_args": driver_args, "options": options, "env": args.get("env") or {},
+            # Another program in the driver's place (same argv and heartbeat contract): smoke and
+            # process-mechanics checks. None: the bundled extract_driver.py.
+            "driver_program": os.path.abspath(os.path.expanduser(program)) if program else None})
         pid = _start_supervisor(run)
     return {"run_id": run.run_id, "path": run.path, "supervisor_pid": pid}
 

@@ -120,8 +120,8 @@ class Supervisor:
         env = dict(os.environ)
         env.update({str(k): str(v) for k, v in (self.record.get("env") or {}).items()})
         env["PYTHONUNBUFFERED"] = "1"
-        argv = [self.record["python"], self.run.file(os.path.join("code", "extract_driver.py")),
-                self.run.file("driver-args.json")]
+        program = self.record.get("driver_program") or self.run.file(os.path.join("code", "extract_driver.py"))
+        argv = [self.record["python"], program, self.run.file("driver-args.json")]
         with open(log_path, "ab") as log:
             driver = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                       cwd=self.run.path, env=env, start_new_session=True)

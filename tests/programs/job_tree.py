@@ -1,0 +1,58 @@
+"""A small real job for process-mechanics tests: a parent that beats and children that hold on.
+
+    python job_tree.py <args.json>        the parent (the driver's argv and heartbeat contract)
+    python job_tree.py --child I GIB IGNORE_TERM
+
+args.json: {"heartbeat": path, "children": int, "gpu_gib": float (0: no GPU), "ignore_term": bool,
+            "samples": int}. Each child allocates `gpu_gib` GiB on GPU I (torch) when asked, like
+vLLM's tensor-parallel workers, which hold GPU memory while the parent does not; one child ignores
+SIGTERM when `ignore_term` is set, so that a stop needs SIGKILL. The parent counts one "sample" a
+second into the heartbeat and writes its children's pids to <heartbeat>.children.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+
+def child(index, gib, ignore_term):
+    if ignore_term:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if gib:
+        import torch
+
+        held = torch.empty(int(gib * 2**30), dtype=torch.uint8, device="cuda:%d" % index)
+        held.fill_(1)
+        torch.cuda.synchronize(index)
+    while True:
+        time.sleep(1)
+
+
+def parent(path):
+    with open(path) as handle:
+        args = json.load(handle)
+    kids = [subprocess.Popen([sys.executable, __file__, "--child", str(i), str(args.get("gpu_gib", 0)),
+                              "1" if args.get("ignore_term") and i == 0 else "0"])
+            for i in range(args.get("children", 2))]
+    with open(args["heartbeat"] + ".children", "w") as handle:
+        json.dump([kid.pid for kid in kids], handle)
+    total, done = args.get("samples", 10**6), 0
+    while done < total:
+        beat = {"phase": "extracting", "samples_done": done, "samples_total": total, "tokens_per_s": None,
+                "eta_s": total - done, "last_error": None, "updated_at": time.time(), "pid": os.getpid()}
+        with open(args["heartbeat"] + ".tmp", "w") as handle:
+            json.dump(beat, handle)
+        os.replace(args["heartbeat"] + ".tmp", args["heartbeat"])
+        time.sleep(1)
+        done += 1
+    for kid in kids:
+        kid.kill()
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--child":
+        child(int(sys.argv[2]), float(sys.argv[3]), sys.argv[4] == "1")
+    sys.exit(parent(sys.argv[1]))
