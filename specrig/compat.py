@@ -1,0 +1,178 @@
+"""`inv check-compat`: the same drift analysis on released wheels, no host needed.
+
+Wheels come from `pip download --no-deps` into ~/.cache/specrig/wheels and are
+unpacked there once, .py files only (compiled modules are listed in a manifest
+so that imports of them still resolve). The analyzer (remote/drift/) runs in
+this process: it is standard-library code, the same that runs on hosts.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from specrig.errors import UsageError
+from specrig.paths import remote_dir
+from specrig.verify import CouldNotCheck, Report
+
+WHEEL_CACHE = Path("~/.cache/specrig/wheels").expanduser()
+VERSION = re.compile(r"^[0-9][0-9A-Za-z.+!_-]*$")
+#: Written by drift.source.SourceTree's reader: the dotted names of the wheel's compiled modules.
+COMPILED_MANIFEST = ".specrig-compiled-modules"
+COMPILED_SUFFIXES = (".so", ".pyd")
+COMPLETE_MARKER = ".specrig-unpacked"
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def check_version(name: str, version: str) -> str:
+    if not VERSION.match(version or ""):
+        raise UsageError(f"invalid {name} version {version!r}", hint="give a release such as 0.16.0")
+    return version
+
+
+def find_wheel(name: str, version: str, cache: Path = WHEEL_CACHE) -> Path | None:
+    prefix = f"{_normalized(name)}-{version}-"
+    for wheel in sorted(cache.glob("*.whl")):
+        if _normalized(wheel.name.split("-")[0]) + "-" + wheel.name.split("-")[1] + "-" == prefix:
+            return wheel
+    return None
+
+
+def fetch_wheel(name: str, version: str, cache: Path = WHEEL_CACHE) -> Path:
+    """The wheel of name==version, downloaded once into the cache."""
+    check_version(name, version)
+    found = find_wheel(name, version, cache)
+    if found is not None:
+        return found
+    cache.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                           "--disable-pip-version-check", "-q", "-d", str(cache), f"{name}=={version}"],
+                          capture_output=True, text=True)
+    found = find_wheel(name, version, cache)
+    if proc.returncode != 0 or found is None:
+        last = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or ["no wheel downloaded"]
+        raise CouldNotCheck(f"cannot download {name}=={version}: {last[0]}",
+                            hint=f"check the version exists: pip index versions {name}")
+    return found
+
+
+def unpack(wheel: Path, cache: Path = WHEEL_CACHE) -> Path:
+    """The wheel's .py files under cache/unpacked/<name>-<version>/ (unpacked once, atomically)."""
+    name, version = wheel.name.split("-")[:2]
+    target = cache / "unpacked" / f"{_normalized(name)}-{version}"
+    if (target / COMPLETE_MARKER).exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        compiled = []
+        with zipfile.ZipFile(wheel) as archive:
+            for member in archive.namelist():
+                if member.endswith(".py"):
+                    archive.extract(member, staging)
+                elif member.endswith(COMPILED_SUFFIXES):
+                    parts = member.split("/")
+                    parts[-1] = parts[-1].split(".")[0]
+                    compiled.append(".".join(parts))
+        (staging / COMPILED_MANIFEST).write_text("".join(m + "\n" for m in sorted(compiled)))
+        (staging / COMPLETE_MARKER).write_text(wheel.name + "\n")
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def package_root(name: str, version: str, cache: Path = WHEEL_CACHE) -> dict:
+    """{"name", "version", "root", "package"} of an unpacked release, downloading it if needed."""
+    root = unpack(fetch_wheel(name, version, cache), cache)
+    return {"name": name, "version": version, "root": str(root), "package": _normalized(name)}
+
+
+def _remote_verify():
+    """remote/verify.py, loaded in this process (its flat imports need remote/ on sys.path)."""
+    remote = str(remote_dir())
+    if remote not in sys.path:
+        sys.path.insert(0, remote)
+    spec = importlib.util.spec_from_file_location("specrig_remote_verify", os.path.join(remote, "verify.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def analyze_roots(consumers: list[dict], provider: dict, *, model_config: str | None = None) -> dict:
+    """Run the analyzer on unpacked package roots; a failure to check becomes CouldNotCheck."""
+    remote_verify = _remote_verify()
+    from rpc import RemoteFailure  # importable once remote/ is on sys.path
+
+    args = {"consumer_roots": consumers, "provider_root": provider}
+    if model_config:
+        args["model_config"] = model_config
+    try:
+        return remote_verify.run(args)
+    except RemoteFailure as failure:
+        raise CouldNotCheck(failure.message) from None
+
+
+def check_compat(speculators: str, vllm: str, *, model_config: str | None = None,
+                 cache: Path = WHEEL_CACHE) -> Report:
+    if model_config and not Path(model_config).expanduser().is_file():
+        raise UsageError(f"--model-config {model_config!r} is not a file", hint="give a model's config.json")
+    consumer = package_root("speculators", speculators, cache)
+    provider = package_root("vllm", vllm, cache)
+    data = analyze_roots([consumer], provider,
+                         model_config=str(Path(model_config).expanduser()) if model_config else None)
+    return Report(data=data, source="wheels")
+
+
+def split_versions(text: str, name: str) -> list[str]:
+    versions = [v.strip() for v in text.split(",") if v.strip()]
+    if not versions:
+        raise UsageError(f"no {name} version in {text!r}", hint="give versions separated by commas: 0.11.0,0.16.0")
+    return [check_version(name, v) for v in versions]
+
+
+def matrix(speculators_versions: list[str], vllm_versions: list[str], *, model_config: str | None = None,
+           cache: Path = WHEEL_CACHE) -> dict:
+    """{"rows": speculators versions, "columns": vLLM versions, "cells": {spec: {vllm: drift count}}, "ids"}."""
+    cells: dict[str, dict[str, int]] = {}
+    ids: dict[str, dict[str, list[str]]] = {}
+    for spec in speculators_versions:
+        cells[spec], ids[spec] = {}, {}
+        for vllm in vllm_versions:
+            report = check_compat(spec, vllm, model_config=model_config, cache=cache)
+            cells[spec][vllm] = len(report.drift)
+            ids[spec][vllm] = sorted(report.ids)
+    return {"rows": speculators_versions, "columns": vllm_versions, "cells": cells, "ids": ids}
+
+
+def show_matrix(result: dict, *, as_json: bool) -> None:
+    from rich.table import Table
+
+    from specrig.ui import console, print_json
+
+    if as_json:
+        print_json(result)
+        return
+    table = Table(title="drift findings (rows: speculators, columns: vLLM)")
+    table.add_column("speculators")
+    for vllm in result["columns"]:
+        table.add_column(vllm, justify="right")
+    for spec in result["rows"]:
+        row = [spec]
+        for vllm in result["columns"]:
+            count = result["cells"][spec][vllm]
+            row.append(f"[{'red' if count else 'green'}]{count}[/]")
+        table.add_row(*row)
+    console.print(table)
