@@ -160,3 +160,44 @@ def smoke_task(c, host, model=None, samples=6, json=False):
 
 
 namespace.add_task(smoke_task)
+
+
+# ---- drift: verify-signatures, check-compat (issue 3) -------------------------------------------
+
+@task(name="verify-signatures",
+      help={"host": HOST_HELP, "model": "model directory on the host: also check its class and custom code",
+            "json": JSON_HELP, "show_source": "print the provider's source lines each finding points at"})
+@guarded
+def verify_signatures(c, host, model=None, json=False, show_source=False):
+    """Find where the host's speculators drifted from its vLLM, statically (exit 1: drift, 2: could not check)."""
+    from specrig.verify import show, verify
+
+    report = verify(load_inventory().host(host), model=model)
+    show(report, as_json=json, show_source=show_source)
+    return report.exit_status
+
+
+@task(name="check-compat",
+      help={"speculators": "speculators version(s); with --matrix a comma-separated list",
+            "vllm": "vLLM version(s); with --matrix a comma-separated list",
+            "model_config": "a model's config.json: also check its class and custom code",
+            "matrix": "a table of drift counts over every speculators x vLLM pair",
+            "json": JSON_HELP, "show_source": "print the provider's source lines each finding points at"})
+@guarded
+def check_compat(c, speculators, vllm, model_config=None, matrix=False, json=False, show_source=False):
+    """Drift between released wheels (downloaded once, .py only), no host (exit 1: drift, 2: could not check)."""
+    from specrig import compat
+    from specrig.verify import show
+
+    if matrix:
+        result = compat.matrix(compat.split_versions(speculators, "speculators"), compat.split_versions(vllm, "vllm"),
+                               model_config=model_config)
+        compat.show_matrix(result, as_json=json)
+        return 1 if any(n for row in result["cells"].values() for n in row.values()) else 0
+    report = compat.check_compat(speculators, vllm, model_config=model_config)
+    show(report, as_json=json, show_source=show_source)
+    return report.exit_status
+
+
+namespace.add_task(verify_signatures)
+namespace.add_task(check_compat)
