@@ -201,3 +201,46 @@ def check_compat(c, speculators, vllm, model_config=None, matrix=False, json=Fal
 
 namespace.add_task(verify_signatures)
 namespace.add_task(check_compat)
+
+
+# ---- patches: apply-patches, patch-status, revert-patches (issue 4) --------------------------
+
+PATCHSET_HELP = "patchset name (a folder of patchsets/); default: the one whose ranges match the host's versions"
+
+
+@task(name="apply-patches", help={
+    "host": HOST_HELP, "patchset": PATCHSET_HELP, "json": JSON_HELP,
+    "dry_run": "print the unified diffs and change nothing",
+    "model": "model directory on the host for the verification (default: the host's extract.model)"})
+@guarded
+def apply_patches(c, host, patchset=None, dry_run=False, model=None, json=False):
+    """Apply the patchset matching the host's speculators/vLLM, then verify the drift it fixes is gone."""
+    from specrig.patching import run_task
+
+    return run_task("apply", load_inventory().host(host), as_json=json, patchset=patchset, dry_run=dry_run,
+                    model=model)
+
+
+@task(name="patch-status", help={"host": HOST_HELP, "patchset": PATCHSET_HELP, "json": JSON_HELP})
+@guarded
+def patch_status(c, host, patchset=None, json=False):
+    """Each patch's state on the host: pending, applied, not-applicable, conflict, or missing (file replaced)."""
+    from specrig.patching import run_task
+
+    return run_task("status", load_inventory().host(host), as_json=json, patchset=patchset)
+
+
+@task(name="revert-patches", help={
+    "host": HOST_HELP, "json": JSON_HELP, "patch": "revert only this patch id (default: all)",
+    "force": "revert even files changed since specrig patched them (their changes are lost)"})
+@guarded
+def revert_patches(c, host, patch=None, force=False, json=False):
+    """Restore the original bytes of the files specrig patched (refused if a file changed since, unless --force)."""
+    from specrig.patching import run_task
+
+    return run_task("revert", load_inventory().host(host), as_json=json, patch=patch, force=force)
+
+
+namespace.add_task(apply_patches)
+namespace.add_task(patch_status)
+namespace.add_task(revert_patches)
