@@ -285,7 +285,10 @@ class Context:
         for index, arg in enumerate(params):
             value = ("self",) if (index == 0 and self.self_class is not None) else ("unknown",)
             self.bindings.setdefault(arg.arg, []).append(value)
+        handled = set()  # Name targets already bound by their Assign/NamedExpr
         for node in _scope_nodes(self.node):
+            if isinstance(node, ast.Name) and id(node) in handled:
+                continue
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 self.bindings.setdefault(node.name, []).append(("unknown",))
             elif isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -299,9 +302,11 @@ class Context:
                     simple = isinstance(target, ast.Name)
                     for element in _flatten(target):
                         if isinstance(element, ast.Name):
+                            handled.add(id(element))
                             value = ("expr", node.value) if simple else ("unknown",)
                             self.bindings.setdefault(element.id, []).append(value)
             elif isinstance(node, ast.NamedExpr):
+                handled.add(id(node.target))
                 self.bindings.setdefault(node.target.id, []).append(("expr", node.value))
             elif isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
                 self.bindings.setdefault(node.id, []).append(("unknown",))

@@ -344,6 +344,8 @@ def bind(signature, call):
         else:
             problems.append(Problem("too-many-positional", str(len(given)), extra))
     filled = {p.name for p in positional_params[:len(given)]}
+    # A parameter already reported as passed the wrong way is not reported missing too.
+    filled |= {p.parameter.name for p in problems if p.parameter is not None}
     by_name = {p.name: p for p in params if p.kind in (POSITIONAL_OR_KEYWORD, KEYWORD_ONLY)}
     for keyword in call.keywords:
         if keyword.arg is None:
@@ -357,6 +359,7 @@ def bind(signature, call):
         positional_only = next((p for p in params if p.kind == POSITIONAL_ONLY and p.name == keyword.arg), None)
         if positional_only is not None:
             problems.append(Problem("positional-only-keyword", keyword.arg, keyword, positional_only))
+            filled.add(positional_only.name)
         else:
             problems.append(Problem("unexpected-keyword", keyword.arg, keyword))
     if not double_starred:
