@@ -176,12 +176,16 @@ class Engine:
 
     def apply(self, name, *, dry_run):
         chosen = self._load(name)
+        manifest = self.store.read_raw()
+        plans = self._plan(chosen, patchstore.resolve_intent(manifest)[0])
+        conflicts = _conflicts(plans)
         if dry_run:
-            manifest = self.store.read()
-            plans = self._plan(chosen, manifest)
-            conflicts = _conflicts(plans)
             return self._result("apply", chosen, plans, manifest, dry_run=True, conflicts=conflicts,
                                 files=[_file_report(plan, diff=True) for plan in plans])
+        if not conflicts and not manifest.get("intent") and not any(plan.changes for plan in plans):
+            # Nothing to do: not a byte is written, not even the lock's holder record.
+            files = [dict(_file_report(plan, diff=False), bytes_written=0) for plan in plans]
+            return self._result("apply", chosen, plans, manifest, dry_run=False, recovered=[], files=files)
         self.store.lock("apply")
         try:
             recovered = self.store.recover()
