@@ -95,8 +95,10 @@ def name_failure(log_text, exit_status):
         frame = frames[-1]
         short = frame.group("file").split("/site-packages/")[-1]
         where = "%s:%s in %s: %s" % (short, frame.group("line"), frame.group("function"), frame.group("code").strip())
+    # The traceback(s) worth reading: from the root cause's to the end, library noise before it cut.
+    start = text.rfind(classify.TRACEBACK + root_tb) if root_tb else -1
     return {"kind": verdict["kind"], "exception": exception, "where": where, "explain": verdict["explain"],
-            "exit_status": exit_status}
+            "exit_status": exit_status, "traceback": text[start:][-8000:] if start >= 0 else text[-4000:]}
 
 
 def _exception_line(traceback_text):
@@ -161,7 +163,7 @@ def _run_driver(model, config, samples, work, timeout_s):
     if exit_status != 0:
         failure = name_failure(log_text, exit_status)
         raise RemoteFailure("smoke-failed", _failure_message(failure), failure=failure, elapsed_s=elapsed,
-                            log_tail=log_text[-6000:], shrunk=shrunk)
+                            shrunk=shrunk)
     data_config = _read_json(os.path.join(work, "out", "data_config.json")) or {}
     return {"ok": True, "model": model, "architectures": config.get("architectures"), "shrunk": shrunk,
             "samples": heartbeat.get("samples_done"), "layer_ids": data_config.get("hidden_states", {}).get("layer_ids"),

@@ -49,7 +49,7 @@ def smoke(host: Host, *, model: str | None = None, samples: int = 6) -> dict:
             raise SmokeFailed(f"{host.name}: smoke failed: {exc.error.get('message')}", failure=failure,
                               hint="`inv verify-signatures` names static drift, `inv apply-patches` fixes "
                                    "known drift; see docs/extraction-drift.md",
-                              detail=exc.error.get("log_tail")) from None
+                              detail=failure.get("traceback")) from None
 
 
 def show(result: dict, *, host: Host, as_json: bool) -> None:
