@@ -1,0 +1,48 @@
+"""`inv verify-signatures` against the real lab host (speculators 0.3.0 + vLLM 0.16.0 over SSH)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from conftest import REPO
+
+from specrig.remote import connect
+from specrig.verify import verify_host
+
+KNOWN_0_16 = {
+    "missing-argument:vllm.config.scheduler.SchedulerConfig:is_encoder_decoder",
+    "unexpected-keyword:vllm.v1.core.kv_cache_utils.get_kv_cache_config_from_groups:kv_cache_specs",
+    "missing-argument:vllm.v1.core.sched.scheduler.Scheduler:block_size",
+}
+
+
+def inv(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_verify_host_over_one_connection(lab):
+    with connect(lab.host("lab")) as remote:
+        report = verify_host(remote)
+        exec_channels = remote.exec_count
+    assert report.data["provider"]["version"] == "0.16.0"
+    assert report.data["provider"]["root"].startswith("/home/specrig/")
+    # Other tests may have patched the lab (apply-patches): whatever is left is known drift, nothing else.
+    behaviour = {f["id"] for f in report.findings if f["kind"] == "behaviour"}
+    assert report.ids - behaviour <= KNOWN_0_16
+    assert exec_channels <= 2, "one call, plus a bundle upload at most"
+
+
+def test_task_json_and_exit_codes(lab):
+    proc = inv("verify-signatures", "--host", "lab", "--json")
+    data = json.loads(proc.stdout)
+    assert proc.returncode == (1 if data["counts"]["drift"] else 0)
+    assert all(set(f) >= {"id", "kind", "consumer", "callee", "provider", "explanation"} for f in data["findings"])
+
+
+def test_task_rejects_a_model_dir_without_config(lab):
+    proc = inv("verify-signatures", "--host", "lab", "--model", "/nonexistent/model")
+    assert proc.returncode == 2
+    assert "'/nonexistent/model'" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1
