@@ -37,6 +37,8 @@ OPTION_DEFAULTS = {
 #: Driver arguments that are paths on the host (`~` is expanded here, where it means the host user's home).
 PATH_ARGS = ("model", "dataset", "output_dir")
 SUPERVISOR_START_S = 15
+#: How long a stop waits for the GPUs to give back the memory of the run's ended processes.
+GPU_RELEASE_S = 30
 LOG_LINES = 50
 
 
@@ -211,8 +213,9 @@ def stop(args, workdir):
     grace = float(args.get("grace_s") or run.record.get("options", {}).get("grace_s", OPTION_DEFAULTS["grace_s"]))
     status_now = run.status
     job = status_now.get("driver_pgid")
-    # Every pid the job had, before anything is killed: its GPU memory is checked against them afterwards.
+    # Every pid the job had, and the GPU memory they held, before anything is killed.
     pids = {m["pid"] for m in procs.members(job)} if job else set()
+    before = telemetry.snapshot()
     with open(run.file("stop.request"), "w") as handle:
         handle.write(rundir.now_iso() + "\n")
     supervisor = status_now.get("supervisor_pid") if run.supervisor_alive() else None
@@ -231,14 +234,11 @@ def stop(args, workdir):
         rundir.write_json(run.file("exit.json"), {"state": "stopped", "ended_at": rundir.now_iso(),
                                                   "stopped_by": "inv stop", "was": state})
     left = procs.members(job) if job else []
-    gpus = telemetry.gpus(timeout=10)
-    gpu_held = []
-    if gpus["available"]:
-        gpu_held = [app for app in telemetry.compute_apps(timeout=10)
-                    if app["pid"] in pids or app["pid"] in {m["pid"] for m in left}]
+    gpu = telemetry.wait_released(before, pids | {m["pid"] for m in left}, GPU_RELEASE_S)
     return {"run_id": run.run_id, "was": state, "state": run.state(), "pids": sorted(pids),
             "supervisor_pid": supervisor, "ended_by_stop_command": ended_by_us, "left": left,
-            "gpu_memory_held": gpu_held, "gpus_after": gpus["gpus"], "clean": not left and not gpu_held}
+            "gpu_memory_held": gpu["held"], "gpu_memory": gpu["gpus"],
+            "clean": not left and not gpu["held"] and not any(g["not_released"] for g in gpu["gpus"])}
 
 
 ACTIONS = {"launch": launch, "status": status, "logs": logs, "stop": stop, "resume": resume}

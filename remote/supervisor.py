@@ -27,6 +27,8 @@ POLL_S = 0.5
 #: Seconds between counts of the output directory (a cheap second sign of progress).
 OUTPUT_COUNT_EVERY_S = 15
 LOG_TAIL_BYTES = 256 * 1024
+#: How long to wait for the GPUs to free the memory of an attempt's ended processes.
+GPU_RELEASE_S = 30
 
 
 class Supervisor:
@@ -128,16 +130,16 @@ class Supervisor:
         entry = {"attempt": number, "started_at": rundir.now_iso(), "pid": driver.pid, "ended_at": None,
                  "exit_status": None, "failure": None}
         self.status["attempts"].append(entry)
-        self.save(state="running", driver_pid=driver.pid, driver_pgid=driver.pid, stalled=False, restart_at=None)
+        self.last_telemetry = 0.0  # the previous attempt's GPU processes are not this one's
+        self.save(state="running", driver_pid=driver.pid, driver_pgid=driver.pid, stalled=False, restart_at=None,
+                  gpu_apps=[])
         exit_status, stall = self.watch(driver)
-        cleanup = procs.terminate_job(driver.pid, self.options["grace_s"], reap=driver.poll)
-        # Children the driver left behind (vLLM workers) were ended with it; any still alive are listed.
-        entry.update(ended_at=rundir.now_iso(), exit_status=exit_status, orphans_ended=cleanup["pids"] or None,
-                     left_behind=[m["pid"] for m in cleanup["left"]] or None)
+        entry.update(self.end_job(driver), ended_at=rundir.now_iso(), exit_status=exit_status)
         if self.stop_signal or (self.run.stop_requested() and exit_status != 0):
             entry["stopped"] = True
             self.log_marker("attempt %d: stopped (%s)" % (number, self.stop_signal or "stop requested"))
-            return {"state": "stopped", "stop": cleanup}
+            return {"state": "stopped", "ended": {key: entry[key] for key in ("orphans_ended", "left_behind",
+                                                                              "gpu_memory")}}
         if exit_status == 0 and stall is None:
             self.log_marker("attempt %d: the driver finished" % number)
             return {"state": "succeeded"}
@@ -152,6 +154,17 @@ class Supervisor:
         if retry:
             return {"state": "retry"}
         return {"state": "failed", "failure": failure}
+
+    def end_job(self, driver):
+        """End what is left of the driver's session (vLLM's workers outlive a killed parent), and wait
+        for the GPUs to give their memory back, so that a restart does not meet its own leftovers."""
+        pids = {m["pid"] for m in procs.members(driver.pid)}
+        before = telemetry.snapshot(timeout=10) if pids else {"gpus": {}, "apps": []}
+        cleanup = procs.terminate_job(driver.pid, self.options["grace_s"], reap=driver.poll)
+        released = telemetry.wait_released(before, pids, GPU_RELEASE_S) if before["apps"] else None
+        return {"orphans_ended": cleanup["pids"] or None,
+                "left_behind": [m["pid"] for m in cleanup["left"]] or None,
+                "gpu_memory": [g for g in released["gpus"] if g["held_by_run_mib"]] if released else None}
 
     def watch(self, driver):
         """Follow the driver until it exits; (exit status, stall failure or None)."""

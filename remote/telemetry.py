@@ -7,6 +7,7 @@ import csv
 import io
 import shutil
 import subprocess
+import time
 
 #: The fields specrig asks nvidia-smi for, in order, with the key each becomes.
 GPU_FIELDS = (
@@ -95,3 +96,42 @@ def compute_apps(timeout=15):
 def with_processes(gpu_rows, apps):
     """Copies of the GPU rows, each with "processes": the compute apps on that GPU (matched by uuid)."""
     return [dict(gpu, processes=[app for app in apps if app["gpu_uuid"] == gpu["uuid"]]) for gpu in gpu_rows]
+
+
+def snapshot(timeout=10):
+    """{"gpus": {uuid: row}, "apps": [...]}; empty on a host without nvidia-smi."""
+    seen = gpus(timeout=timeout)
+    if not seen["available"]:
+        return {"gpus": {}, "apps": []}
+    return {"gpus": {g["uuid"]: g for g in seen["gpus"]}, "apps": compute_apps(timeout=timeout)}
+
+
+def wait_released(before, pids, timeout_s):
+    """Wait until `pids` hold no GPU memory and each GPU's used memory dropped by what they held in `before`.
+
+    {"held": compute apps of `pids` still listed, "gpus": [{index, uuid, used_before_mib,
+    held_by_run_mib, used_after_mib, not_released}]}.
+
+    The driver frees a dead process's memory a moment after the process is gone (seen on
+    2x H200: nvidia-smi listed no process while 17 GB were still in use), so a single look
+    right after the kill can say "clean" too early, or "held" too late.
+    """
+    ours = {}
+    for app in before["apps"]:
+        if app["pid"] in pids:
+            ours[app["gpu_uuid"]] = ours.get(app["gpu_uuid"], 0) + (app["memory_used_mib"] or 0)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        now = snapshot()
+        held = [app for app in now["apps"] if app["pid"] in pids]
+        rows = []
+        for uuid, row in now["gpus"].items():
+            was = (before["gpus"].get(uuid) or row)["memory_used_mib"] or 0
+            # Released: at least 90 % of what the run's processes held has left the GPU (others may allocate).
+            not_released = ours.get(uuid, 0) > 0 and (row["memory_used_mib"] or 0) > was - 0.9 * ours[uuid]
+            rows.append({"index": row["index"], "uuid": uuid, "used_before_mib": was,
+                         "held_by_run_mib": ours.get(uuid, 0), "used_after_mib": row["memory_used_mib"],
+                         "not_released": not_released})
+        if (not held and not any(r["not_released"] for r in rows)) or time.monotonic() > deadline:
+            return {"held": held, "gpus": sorted(rows, key=lambda r: r["index"])}
+        time.sleep(0.5)

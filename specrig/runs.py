@@ -268,6 +268,11 @@ def stop(host: Host, run_id: str | None, *, as_json: bool) -> int:
         for app in result["gpu_memory_held"]:
             console.print(f"[bold red]GPU memory still held:[/] pid {app['pid']} {app['memory_used_mib']:.0f} MiB "
                           f"on {app['gpu_uuid']}")
+        for gpu in result["gpu_memory"]:
+            if gpu["held_by_run_mib"]:
+                verdict = "[bold red]NOT released[/]" if gpu["not_released"] else "released"
+                console.print(f"GPU {gpu['index']}: the run held {gpu['held_by_run_mib']:.0f} MiB: {verdict} "
+                              f"(used {gpu['used_before_mib']:.0f} → {gpu['used_after_mib']:.0f} MiB)")
         if result["clean"]:
             console.print("nothing of the run is left: no process of its group, no GPU memory held by it")
     return ExitStatus.OK if result["clean"] else ExitStatus.FINDINGS

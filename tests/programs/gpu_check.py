@@ -78,7 +78,9 @@ def main(out):
 
     def holding(attempt):
         run = status()
-        ours = [a for a in run.get("gpu_apps") or [] if a.get("this_run")]
+        # Each child on its own GPU, its allocation done (not only its CUDA context).
+        ours = [a for a in run.get("gpu_apps") or [] if a.get("this_run")
+                and (a["memory_used_mib"] or 0) >= GIB_PER_CHILD * 1024 * 0.9]
         if len(run["attempts"]) == attempt and len({a["gpu_uuid"] for a in ours}) == count:
             return run
         return None
@@ -105,8 +107,8 @@ def main(out):
     time.sleep(2)
     report["after_stop_gpus"] = call("doctor", {"workdir": str(work)})["gpu"]["gpus"]
     report["after_stop_apps"] = nvidia_smi("--query-compute-apps=pid,used_gpu_memory", "--format=csv")
-    print("stop: clean=%s left=%s gpu_memory_held=%s; memory used after: %s MiB" % (
-        stopped["clean"], stopped["left"], stopped["gpu_memory_held"],
+    print("stop: clean=%s left=%s gpu_memory_held=%s; per GPU %s; memory used 2 s later: %s MiB" % (
+        stopped["clean"], stopped["left"], stopped["gpu_memory_held"], stopped["gpu_memory"],
         [g["memory_used_mib"] for g in report["after_stop_gpus"]]), flush=True)
     (out / "driver.log").write_text((work / "runs" / run_id / "driver.log").read_text())
     (out / "gpu-check.json").write_text(json.dumps(report, indent=1, default=str))
