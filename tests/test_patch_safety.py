@@ -78,3 +78,26 @@ def test_reinstall_after_patching_shows_missing_and_apply_restores(patch_env):
     assert written == {GENERATOR, "speculators/data_generation/custom_worker.py"}
     assert env.target_hashes() == patched
     assert all(p["state"] in ("applied", "not-applicable") for p in patch_status(env.host)["patches"])
+
+
+def set_vllm_version(env, version):
+    metadata = next(env.site.glob("vllm-*.dist-info")) / "METADATA"
+    text = metadata.read_text()
+    current = next(line for line in text.splitlines() if line.startswith("Version: "))
+    env.replace_file(metadata, text.replace(current, f"Version: {version}").encode())
+
+
+def test_a_nightly_is_picked_and_an_unsupported_version_is_explained(patch_env):
+    env = patch_env
+    set_vllm_version(env, "0.16.0rc2.dev344+gea5f903f8")
+    status = patch_status(env.host)
+    assert status["patchset"]["name"] == "speculators-0.3-vllm-0.16-0.17"
+    assert status["facts"]["packages"]["vllm"]["version"] == "0.16.0rc2.dev344+gea5f903f8"
+
+    set_vllm_version(env, "0.18.0")
+    result = inv("apply-patches", "--host", "lab", inventory=env.inventory, timeout=300)
+    assert result.returncode == ExitStatus.USAGE
+    message = " ".join(result.stderr.split())
+    assert "no patchset applies to speculators 0.3.0, vllm 0.18.0" in message
+    assert "vllm 0.18.0 is not in ==0.16.* or ==0.17.*" in message
+    assert not (env.prefix / ".specrig").exists()
