@@ -13,7 +13,6 @@ directory's only top-level package. Returns drift.analyzer.analyze()'s report
 import json
 import os
 
-import pkgmeta
 from drift.analyzer import analyze
 from rpc import RemoteFailure
 
@@ -36,6 +35,8 @@ def run(args):
 
 
 def _installed(name):
+    import pkgmeta  # importlib.metadata is slow to import: only installed environments need it
+
     found = pkgmeta.distribution(name)
     if found is None:
         raise RemoteFailure("not-installed", "%s is not installed in this environment" % name, package=name)

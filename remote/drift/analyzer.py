@@ -1,4 +1,5 @@
 """The analyzer: consumer package(s) + provider package → findings. Pure: it only reads files."""
+import re
 import time
 
 from drift import findings as F
@@ -36,7 +37,10 @@ class Analysis:
     def read_consumers(self):
         for tree, package in self.consumer_trees:
             index = Index(tree)
+            mention = re.compile(rb"\b" + re.escape(self.provider_tree.packages[0]).encode() + rb"\b")
             for name in tree.walk(package):
+                if not mention.search(tree.read_bytes(name)):
+                    continue  # cannot import the provider: not worth parsing
                 module = tree.module(name)
                 if module is None:
                     continue

@@ -111,6 +111,14 @@ class SourceTree:
                     return None, False, True
         return None, False, False
 
+    def read_bytes(self, dotted):
+        """The raw source of module `dotted` (b"" when it has none)."""
+        path = self._locate(dotted)[0]
+        if path is None:
+            return b""
+        with open(path, "rb") as handle:
+            return handle.read()
+
     def exists(self, dotted):
         return self.owns(dotted) and self._locate(dotted)[2]
 
