@@ -198,6 +198,7 @@ class Engine:
                     "patch %s (%s): %s" % (c["id"], c["path"], c["reason"]) for c in conflicts),
                     conflicts=conflicts, result=self._result("apply", chosen, plans, manifest))
             written = self._write(plans, manifest, chosen)
+            self.store.drop_unreferenced_backups(self.store.read_raw())
         finally:
             self.store.unlock()
         files = [_file_report(plan, diff=False) for plan in plans]
@@ -245,6 +246,9 @@ class Engine:
         return written
 
     def revert(self, patch_id, *, force):
+        if patch_id is None and not self.store.read()["files"]:
+            return {"action": "revert", "environment": {"prefix": sys.prefix, "state_dir": self.store.directory},
+                    "files": [], "recovered": [], "bytes_written": 0, "recorded": []}
         self.store.lock("revert")
         try:
             recovered = self.store.recover()

@@ -182,6 +182,10 @@ def check_conditions(conditions, allowed=CONDITION_KEYS):
                                       % (key, value["package"], ", ".join(DISTRIBUTIONS)))
 
 
+class ConditionUndecidable(Exception):
+    """A source condition's function is gone: upstream changed more than the patch expects."""
+
+
 def unmet_conditions(conditions, facts):
     """One sentence per condition the environment does not meet."""
     unmet = []
@@ -206,10 +210,6 @@ def unmet_conditions(conditions, facts):
                 unmet.append("%s() %s parameter %r" % (value["function"], "has" if present else "lacks",
                                                         value["parameter"]))
     return unmet
-
-
-class ConditionUndecidable(Exception):
-    """A source condition's function is gone: upstream changed more than the patch expects."""
 
 
 def _has_parameter(condition, facts):

@@ -103,14 +103,18 @@ def remaining_drift(findings: list[dict], patterns: list[str]) -> list[dict]:
 def apply_patches(host: Host, *, patchset: str | None = None, dry_run: bool = False,
                   model: str | None = None) -> dict:
     """Apply (or preview) the matching patchset, then verify on the same connection."""
-    from specrig.verify import verify_host
+    from specrig.verify import CouldNotCheck, verify_host
 
     check_patchset_files()
     with connect(host) as remote:
         result = call_engine(remote, {"action": "apply", "patchset": patchset, "dry_run": dry_run})
         if dry_run:
             return result
-        report = verify_host(remote, model=model or host.extract.get("model"))
+        try:
+            report = verify_host(remote, model=model or host.extract.get("model"))
+        except CouldNotCheck as exc:
+            raise CouldNotCheck(f"{host.name}: the patches were applied, but verify-signatures could not run: "
+                                f"{exc.message}", hint=exc.hint) from None
     claimed = claimed_fixes(result)
     remaining = remaining_drift(report.findings, claimed)
     covered = {f["id"] for f in remaining}
@@ -216,6 +220,9 @@ def _show_applied(result: dict) -> None:
 
 
 def _show_revert(result: dict, host: Host) -> None:
+    if not result["files"]:
+        console.print(f"{host.name}: nothing to revert: no patch is recorded as applied by specrig")
+        return
     for file in result["files"]:
         console.print(f"{escape(file['file'])}: {escape(file['outcome'])} ({escape(', '.join(file['patches']))})")
     console.print(f"{host.name}: wrote {result['bytes_written']} bytes")

@@ -128,3 +128,9 @@ def test_unknown_patchset_is_a_usage_error(patch_env, patchset, message):
     result = inv("apply-patches", "--host", "lab", "--patchset", patchset, inventory=patch_env.inventory)
     assert result.returncode == ExitStatus.USAGE and message in result.stderr
     assert not patch_env.state_dir.exists()
+
+
+def test_revert_with_nothing_applied_is_a_no_op(patch_env):
+    result = inv("revert-patches", "--host", "lab", inventory=patch_env.inventory)
+    assert result.returncode == ExitStatus.OK and "nothing to revert" in result.stdout
+    assert not patch_env.state_dir.exists()
