@@ -108,7 +108,7 @@ class Analysis:
 
     def signature_finding(self, module, signature, problem):
         provider_module, node = signature.module, signature.node
-        if problem.parameter is not None and signature.origin == "dataclass":
+        if problem.parameter is not None and signature.origin in ("dataclass", "struct"):
             # A dataclass has no written signature: point at the field's own declaration.
             provider_module, node = problem.parameter.module, problem.parameter.node
         start, end = provider_module.span(node)

@@ -21,7 +21,9 @@ VAR_KEYWORD = "var-keyword"
 
 DATACLASS_MAKERS = frozenset({"dataclasses.dataclass", "pydantic.dataclasses.dataclass"})
 DATACLASS_TRANSFORM = frozenset({"typing.dataclass_transform", "typing_extensions.dataclass_transform"})
-FIELD_SPECIFIERS = frozenset({"dataclasses.field", "pydantic.Field", "pydantic.fields.Field"})
+FIELD_SPECIFIERS = frozenset({"dataclasses.field", "pydantic.Field", "pydantic.fields.Field", "msgspec.field"})
+#: External bases whose subclasses get a dataclass-like __init__ from their annotated fields.
+STRUCT_BASES = frozenset({"msgspec.Struct"})
 #: Decorators that leave a function's parameters as they are.
 TRANSPARENT_DECORATORS = frozenset({
     "builtins.staticmethod", "builtins.classmethod", "builtins.property", "functools.cached_property",
@@ -288,12 +290,34 @@ def dataclass_signature(index, cls, options):
     return Signature(callee=cls.dotted, parameters=ordered, module=cls.module, node=cls.node, origin="dataclass")
 
 
+def _is_struct(index, cls):
+    return any(isinstance(e, ExternalRef) and e.dotted in STRUCT_BASES for e in info(index, cls).mro)
+
+
+def struct_signature(index, cls):
+    """The `__init__` msgspec generates: the annotated fields of every Struct class in the MRO, in order."""
+    fields = {}
+    for entry in reversed(info(index, cls).mro):
+        if not isinstance(entry, ClassRef) or not _is_struct(index, entry):
+            continue  # a plain mixin's annotations are not fields
+        if dataclass_options(index, entry) is not None:
+            raise Unchecked("%s is both a msgspec Struct and a dataclass" % entry.dotted)
+        kw_only = any(k.arg == "kw_only" and isinstance(k.value, ast.Constant) and k.value.value is True
+                      for k in entry.node.keywords)
+        _dataclass_fields(index, entry, DataclassOptions(kw_only=kw_only), fields)
+    ordered = [p for p in fields.values() if p.kind == POSITIONAL_OR_KEYWORD]
+    ordered += [p for p in fields.values() if p.kind == KEYWORD_ONLY]
+    return Signature(callee=cls.dotted, parameters=ordered, module=cls.module, node=cls.node, origin="struct")
+
+
 def constructor_signature(index, cls):
     """What `cls(...)` accepts, found through the MRO; raises Unchecked when source cannot tell."""
     class_info = info(index, cls)
     if class_info.metaclass is not None:
         raise Unchecked("%s has a metaclass, which may change how it is constructed" % cls.dotted)
     for entry in class_info.mro:
+        if isinstance(entry, ExternalRef) and entry.dotted in STRUCT_BASES:
+            return struct_signature(index, cls)
         if not isinstance(entry, ClassRef):
             raise Unchecked("%s takes its constructor from %s, which is not read" % (cls.dotted, entry.dotted))
         init = own_member(entry, "__init__")
