@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 from conftest import REPO
+from drift_wheels import KIMI_CONFIG
 
 from specrig.remote import connect
 from specrig.verify import verify_host
@@ -48,3 +52,23 @@ def test_task_rejects_a_model_dir_without_config(lab):
     assert proc.returncode == 2
     assert "'/nonexistent/model'" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_kimi_model_directory_on_the_lab(lab):
+    # The lab host is this machine: a world-readable directory is a model directory on the host.
+    model = Path(tempfile.mkdtemp(prefix="specrig-kimi-", dir="/tmp"))
+    try:
+        shutil.copy(KIMI_CONFIG, model / "config.json")
+        (model / "tokenizer_config.json").write_text(json.dumps(
+            {"auto_map": {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", None]}}))
+        for path in (model, model / "config.json", model / "tokenizer_config.json"):
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        with connect(lab.host("lab")) as remote:
+            report = verify_host(remote, model=str(model))
+    finally:
+        shutil.rmtree(model)
+    assert {"model-interface:vllm.model_executor.models.kimi_k25.KimiK25ForConditionalGeneration:SupportsEagle3",
+            "trust-remote-code:transformers.AutoTokenizer.from_pretrained:"
+            "speculators.data_generation.vllm_hidden_states_generator"} <= report.ids
+    trust = next(f for f in report.findings if f["kind"] == "trust-remote-code")
+    assert "config.json and tokenizer_config.json" in trust["explanation"]

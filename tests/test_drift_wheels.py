@@ -83,3 +83,24 @@ def test_behaviour_rules_fire_on_0_16_with_their_fix():
     assert {f["id"] for f in behaviour} >= {"behaviour:execute-model-needs-sample-tokens",
                                             "behaviour:collective-rpc-single-reply"}
     assert all(f["fix"]["patch"].startswith("--- a/") for f in behaviour)
+
+
+PYTHON39 = Path("/root/.pyenv/versions/3.9.18/bin/python")
+
+
+@pytest.mark.skipif(not PYTHON39.exists(), reason="no Python 3.9 on this machine")
+def test_a_python39_host_finds_the_same(tmp_path):
+    """Hosts run the analyzer with their own Python, 3.9 at the oldest: same answer as 3.11."""
+    import json
+    import subprocess
+
+    from conftest import REPO
+
+    call = tmp_path / "call.json"
+    call.write_text(json.dumps({"command": "verify", "args": {
+        "consumer_roots": [root("speculators", "0.3.0")], "provider_root": root("vllm", "0.17.0"),
+        "model_config": str(KIMI_CONFIG)}}))
+    proc = subprocess.run([str(PYTHON39), str(REPO / "remote" / "entry.py"), str(call)], capture_output=True,
+                          text=True, env={"PYTHONPYCACHEPREFIX": str(tmp_path), "PATH": "/usr/bin:/bin"})
+    result = json.loads(proc.stdout.split("@@SPECRIG-RESULT@@ ", 1)[1])["result"]
+    assert ids(result) == ids(report("0.17.0", model_config=str(KIMI_CONFIG)))

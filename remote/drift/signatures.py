@@ -10,7 +10,7 @@ a function marked `@dataclass_transform` / calling `dataclass` (vLLM's `@config`
 """
 import ast
 
-from drift.classes import INERT_BASES, body_statements, info, own_member
+from drift.classes import body_statements, info, own_member
 from drift.symbols import ClassRef, ExternalRef, FunctionRef
 
 POSITIONAL_ONLY = "positional-only"

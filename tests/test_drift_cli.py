@@ -1,0 +1,61 @@
+"""`inv check-compat` as people and scripts use it (wheels from the shared cache, no host)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO
+from drift_wheels import KIMI_CONFIG, root
+
+
+def inv(*args: str) -> subprocess.CompletedProcess:
+    for version in ("0.11.0", "0.16.0", "0.17.0"):
+        root("vllm", version)  # downloaded and unpacked once for the whole session
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())})
+
+
+def test_clean_pair_exits_0():
+    proc = inv("check-compat", "--speculators", "0.3.0", "--vllm", "0.11.0")
+    assert proc.returncode == 0, proc.stderr
+    assert "0 drift findings" in proc.stdout
+
+
+def test_drift_table_with_provider_source():
+    proc = inv("check-compat", "--speculators", "0.3.0", "--vllm", "0.16.0", "--show-source")
+    assert proc.returncode == 1
+    assert "speculators/data_generation/vllm_hidden_states_generator.py" in proc.stdout
+    assert "vllm/v1/core/kv_cache_utils.py:1069-1073" in proc.stdout
+    assert "def get_kv_cache_config_from_groups(" in proc.stdout
+
+
+def test_json_for_scripts():
+    proc = inv("check-compat", "--speculators", "0.3.0", "--vllm", "0.17.0", "--model-config", str(KIMI_CONFIG),
+               "--json")
+    assert proc.returncode == 1
+    data = json.loads(proc.stdout)
+    assert "unexpected-keyword:vllm.v1.request.Request:eos_token_id" in {f["id"] for f in data["findings"]}
+    assert data["model"]["architectures"] == ["KimiK25ForConditionalGeneration"]
+
+
+def test_matrix_counts_drift_per_pair():
+    proc = inv("check-compat", "--speculators", "0.3.0", "--vllm", "0.11.0,0.16.0,0.17.0", "--matrix", "--json")
+    assert proc.returncode == 1
+    cells = json.loads(proc.stdout)["cells"]["0.3.0"]
+    assert cells["0.11.0"] == 0
+    assert 3 <= cells["0.16.0"] < cells["0.17.0"]
+
+
+def test_bad_version_is_one_line_exit_2():
+    proc = inv("check-compat", "--speculators", "0.3.0", "--vllm", "0.16 beta")
+    assert proc.returncode == 2
+    assert "'0.16 beta'" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_missing_model_config_exit_2(tmp_path):
+    proc = inv("check-compat", "--speculators", "0.3.0", "--vllm", "0.16.0", "--model-config",
+               str(tmp_path / "nope.json"))
+    assert proc.returncode == 2
+    assert "nope.json" in proc.stderr
