@@ -56,6 +56,7 @@ def test_resume_after_kill_9_keeps_every_sample_exactly_once(runnable, tmp_path)
         finally:
             os.kill(proc.pid, signal.SIGKILL)  # the driver alone: its vLLM workers notice their parent's death
             proc.wait()
+        _wait_for_session_to_empty(proc.pid)
         assert len(samples_in(out)) < 64, "the run finished before it could be killed"
     assert runnable.run_driver(args, tmp_path) == 0, (tmp_path / "driver.log").read_text()[-4000:]
 
@@ -76,6 +77,29 @@ def _wait_for_samples(out, count, proc, timeout=300):
         assert proc.poll() is None, f"the driver ended (exit {proc.returncode}) before writing {count} samples"
         time.sleep(0.05)
     raise AssertionError(f"fewer than {count} samples after {timeout} s")
+
+
+def _wait_for_session_to_empty(session, timeout=60):
+    """The driver led its own session: once it is killed, no worker of it may linger."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = [pid for pid in _pids() if _session_of(pid) == session]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert not left, f"processes of the killed driver's session still run: {left}"
+
+
+def _pids():
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def _session_of(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return int(handle.read().rsplit(")", 1)[1].split()[3])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def test_resume_refuses_other_settings(runnable, tmp_path):
