@@ -6,6 +6,7 @@ it can be killed at any instant.
 """
 import ast
 import fcntl
+import hashlib
 import json
 import os
 import random
@@ -15,11 +16,10 @@ import threading
 import time
 
 from conftest import inv
-from patchenv import PATCHSET, patch_env, run_engine, start_engine, target_paths  # noqa: F401  (fixture)
+from patchenv import patch_env, run_engine, start_engine, target_paths  # noqa: F401 (patch_env: fixture)
 from specrig.exit_status import ExitStatus
 
 KILL_TRIALS = 60
-DIST = {"speculators": "speculators", "vllm": "vllm"}
 
 
 def key_of(path):
@@ -33,7 +33,7 @@ def assert_consistent(env, original, patched):
     for path in target_paths():
         data = env.target(path).read_bytes()
         ast.parse(data)
-        digest = __import__("hashlib").sha256(data).hexdigest()
+        digest = hashlib.sha256(data).hexdigest()
         entry, intended = manifest["files"].get(key_of(path)), intent.get(key_of(path))
         if digest == patched[path]:
             assert (entry and entry["patched_sha256"] == digest) or (intended and intended["to_sha256"] == digest), \

@@ -5,7 +5,7 @@ import os
 import pytest
 
 from conftest import inv
-from patchenv import PATCHSET, patch_env  # noqa: F401  (fixture)
+from patchenv import PATCHSET, patch_env  # noqa: F401 (patch_env: fixture)
 from specrig.exit_status import ExitStatus
 from specrig.patching import apply_patches, claimed_fixes, patch_status, remaining_drift, revert_patches
 from specrig.verify import verify

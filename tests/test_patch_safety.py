@@ -2,7 +2,7 @@
 import json
 
 from conftest import inv
-from patchenv import patch_env  # noqa: F401  (fixture)
+from patchenv import patch_env  # noqa: F401 (fixture)
 from specrig.exit_status import ExitStatus
 from specrig.patching import apply_patches, patch_status
 
