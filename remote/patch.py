@@ -10,7 +10,7 @@
 Apply is all or nothing per run: every patch is planned on the current files
 first, and one conflict anywhere stops the run before a byte is written.
 Failures come back as RemoteFailure kinds: bad-argument, bad-patchset,
-no-patchset, conflict, locked, revert-refused, not-applied.
+no-patchset, not-a-bundle, conflict, locked, revert-refused, not-applied.
 """
 import difflib
 import os
@@ -70,6 +70,8 @@ class Engine:
             raise RemoteFailure("bad-patchset", str(exc)) from None
         except patchsets.NoPatchset as exc:
             raise RemoteFailure("no-patchset", str(exc), facts=self.facts.as_dict()) from None
+        except patchsets.NotABundle as exc:
+            raise RemoteFailure("not-a-bundle", str(exc)) from None
 
     def _plan(self, chosen, manifest):
         plans = {}

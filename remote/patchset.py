@@ -242,6 +242,10 @@ def _has_parameter(condition, facts):
     return condition["parameter"] in names
 
 
+class NotABundle(Exception):
+    """The engine was started from the source tree, whose patchsets are YAML the host cannot read."""
+
+
 def load_all(directory=PATCHSETS_DIR):
     """Every patchset of the bundle, validated, by name."""
     found = {}
@@ -257,6 +261,11 @@ def load_all(directory=PATCHSETS_DIR):
         except ValueError as exc:
             raise InvalidPatchset("%s/patchset: not valid JSON: %s" % (name, exc)) from None
         found[name] = Patchset(data, folder=os.path.join(directory, name))
+    if not found and any(os.path.isfile(os.path.join(directory, name, "patchset.yaml"))
+                         for name in os.listdir(directory)):
+        # A source tree, not a bundle: only specrig/bundle.py turns the YAML into the JSON read here.
+        raise NotABundle("%s holds patchset.yaml files but no patchset.json: the engine runs from a bundle "
+                         "(specrig/bundle.py converts them), not from the source tree" % directory)
     return found
 
 

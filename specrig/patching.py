@@ -28,7 +28,7 @@ from specrig.remote import Remote, connect
 from specrig.ui import console, print_json
 
 PATCH_TIMEOUT_S = 300
-USAGE_KINDS = frozenset({"bad-argument", "bad-patchset", "no-patchset", "not-applied"})
+USAGE_KINDS = frozenset({"bad-argument", "bad-patchset", "no-patchset", "not-applied", "not-a-bundle"})
 REFUSED_KINDS = frozenset({"conflict", "revert-refused", "backup-missing", "backup-corrupt"})
 #: Patch states whose findings must be gone after applying.
 IN_FORCE = frozenset({"applied", "pending", "missing"})
@@ -85,7 +85,9 @@ def call_engine(remote: Remote, args: dict) -> dict:
 def _usage_hint(kind: str) -> str | None:
     return {"no-patchset": "install versions a patchset covers, or add a patchset (patchsets/README.md)",
             "bad-patchset": "fix the patchset; see patchsets/README.md",
-            "not-applied": "`inv patch-status --host H` lists what is applied"}.get(kind)
+            "not-applied": "`inv patch-status --host H` lists what is applied",
+            "not-a-bundle": "`--host local` runs remote/ from the source tree; patch this machine through a "
+                            "hosts.yaml entry (SSH to localhost) instead"}.get(kind)
 
 
 def claimed_fixes(result: dict) -> list[str]:
