@@ -24,6 +24,8 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4,
 #: Characters per token, for estimating the dataset's tokens without a tokenizer.
 CHARS_PER_TOKEN = 4
 DISK_MARGIN = 1.1
+#: The driver's default max_length (remote/extract_driver.py).
+DRIVER_MAX_LENGTH = 2048
 HUB_DATASETS = ("sharegpt", "ultrachat")
 
 
@@ -41,12 +43,13 @@ def run(args):
     config, config_check = model_config(driver.get("model"))
     checks.append(config_check)
     checks.append(layers(driver.get("layer_ids"), config))
+    checks.append(max_length(driver.get("max_length") or DRIVER_MAX_LENGTH, config))
     samples, dataset_check = dataset(driver.get("dataset"), driver.get("max_samples"), driver.get("max_length"))
     checks.append(dataset_check)
     checks.append(gpus(driver.get("tensor_parallel_size")))
     estimate = output_estimate(config, driver, samples)
     checks.append(disk(driver.get("output_dir"), estimate))
-    checks.append(reorder_hazard(driver.get("batch_size") or 8, driver.get("max_length") or 2048))
+    checks.append(reorder_hazard(driver.get("batch_size") or 8, driver.get("max_length") or DRIVER_MAX_LENGTH))
     checks.append(output_free(workdir, driver.get("output_dir")))
     return {"checks": checks, "estimate": estimate}
 
@@ -65,6 +68,23 @@ def _text_config(config):
     return config.get("text_config") or config
 
 
+def _dtype(config):
+    # transformers >= 4.56 writes `dtype`, older versions `torch_dtype`.
+    text = _text_config(config)
+    for source in (text, config):
+        for key in ("dtype", "torch_dtype"):
+            if source.get(key):
+                return source[key]
+    return "bfloat16"
+
+
+def _size(count):
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if count < 1000 or unit == "TB":
+            return "%.1f %s" % (count, unit)
+        count /= 1000.0
+
+
 def model_config(model):
     if not model:
         return None, check("model", False, "no model given", "pass --model or set extract.model in hosts.yaml")
@@ -79,7 +99,7 @@ def model_config(model):
     text = _text_config(config)
     detail = "%s: %s, hidden %s, %s layers, %s" % (model, (config.get("architectures") or ["?"])[0],
                                                    text.get("hidden_size"), text.get("num_hidden_layers"),
-                                                   text.get("torch_dtype") or config.get("torch_dtype"))
+                                                   _dtype(config))
     return config, check("model", text.get("hidden_size") and text.get("num_hidden_layers"), detail,
                          "config.json names no hidden_size / num_hidden_layers")
 
@@ -96,6 +116,17 @@ def layers(layer_ids, config):
                  "layer ids %s are out of range 0-%d" % (bad, count - 1))
 
 
+def max_length(length, config):
+    """The driver asks vLLM for max_length + 1 tokens (room for the one decode step)."""
+    if config is None:
+        return check("max-len", False, "unknown: the model config could not be read", "fix the model check first")
+    limit = _text_config(config).get("max_position_embeddings")
+    if not limit:
+        return check("max-len", True, "max_len %d (the model names no max_position_embeddings)" % length)
+    return check("max-len", length + 1 <= limit, "max_len %d + 1 of the model's %d positions" % (length, limit),
+                 "use --max-len %d or less" % (limit - 1))
+
+
 def dataset(path, max_samples, max_length):
     """(samples as [estimated tokens], check)."""
     if not path:
@@ -107,7 +138,7 @@ def dataset(path, max_samples, max_length):
     except (OSError, ValueError) as exc:
         return [], check("dataset", False, "cannot read %s: %s" % (path, exc),
                          "give a local .json or .jsonl file of conversations")
-    tokens = [min(length // CHARS_PER_TOKEN + 1, max_length or 2048) for length in lengths]
+    tokens = [min(length // CHARS_PER_TOKEN + 1, max_length or DRIVER_MAX_LENGTH) for length in lengths]
     return tokens, check("dataset", bool(tokens), "%s: %d conversations, about %d tokens" % (
         path, len(tokens), sum(tokens)), "the dataset holds no conversations")
 
@@ -161,7 +192,7 @@ def output_estimate(config, driver, samples):
         return None
     text = _text_config(config)
     hidden = text.get("hidden_size") or 0
-    dtype = text.get("torch_dtype") or config.get("torch_dtype") or "bfloat16"
+    dtype = _dtype(config)
     layer_count = len(driver.get("layer_ids") or []) or DEFAULT_LAYER_COUNT
     per_token = layer_count * hidden * DTYPE_BYTES.get(dtype, 2)
     return {"bytes_per_token": per_token, "tokens": sum(samples), "samples": len(samples),
@@ -185,10 +216,10 @@ def disk(output_dir, estimate):
     if not os.access(where, os.W_OK):
         return check("disk", False, "%s is not writable" % where, "choose an --out this user can write")
     if not estimate or not estimate["tokens"]:
-        return check("disk", True, "%.1f GB free at %s (output size unknown)" % (free / 1e9, where))
+        return check("disk", True, "%s free at %s (output size unknown)" % (_size(free), where))
     need = estimate["bytes"] * DISK_MARGIN
-    return check("disk", free >= need, "%.1f GB free at %s; the output needs about %.1f GB (%d B/token x %d tokens)"
-                 % (free / 1e9, where, estimate["bytes"] / 1e9, estimate["bytes_per_token"], estimate["tokens"]),
+    return check("disk", free >= need, "%s free at %s; the output needs about %s (%d B/token x %d tokens)"
+                 % (_size(free), where, _size(estimate["bytes"]), estimate["bytes_per_token"], estimate["tokens"]),
                  "free space or choose another --out; or lower --max-samples")
 
 

@@ -137,22 +137,21 @@ def preflight(remote: Remote, host: Host, request: Request) -> list[dict]:
 
 def verify_check(remote: Remote, host: Host, model: str | None) -> dict:
     """verify-signatures as a preflight check: any finding of severity `drift` fails it."""
+    from specrig.verify import CouldNotCheck, verify_host
+
+    advice = (f"`inv verify-signatures --host {host.name}` lists it; "
+              f"`inv apply-patches --host {host.name}` fixes the known drift")
     try:
-        from specrig.verify import verify_host
-    except ImportError:
+        report = verify_host(remote, model=model)
+    except CouldNotCheck as exc:
+        return {"name": "verify-signatures", "ok": False, "detail": f"could not check: {exc.one_line()}",
+                "advice": f"`inv doctor --host {host.name}` shows the host's packages"}
+    if not report.drift:
         return {"name": "verify-signatures", "ok": True, "advice": None,
-                "detail": "skipped: this specrig has no signature analyzer (specrig.verify)"}
-    report = verify_host(remote, model=model)
-    report = report if isinstance(report, dict) else getattr(report, "as_dict", lambda: vars(report))()
-    drift = [f for f in report.get("findings", []) if f.get("severity") == "drift"]
-    if not drift:
-        return {"name": "verify-signatures", "ok": True, "advice": None,
-                "detail": f"no drift ({len(report.get('findings', []))} notes)"}
-    return {"name": "verify-signatures", "ok": False,
-            "detail": f"{len(drift)} drift finding(s): " + "; ".join(f["id"] for f in drift[:3])
-                      + (" …" if len(drift) > 3 else ""),
-            "advice": f"`inv verify-signatures --host {host.name}` lists them; "
-                      f"`inv apply-patches --host {host.name}` fixes the known ones"}
+                "detail": f"no drift ({len(report.findings)} note(s))"}
+    ids = sorted(report.ids)
+    return {"name": "verify-signatures", "ok": False, "advice": advice,
+            "detail": f"{len(report.drift)} drift finding(s): " + "; ".join(ids[:3]) + (" …" if len(ids) > 3 else "")}
 
 
 def show_checks(checks: list[dict]) -> None:

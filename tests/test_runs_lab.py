@@ -1,0 +1,248 @@
+"""Supervised runs on the lab host, through the real CLI over real SSH, with the real driver.
+
+lab-cpu runs speculators' extraction through vLLM on the CPU (skipped when `inv lab.up --runnable`
+has not built it); lab is the analysis-only venv, where the driver fails for real (no torch).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from conftest import REPO, inv
+from patchenv import as_lab_user, lab_home
+from runnable_env import patch, runnable_env_or_skip
+
+RUN_TIMEOUT_S = 600
+#: Copies of the tiny chat dataset: enough samples that a run is still going when the tests act on it.
+DATA_COPIES = 4
+
+
+@pytest.fixture(scope="module")
+def runnable(lab):
+    env = runnable_env_or_skip(lab)
+    patch(env, "apply")
+    return env
+
+
+@pytest.fixture(scope="module")
+def dataset(runnable):
+    """A bigger dataset on the host (the tiny one, repeated), written by the lab user."""
+    path = lab_home() / "specrig-work" / "test-data" / f"chat-x{DATA_COPIES}.jsonl"
+    as_lab_user("mkdir", "-p", str(path.parent))
+    as_lab_user("tee", str(path), input=runnable.data.read_text() * DATA_COPIES)
+    return str(path)
+
+
+@pytest.fixture
+def out():
+    """A fresh output directory on the host for one test."""
+    return str(lab_home() / "specrig-work" / "test-out" / uuid.uuid4().hex[:12])
+
+
+def extract_args(dataset, out, *extra):
+    return ("extract", "--host", "lab-cpu", "--data", dataset, "--out", out, "--batch-size", "1", "--max-len", "512",
+            *extra)
+
+
+def status(host="lab-cpu", run=None) -> dict:
+    result = inv("status", "--host", host, "--json", *(("--run", run) if run else ()))
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def run_writing(out, host="lab-cpu"):
+    runs = [r for r in status(host)["runs"] if r["out"] == out]
+    return runs[-1] if runs else None
+
+
+def wait_for(what, predicate, timeout=RUN_TIMEOUT_S, interval=1.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def extracting(out, at_least):
+    """The run writing `out` once it has written `at_least` samples (None before)."""
+    run = run_writing(out)
+    beat = (run or {}).get("heartbeat") or {}
+    return run if beat.get("phase") == "extracting" and (beat.get("samples_done") or 0) >= at_least else None
+
+
+def finished(run_id, host="lab-cpu"):
+    run = status(host, run_id)["runs"][0]
+    return run if run["state"] not in ("starting", "running", "restarting", "stalled") else None
+
+
+def session_members(session):
+    """Processes of a session or process group, read from /proc (the lab host is this machine)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as handle:
+                    fields = handle.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if fields[0] != "Z" and session in (int(fields[2]), int(fields[3])):
+                found.append(int(name))
+    return found
+
+
+def assert_every_sample_once(runnable, out, total):
+    names = sorted(os.listdir(out))
+    samples = sorted(n for n in names if n.startswith("data_") and n.endswith(".pt"))
+    assert samples == sorted(f"data_{i}.pt" for i in range(total))
+    assert not [n for n in names if ".tmp." in n], names
+    report = runnable.run_program("hidden_states_reference.py", out, str(runnable.model))
+    assert report["samples"] == total and report["bad_shapes"] == [], report
+
+
+def ssh_kill_9(pid):
+    """kill -9 on the host, as its user, over SSH."""
+    from specrig.inventory import load_inventory
+    from specrig.quoting import command_line
+    from specrig.remote import open_ssh
+
+    connection = open_ssh(load_inventory(REPO / "hosts.yaml").host("lab-cpu"))
+    try:
+        connection.run(command_line("kill", "-9", str(pid)), hide=True)
+    finally:
+        connection.close()
+
+
+# -- must hold ------------------------------------------------------------------------------------
+
+def test_dropping_the_ssh_connection_mid_run_does_not_stop_the_job(runnable, dataset, out):
+    """The attached `inv extract` is killed (its SSH connection drops with it); the run goes on."""
+    client = subprocess.Popen([sys.executable, "-m", "invoke", "-r", str(REPO), *extract_args(dataset, out)],
+                              cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        run = wait_for("the run to extract", lambda: extracting(out, 2))
+    finally:
+        client.kill()
+        client.wait()
+    done_at_drop = run["heartbeat"]["samples_done"]
+    # A new connection sees it progressing, then finishing.
+    wait_for("progress after the drop",
+             lambda: (status(run=run["run_id"])["runs"][0]["heartbeat"] or {}).get("samples_done", 0) > done_at_drop)
+    final = wait_for("the run to finish", lambda: finished(run["run_id"]))
+    assert final["state"] == "succeeded", final
+    assert len(final["attempts"]) == 1
+    assert_every_sample_once(runnable, out, final["heartbeat"]["samples_total"])
+
+
+def test_kill_9_of_the_driver_is_recorded_and_resumed_with_every_sample_once(runnable, dataset, out):
+    launched = inv(*extract_args(dataset, out, "--detach"))
+    assert launched.returncode == 0, launched.stderr
+    run = wait_for("the run to extract", lambda: extracting(out, 5))
+    ssh_kill_9(run["driver_pid"])
+    final = wait_for("the run to finish", lambda: finished(run["run_id"]))
+    assert final["state"] == "succeeded", final
+    first, last = final["attempts"][0], final["attempts"][-1]
+    assert first["exit_status"] == -9
+    assert first["failure"]["kind"] == "killed" and first["failure"]["signal"] == "SIGKILL"
+    assert first["failure"]["retryable"] is True
+    assert last["exit_status"] == 0 and len(final["attempts"]) == 2
+    assert not session_members(first["pid"]), "a process of the killed attempt is still alive"
+    assert_every_sample_once(runnable, out, final["heartbeat"]["samples_total"])
+    # The user sees the cause.
+    shown = inv("status", "--host", "lab-cpu", "--run", run["run_id"])
+    assert "killed" in shown.stdout and "SIGKILL" in shown.stdout
+
+
+def test_stop_leaves_no_process_of_the_run_and_resume_completes_it(runnable, dataset, out):
+    launched = inv(*extract_args(dataset, out, "--detach"))
+    assert launched.returncode == 0, launched.stderr
+    run = wait_for("the run to extract", lambda: extracting(out, 2))
+    assert len(session_members(run["driver_pgid"])) >= 2, "vLLM's worker should run beside the driver"
+
+    stopped = inv("stop", "--host", "lab-cpu", "--run", run["run_id"], "--json", timeout=300)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    report = json.loads(stopped.stdout)
+    assert report["clean"] and report["left"] == [] and report["state"] == "stopped"
+    assert set(report["pids"]) >= {run["driver_pid"]}
+    assert session_members(run["driver_pgid"]) == []
+    assert status(run=run["run_id"])["runs"][0]["state"] == "stopped"
+
+    resumed = inv("resume", "--host", "lab-cpu", "--run", run["run_id"], "--detach")
+    assert resumed.returncode == 0, resumed.stderr
+    final = wait_for("the resumed run to finish", lambda: finished(run["run_id"]))
+    assert final["state"] == "succeeded", final
+    assert_every_sample_once(runnable, out, final["heartbeat"]["samples_total"])
+
+
+def test_api_drift_is_shown_with_its_callee_and_advice_and_not_restarted(runnable, dataset, out):
+    patch(runnable, "revert")
+    try:
+        refused = inv(*extract_args(dataset, out))
+        assert refused.returncode == 1, refused.stdout + refused.stderr
+        assert "verify-signatures" in refused.stdout and "nothing was launched" in refused.stderr
+        assert run_writing(out) is None
+
+        launched = inv(*extract_args(dataset, out, "--skip-preflight", "--detach"))
+        assert launched.returncode == 0, launched.stderr
+        run = wait_for("the run to start", lambda: run_writing(out), interval=0.5)
+        final = wait_for("the run to fail", lambda: finished(run["run_id"]))
+    finally:
+        patch(runnable, "apply")
+    assert final["state"] == "failed"
+    assert len(final["attempts"]) == 1, "drift repeats: the run must not be restarted"
+    failure = final["last_failure"]
+    assert failure["kind"] == "api-drift" and failure["retryable"] is False
+    assert failure["callee"] and failure["callee"] in failure["explain"]
+    assert "inv apply-patches --host lab-cpu" in failure["advice"]
+    shown = inv("status", "--host", "lab-cpu", "--run", run["run_id"])
+    assert "api-drift" in shown.stdout and "callee: " + failure["callee"] in shown.stdout
+    assert "not restarted: it would repeat" in shown.stdout
+
+
+# -- the analysis-only lab venv: a real failure, no runnable environment needed -------------------
+
+def test_a_failure_that_would_repeat_is_classified_and_not_restarted(lab):
+    out = f"~/specrig-work/test-out/{uuid.uuid4().hex[:12]}"
+    launched = inv("extract", "--host", "lab", "--model", "~/venv", "--data", "sharegpt", "--out", out,
+                   "--batch-size", "4", "--skip-preflight", "--detach")
+    assert launched.returncode == 0, launched.stderr
+    run_id = launched.stdout.split("launched run ", 1)[1].split()[0]
+    final = wait_for("the run to fail", lambda: finished(run_id, "lab"), timeout=120, interval=0.5)
+    assert final["state"] == "failed" and len(final["attempts"]) == 1
+    assert final["last_failure"]["kind"] == "missing-package" and final["last_failure"]["retryable"] is False
+    logs = inv("logs", "--host", "lab", "--run", run_id, "-n", "5")
+    assert logs.returncode == 0 and "not restarting" in logs.stdout
+
+
+def test_preflight_lists_every_failed_check_and_launches_nothing(lab):
+    result = inv("extract", "--host", "lab", "--model", "~/venv", "--data", "~/no-such.jsonl",
+                 "--out", "~/specrig-work/test-out/never", "--json")
+    assert result.returncode == 1
+    checks = {c["name"]: c for c in json.loads(result.stdout)["preflight"]}
+    assert not checks["packages"]["ok"] and "torch missing" in checks["packages"]["detail"]
+    assert not checks["model"]["ok"] and not checks["dataset"]["ok"]
+    assert not checks["reorder-hazard"]["ok"] and "--batch-size 4" in checks["reorder-hazard"]["advice"]
+    assert all(c["advice"] for c in checks.values() if not c["ok"])
+    assert json.loads(result.stdout)["launched"] is False
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("extract", "--host", "lab", "--layers", "2,x"), "--layers '2,x'"),
+    (("extract", "--host", "lab", "--model", "~/m", "--data", "d.jsonl", "--out", "o", "--batch-size", "0"),
+     "--batch-size '0'"),
+    (("extract", "--host", "lab"), "no --model given"),
+    (("status", "--host", "lab", "--run", "no-such-run"), "no run 'no-such-run'"),
+    (("logs", "--host", "lab", "-n", "0"), "-n 0"),
+])
+def test_bad_input_is_one_line_naming_the_value(lab, argv, message):
+    result = inv(*argv)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
