@@ -203,6 +203,8 @@ class Engine:
             self.store.drop_unreferenced_backups(self.store.read_raw())
         finally:
             self.store.unlock()
+        for record in (record for plan in plans for record in plan.patches if "sha256_after" in record):
+            record.update(state=patchlib.State.APPLIED, reason="", by="specrig", applied_now=True)
         files = [_file_report(plan, diff=False) for plan in plans]
         for report in files:
             report["bytes_written"] = written.get(report["file"], 0)
@@ -264,7 +266,7 @@ class Engine:
             contents, refused, reports = {}, [], []
             for key, entry in sorted(entries.items()):
                 current = file_sha256(entry["file"])
-                report = {"file": entry["file"], "patches": [p["id"] for p in entry["patches"]
+                report = {"file": entry["file"], "path": entry["path"], "patches": [p["id"] for p in entry["patches"]
                                                              if patch_id is None or p["id"] == patch_id]}
                 reports.append(report)
                 if current == entry["original_sha256"]:

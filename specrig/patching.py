@@ -190,7 +190,8 @@ def show(result: dict, *, host: Host) -> None:
         table.add_column("what", ratio=1)
         for patch in result["patches"]:
             state = patch["state"]
-            note = patch["reason"] or (patch["by"] if state == "applied" else "")
+            note = patch["reason"] or ("applied now" if patch.get("applied_now") else
+                                       patch["by"] if state == "applied" else "")
             where = patch["path"].rpartition("/")[2] + (f": {note}" if note else "")
             table.add_row(escape(patch["id"]), f"[{STATE_STYLE.get(state, '')}]{state}[/]",
                           f"{escape(patch['description'])}\n[dim]{escape(where)}[/]")
@@ -204,7 +205,7 @@ def show(result: dict, *, host: Host) -> None:
             if file["diff"]:
                 console.print(Syntax(file["diff"], "diff", word_wrap=True))
         console.print("dry run: nothing was changed")
-    elif result["action"] == "apply":
+    elif result["action"] == "apply" and "files" in result:  # absent when the run was refused
         _show_applied(result)
 
 
@@ -226,5 +227,5 @@ def _show_revert(result: dict, host: Host) -> None:
         console.print(f"{host.name}: nothing to revert: no patch is recorded as applied by specrig")
         return
     for file in result["files"]:
-        console.print(f"{escape(file['file'])}: {escape(file['outcome'])} ({escape(', '.join(file['patches']))})")
+        console.print(f"{escape(file['path'])}: {escape(file['outcome'])} ({escape(', '.join(file['patches']))})")
     console.print(f"{host.name}: wrote {result['bytes_written']} bytes")

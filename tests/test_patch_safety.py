@@ -38,6 +38,7 @@ def test_anchor_gone_upstream_refuses_the_whole_run(patch_env):
     message = " ".join(result.stderr.split())
     assert "nothing was changed" in message
     assert "patch scheduler-block-size" in message and "expected 1 call to Scheduler(...), found 0" in message
+    assert "Traceback" not in result.stderr and "conflict" in result.stdout  # the table of states, then the error
     assert env.package_hashes() == before, "no patch of the set may be applied, in any file"
     assert env.manifest() is None or env.manifest()["files"] == {}
 
