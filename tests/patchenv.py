@@ -168,8 +168,8 @@ class PatchEnv:
         path = self.state_dir / "manifest.json"
         return json.loads(path.read_text()) if path.exists() else None
 
-    def pip_reinstall(self, wheel_prefix: str) -> None:
-        wheel = next(WHEELS.glob(f"{wheel_prefix}-*.whl"))
+    def pip_reinstall(self, wheel_prefix: str, wheels: Path = WHEELS) -> None:
+        wheel = next(wheels.glob(f"{wheel_prefix}-*.whl"))
         as_lab_user(self.python, "-m", "pip", "install", "--quiet", "--force-reinstall", "--no-deps",
                     "--no-index", str(wheel), timeout=600)
 
@@ -202,6 +202,9 @@ def engine_bundle() -> Path:
 
     bundle = current_bundle()
     root = lab_home() / ".cache" / "specrig-test" / "bundles" / bundle.digest
+    for old in root.parent.glob("*") if root.parent.exists() else []:
+        if old.name != bundle.digest:  # bundles of code since changed
+            shutil.rmtree(old, ignore_errors=True)
     if not (root / ".complete").exists():
         staging = root.with_name(root.name + f".{uuid.uuid4().hex[:8]}")
         for name, data in bundle.files:
