@@ -44,9 +44,10 @@ class Rule:
 
 
 def load_rules(path=RULES_FILE):
+    """(rules, fallback, caller_from) from the table."""
     with open(path, encoding="utf-8") as handle:
         table = json.load(handle)
-    return [Rule(**rule) for rule in table["rules"]], table["fallback"]
+    return [Rule(**rule) for rule in table["rules"]], table["fallback"], table.get("caller_from", [])
 
 
 def signal_name(exit_status):
@@ -66,7 +67,7 @@ def last_traceback(text):
 
 def classify(log_text, exit_status, *, host="the host", rules=None):
     """{"kind", "retryable", "explain", "advice", "exit_status", "signal", "callee", "caller", "evidence"}."""
-    rules, fallback = rules or load_rules()
+    rules, fallback, caller_from = rules or load_rules()
     sig = signal_name(exit_status)
     tail = last_traceback(log_text)
     matched, groups, matched_in = None, {}, tail or log_text
@@ -95,11 +96,21 @@ def classify(log_text, exit_status, *, host="the host", rules=None):
         "evidence": _evidence(matched, matched_in),
         "caller": None,
     }
-    frames = list(FRAME.finditer(tail))
-    if frames:
-        last = frames[-1]
-        result["caller"] = "%s:%s in %s" % (last.group("file"), last.group("line"), last.group("function"))
+    result["caller"] = _caller(list(FRAME.finditer(tail)), caller_from)
     return result
+
+
+def _caller(frames, caller_from):
+    """The last frame in the first of `caller_from`'s paths that has one, else the last frame."""
+    for marker in caller_from:
+        inside = [frame for frame in frames if marker in frame.group("file")]
+        if inside:
+            frames = inside
+            break
+    if not frames:
+        return None
+    last = frames[-1]
+    return "%s:%s in %s" % (last.group("file"), last.group("line"), last.group("function"))
 
 
 def _evidence(rule, text):

@@ -34,7 +34,7 @@ def test_drift_advice_names_the_host_and_both_commands():
 
 
 def test_every_rule_is_exercised_by_a_fixture():
-    rules, _ = classify.load_rules()
+    rules, _, _ = classify.load_rules()
     seen = {c["kind"] for c in CASES}
     assert {rule.kind for rule in rules} <= seen
 

@@ -21,7 +21,7 @@ from runnable_env import patch, runnable_env_or_skip
 
 RUN_TIMEOUT_S = 600
 #: Copies of the tiny chat dataset: enough samples that a run is still going when the tests act on it.
-DATA_COPIES = 4
+DATA_COPIES = 2
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +116,7 @@ def ssh_kill_9(pid):
 
     connection = open_ssh(load_inventory(REPO / "hosts.yaml").host("lab-cpu"))
     try:
-        connection.run(command_line("kill", "-9", str(pid)), hide=True)
+        connection.run(command_line("kill", "-9", str(pid)), hide=True, in_stream=False)
     finally:
         connection.close()
 

@@ -7,7 +7,7 @@ args.json: {"heartbeat": path, "children": int, "gpu_gib": float (0: no GPU), "i
             "samples": int}. Each child allocates `gpu_gib` GiB on GPU I (torch) when asked, like
 vLLM's tensor-parallel workers, which hold GPU memory while the parent does not; one child ignores
 SIGTERM when `ignore_term` is set, so that a stop needs SIGKILL. The parent counts one "sample" a
-second into the heartbeat and writes its children's pids to <heartbeat>.children.
+second into the heartbeat and, once every child is set up, writes their pids to <heartbeat>.children.
 """
 import json
 import os
@@ -26,6 +26,9 @@ def child(index, gib, ignore_term):
         held = torch.empty(int(gib * 2**30), dtype=torch.uint8, device="cuda:%d" % index)
         held.fill_(1)
         torch.cuda.synchronize(index)
+    # The parent lists the children only once each is set up (handler installed, memory held).
+    sys.stdout.write("ready\n")
+    sys.stdout.flush()
     while True:
         time.sleep(1)
 
@@ -34,8 +37,10 @@ def parent(path):
     with open(path) as handle:
         args = json.load(handle)
     kids = [subprocess.Popen([sys.executable, __file__, "--child", str(i), str(args.get("gpu_gib", 0)),
-                              "1" if args.get("ignore_term") and i == 0 else "0"])
+                              "1" if args.get("ignore_term") and i == 0 else "0"], stdout=subprocess.PIPE)
             for i in range(args.get("children", 2))]
+    for kid in kids:
+        kid.stdout.readline()
     with open(args["heartbeat"] + ".children", "w") as handle:
         json.dump([kid.pid for kid in kids], handle)
     total, done = args.get("samples", 10**6), 0
