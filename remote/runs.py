@@ -29,7 +29,8 @@ OPTION_DEFAULTS = {
     "max_restarts": 3,        # restarts of retryable failures, per supervisor
     "backoff_s": 5.0,         # first restart delay, doubled each time
     "backoff_max_s": 300.0,
-    "stall_timeout_s": 900.0,  # no heartbeat change and no new output for this long: stalled
+    "stall_timeout_s": 900.0,  # no new phase, sample or output file for this long: stalled
+    "load_timeout_s": 3600.0,  # the same while the model loads
     "stall_restart": False,   # restart a stalled driver (counts as a restart)
     "grace_s": 20.0,          # between SIGTERM and SIGKILL when stopping
     "telemetry_interval_s": 5.0,

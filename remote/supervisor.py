@@ -8,7 +8,7 @@ session of its own, and:
 - samples the driver's heartbeat and the GPUs into status.json every second or so;
 - on a failed attempt, classifies the failure (classify.py), records it, and restarts
   with resume after a backoff if it is retryable and restarts are left;
-- marks the run stalled when neither the heartbeat nor the output moved for
+- marks the run stalled when no new phase, sample or output file came for
   `stall_timeout_s`, and restarts it if `stall_restart` is set;
 - on SIGTERM (inv stop) ends the driver's whole session: SIGTERM, grace, SIGKILL.
 """
@@ -133,7 +133,7 @@ class Supervisor:
         self.last_telemetry = 0.0  # the previous attempt's GPU processes are not this one's
         self.save(state="running", driver_pid=driver.pid, driver_pgid=driver.pid, stalled=False, restart_at=None,
                   gpu_apps=[])
-        exit_status, stall = self.watch(driver)
+        exit_status, stall = self.watch(driver, log_offset)
         entry.update(self.end_job(driver), ended_at=rundir.now_iso(), exit_status=exit_status)
         if self.stop_signal or (self.run.stop_requested() and exit_status != 0):
             entry["stopped"] = True
@@ -166,10 +166,14 @@ class Supervisor:
                 "left_behind": [m["pid"] for m in cleanup["left"]] or None,
                 "gpu_memory": [g for g in released["gpus"] if g["held_by_run_mib"]] if released else None}
 
-    def watch(self, driver):
-        """Follow the driver until it exits; (exit status, stall failure or None)."""
-        started = time.monotonic()
-        last_progress, last_beat, last_count, count_checked = started, None, None, 0.0
+    def watch(self, driver, log_offset):
+        """Follow the driver until it exits; (exit status, stall failure or None).
+
+        Progress is a new phase, a new sample or a new file in the output directory; a heartbeat
+        that is merely rewritten (the driver beats from a thread) is not progress. While the model
+        loads, `load_timeout_s` applies instead of `stall_timeout_s`: a large model loads for long.
+        """
+        last_progress, last_mark, last_count, count_checked = time.monotonic(), None, None, 0.0
         while True:
             exit_status = driver.poll()
             self.sample_gpus(driver.pid)
@@ -179,29 +183,38 @@ class Supervisor:
             if self.stop_requested():
                 return None, None
             beat = self.run.heartbeat
-            mark = beat and (beat.get("updated_at"), beat.get("phase"), beat.get("samples_done"))
-            if mark and mark != last_beat:
-                last_beat, last_progress = mark, time.monotonic()
+            mark = beat and (beat.get("phase"), beat.get("samples_done"))
+            if mark and mark != last_mark:
+                last_mark, last_progress = mark, time.monotonic()
             elif time.monotonic() - count_checked > OUTPUT_COUNT_EVERY_S:
                 count_checked = time.monotonic()
                 count = _entries(self.record.get("out"))
                 if count != last_count:
                     last_count, last_progress = count, time.monotonic()
             quiet = time.monotonic() - last_progress
-            stalled = quiet > self.options["stall_timeout_s"]
+            loading = not beat or beat.get("phase") == "loading"
+            stalled = quiet > self.options["load_timeout_s" if loading else "stall_timeout_s"]
             if stalled and not self.status["stalled"]:
-                self.log_marker("no progress for %.0f s: stalled" % quiet)
+                self.log_marker("no progress for %.0f s (%s): stalled" % (quiet, beat and beat.get("phase")))
             self.save(state="stalled" if stalled else "running", stalled=stalled, heartbeat=beat,
                       seconds_since_progress=round(quiet, 1))
-            if stalled and self.options["stall_restart"]:
-                return None, self._stall_failure(quiet)
+            if stalled:
+                failure = self._stall_failure(quiet, self._attempt_log(self.run.file("driver.log"), log_offset))
+                # A known cause that will not go away (a prompt waiting on stdin) ends the attempt either way.
+                if self.options["stall_restart"] or not failure["retryable"]:
+                    return None, failure
             time.sleep(POLL_S)
 
-    def _stall_failure(self, quiet):
+    def _stall_failure(self, quiet, log):
+        known = classify.classify(log, 0, host=self.record.get("host") or "the host")
+        if not known["retryable"]:
+            known["explain"] += " (no progress for %.0f s)" % quiet
+            return known
         return {"kind": "stalled", "retryable": True, "exit_status": None, "signal": None, "callee": None,
                 "caller": None, "evidence": None,
-                "explain": "no heartbeat and no new output for %.0f s" % quiet,
-                "advice": "see `inv logs`; raise stall_timeout_s if loading the model takes longer"}
+                "explain": "no new phase, sample or output file for %.0f s" % quiet,
+                "advice": "see `inv logs`; raise stall_timeout_s (or load_timeout_s while loading) in hosts.yaml's "
+                          "extract: if the driver is merely slow"}
 
     @staticmethod
     def _attempt_log(path, offset):

@@ -44,6 +44,7 @@ SETTINGS = {s.name: s for s in (
 )}
 #: Supervision options hosts.yaml's `extract:` may also hold (remote/runs.py OPTION_DEFAULTS).
 OPTIONS = {"max_restarts": int, "backoff_s": float, "backoff_max_s": float, "stall_timeout_s": float,
+           "load_timeout_s": float,
            "stall_restart": bool, "grace_s": float, "telemetry_interval_s": float}
 REQUIRED = ("model", "data", "out")
 RUN_TIMEOUT_S = 120

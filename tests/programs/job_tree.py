@@ -4,7 +4,7 @@
     python job_tree.py --child I GIB IGNORE_TERM
 
 args.json: {"heartbeat": path, "children": int, "gpu_gib": float (0: no GPU), "ignore_term": bool,
-            "samples": int}. Each child allocates `gpu_gib` GiB on GPU I (torch) when asked, like
+            "samples": int, "stall_after": int|null, "say_on_stall": str|null}. Each child allocates `gpu_gib` GiB on GPU I (torch) when asked, like
 vLLM's tensor-parallel workers, which hold GPU memory while the parent does not; one child ignores
 SIGTERM when `ignore_term` is set, so that a stop needs SIGKILL. The parent counts one "sample" a
 second into the heartbeat and, once every child is set up, writes their pids to <heartbeat>.children.
@@ -45,16 +45,27 @@ def parent(path):
         json.dump([kid.pid for kid in kids], handle)
     total, done = args.get("samples", 10**6), 0
     while done < total:
-        beat = {"phase": "extracting", "samples_done": done, "samples_total": total, "tokens_per_s": None,
-                "eta_s": total - done, "last_error": None, "updated_at": time.time(), "pid": os.getpid()}
-        with open(args["heartbeat"] + ".tmp", "w") as handle:
-            json.dump(beat, handle)
-        os.replace(args["heartbeat"] + ".tmp", args["heartbeat"])
+        if done == args.get("stall_after"):
+            # Stuck: alive, heartbeat rewritten, no progress (a hung collective, a prompt waiting on stdin).
+            sys.stdout.write(args.get("say_on_stall") or "")
+            sys.stdout.flush()
+            while True:
+                write_beat(args["heartbeat"], done, total)
+                time.sleep(1)
+        write_beat(args["heartbeat"], done, total)
         time.sleep(1)
         done += 1
     for kid in kids:
         kid.kill()
     return 0
+
+
+def write_beat(path, done, total):
+    beat = {"phase": "extracting", "samples_done": done, "samples_total": total, "tokens_per_s": None,
+            "eta_s": total - done, "last_error": None, "updated_at": time.time(), "pid": os.getpid()}
+    with open(path + ".tmp", "w") as handle:
+        json.dump(beat, handle)
+    os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,72 @@
+"""The supervisor's mechanics on real processes, through the `local` host (remote/entry.py in a
+subprocess, as `--host local` runs it): the stall watchdog, a prompt that would wait forever,
+stop. The job is tests/programs/job_tree.py, which keeps running but stops making progress."""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from specrig.inventory import Host
+from specrig.remote import connect
+
+JOB_TREE = Path(__file__).parent / "programs" / "job_tree.py"
+FAST = {"stall_timeout_s": 2, "load_timeout_s": 2, "backoff_s": 0.2, "grace_s": 1, "telemetry_interval_s": 1}
+#: What transformers prints before it waits for an answer about custom code.
+TRUST_PROMPT = ("The repository for /models/kimi contains custom code which must be executed to correctly load the "
+                "model.\nDo you wish to run the custom code? [y/N] ")
+
+
+@pytest.fixture
+def local(tmp_path):
+    host = Host(name="local", python=sys.executable, workdir=str(tmp_path / "work"))
+    with connect(host) as remote:
+        yield host, remote
+
+
+def launch(local, tmp_path, job: dict, **options) -> str:
+    host, remote = local
+    result = remote.call("runs", {"action": "launch", "workdir": host.workdir, "host": "local",
+                                  "driver_program": str(JOB_TREE),
+                                  "driver_args": {"output_dir": str(tmp_path / "out"), "children": 1, **job},
+                                  "options": {**FAST, **options}})
+    return result["run_id"]
+
+
+def wait_state(local, run_id, states, timeout=120):
+    host, remote = local
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run = remote.call("runs", {"action": "status", "workdir": host.workdir, "run": run_id})["runs"][0]
+        if run["state"] in states:
+            return run
+        time.sleep(0.3)
+    raise AssertionError(f"run {run_id} never reached {states}: {run['state']}")
+
+
+def test_a_stalled_run_is_restarted_when_configured_until_its_restarts_are_spent(local, tmp_path):
+    run_id = launch(local, tmp_path, {"stall_after": 1}, stall_restart=True, max_restarts=1)
+    run = wait_state(local, run_id, ("failed",))
+    assert [a["failure"]["kind"] for a in run["attempts"]] == ["stalled", "stalled"]
+    assert run["restarts"] == 1
+    assert all(a["left_behind"] is None for a in run["attempts"])
+
+
+def test_a_stalled_run_is_only_marked_when_restarts_are_not_configured(local, tmp_path):
+    host, remote = local
+    run_id = launch(local, tmp_path, {"stall_after": 1}, stall_restart=False)
+    run = wait_state(local, run_id, ("stalled",))
+    assert run["stalled"] and len(run["attempts"]) == 1 and run["driver_pid"]
+    stopped = remote.call("runs", {"action": "stop", "workdir": host.workdir, "run": run_id}, timeout=120)
+    assert stopped["clean"] and stopped["state"] == "stopped"
+
+
+def test_a_process_waiting_on_a_trust_remote_code_prompt_is_ended_and_not_restarted(local, tmp_path):
+    run_id = launch(local, tmp_path, {"stall_after": 1, "say_on_stall": TRUST_PROMPT}, stall_restart=False)
+    run = wait_state(local, run_id, ("failed",))
+    assert len(run["attempts"]) == 1
+    failure = run["last_failure"]
+    assert failure["kind"] == "trust-remote-code" and not failure["retryable"]
+    assert "no progress for" in failure["explain"] and "apply-patches" in failure["advice"]
