@@ -103,7 +103,7 @@ class Engine:
             record.update(state="not-applicable", reason="; ".join(unmet))
             return record
         try:
-            source = patchlib.Source(plan.after.decode("utf-8"))
+            source = patchlib.parse(plan.after.decode("utf-8"))
         except (UnicodeDecodeError, SyntaxError) as exc:
             record.update(state=patchlib.State.CONFLICT, reason="the file is not parseable Python: %s" % exc)
             return record
@@ -318,7 +318,7 @@ class Engine:
                 raise RemoteFailure("revert-refused", "cannot keep patch %s on %s: patchset %s no longer defines "
                                     "it; revert all patches of the file instead" % (
                                         record["id"], entry["file"], record["patchset"]))
-            source = patchlib.Source(text)
+            source = patchlib.parse(text)
             state = patch.edit.state(source)
             if state.name != patchlib.State.PENDING:
                 raise RemoteFailure("revert-refused", "cannot keep patch %s on %s: on the original it is %s %s"
@@ -330,7 +330,7 @@ class Engine:
 def _check_edit(patch, new_text):
     """Why the edited text is unacceptable, or None: it must parse and the edit must then read as applied."""
     try:
-        source = patchlib.Source(new_text)
+        source = patchlib.parse(new_text)
     except SyntaxError as exc:
         return "the edit would produce invalid Python (%s, line %s)" % (exc.msg, exc.lineno)
     after = patch.edit.state(source)

@@ -178,7 +178,7 @@ class RenameAttribute(Edit):
         return "rename %s.%s to .%s" % (self.object or "<any>", self.attribute, self.to)
 
     def _accesses(self, source, name):
-        return [node for node in ast.walk(source.tree) if isinstance(node, ast.Attribute) and node.attr == name
+        return [node for node in source.nodes(ast.Attribute) if node.attr == name
                 and (self.object is None
                     or ast.dump(node.value) == ast.dump(ast.parse(self.object, mode="eval").body))]
 

@@ -46,6 +46,15 @@ class Source:
         self._line_starts = [0]
         for line in text.splitlines(keepends=True):
             self._line_starts.append(self._line_starts[-1] + len(line))
+        self._by_type = None
+
+    def nodes(self, kind):
+        """Every node of the tree of type `kind` (one walk of the tree, shared by all edits)."""
+        if self._by_type is None:
+            self._by_type = {}
+            for node in ast.walk(self.tree):
+                self._by_type.setdefault(type(node), []).append(node)
+        return self._by_type.get(kind, [])
 
     def offset(self, lineno, col):
         start = self._line_starts[lineno - 1]
@@ -75,6 +84,18 @@ class Source:
         return line[:len(line) - len(line.lstrip(" \t"))]
 
 
+_parsed = {}
+
+
+def parse(text):
+    """The Source of `text`, parsed once per engine run however many patches look at it."""
+    if text not in _parsed:
+        if len(_parsed) >= 16:
+            _parsed.clear()
+        _parsed[text] = Source(text)
+    return _parsed[text]
+
+
 def replace_spans(text, edits):
     """Apply (start, end, replacement) edits, which must not overlap, to text."""
     for start, end, replacement in sorted(edits, key=lambda e: e[0], reverse=True):
@@ -101,13 +122,13 @@ def _names(node, wanted):
 
 def find_calls(source, callee):
     """Calls whose callee, as written, is `callee` or ends with `.callee`; in source order."""
-    calls = [node for node in ast.walk(source.tree) if isinstance(node, ast.Call) and _names(node.func, callee)]
+    calls = [node for node in source.nodes(ast.Call) if _names(node.func, callee)]
     return sorted(calls, key=source.start)
 
 
 def find_class(source, name):
     """The top-level or nested classes named `name`."""
-    return [node for node in ast.walk(source.tree) if isinstance(node, ast.ClassDef) and node.name == name]
+    return [node for node in source.nodes(ast.ClassDef) if node.name == name]
 
 
 def keyword(call, name):
@@ -257,7 +278,7 @@ def one_class(source, name):
 
 def class_members_state(source_text, class_name, members, base=None):
     """State of "class has `base` among its bases and defines `members`": all there, none, or partly (conflict)."""
-    source = Source(source_text)
+    source = parse(source_text)
     cls, problem = one_class(source, class_name)
     if problem:
         return problem
@@ -276,7 +297,7 @@ def class_members_state(source_text, class_name, members, base=None):
 def add_to_class(source_text, class_name, members, base=None, import_from=None):
     """The text with `members` (source of defs) appended to the class, and `base` (imported from
     `import_from` when that module does not bind it yet) added to its bases."""
-    source = Source(source_text)
+    source = parse(source_text)
     cls, _ = one_class(source, class_name)
     edits = [add_members_edit(source, cls, members)]
     if base:

@@ -31,6 +31,17 @@ class Facts:
     def __init__(self):
         self.distributions = {name: _first_installed(candidates) for name, candidates in DISTRIBUTIONS.items()}
         self.platform, self.platform_reason = _detect_platform(self.distributions["vllm"])
+        self._trees = {}
+
+    def tree(self, path):
+        """The parsed module at `path` (cached for the run), or None when it cannot be read or parsed."""
+        if path not in self._trees:
+            try:
+                with open(path, "rb") as handle:
+                    self._trees[path] = ast.parse(handle.read())
+            except (OSError, SyntaxError, ValueError):
+                self._trees[path] = None
+        return self._trees[path]
 
     def version(self, package):
         found = self.distributions.get(package)
@@ -217,13 +228,9 @@ def _has_parameter(condition, facts):
     dist = facts.distributions.get(condition["package"])
     if not dist:
         return None
-    path = os.path.join(dist["root"], condition["path"])
-    try:
-        with open(path, "rb") as handle:
-            tree = ast.parse(handle.read())
-    except (OSError, SyntaxError, ValueError):
+    node = facts.tree(os.path.join(dist["root"], condition["path"]))
+    if node is None:
         return None
-    node = tree
     for part in condition["function"].split("."):
         node = next((child for child in getattr(node, "body", [])
                      if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))

@@ -20,6 +20,7 @@ from patchenv import patch_env, run_engine, start_engine, target_paths  # noqa: 
 from specrig.exit_status import ExitStatus
 
 KILL_TRIALS = 60
+REVERT_KILL_TRIALS = 20
 
 
 def key_of(path):
@@ -27,21 +28,27 @@ def key_of(path):
 
 
 def assert_consistent(env, original, patched):
-    """Every target is the original or the fully patched file, parses, and the manifest agrees with it."""
+    """Every target is the original or the fully patched file, parses, and the manifest agrees with it.
+
+    The manifest agrees when, after a killed run's intent is read the way the engine reads it (a file
+    holding the intended bytes was written), it records exactly the patched files as patched.
+    """
     manifest = env.manifest() or {"files": {}, "intent": None}
     intent = (manifest.get("intent") or {}).get("files", {})
     for path in target_paths():
         data = env.target(path).read_bytes()
         ast.parse(data)
         digest = hashlib.sha256(data).hexdigest()
+        assert digest in (original[path], patched[path]), f"{path} is neither the original nor the patched file"
         entry, intended = manifest["files"].get(key_of(path)), intent.get(key_of(path))
+        if intended:
+            assert digest in (intended["from_sha256"], intended["to_sha256"])
+            if digest == intended["to_sha256"]:
+                entry = intended["entry"]
         if digest == patched[path]:
-            assert (entry and entry["patched_sha256"] == digest) or (intended and intended["to_sha256"] == digest), \
-                f"{path} is patched but the manifest does not say so"
+            assert entry and entry["patched_sha256"] == digest, f"{path} is patched; the manifest says otherwise"
         else:
-            assert digest == original[path], f"{path} is neither the original nor the fully patched file"
-            assert entry is None, f"{path} is the original but the manifest records it patched"
-            assert intended is None or intended["from_sha256"] == digest
+            assert entry is None, f"{path} is the original; the manifest records it patched"
 
 
 def patch_states(env):
@@ -104,6 +111,26 @@ def test_kill_9_during_apply_never_leaves_a_half_patched_file(patch_env):
         assert env.target_hashes() == original
         reset(env, original_bytes)
     print(f"kill -9 outcomes over {KILL_TRIALS} trials: {outcomes}")
+
+
+def test_kill_9_during_revert_never_leaves_a_half_restored_file(patch_env):
+    env = patch_env
+    original = env.target_hashes()
+    assert run_engine(env, {"action": "apply"})["ok"]
+    patched = env.target_hashes()
+    started = time.monotonic()
+    assert run_engine(env, {"action": "revert"})["ok"]
+    whole = time.monotonic() - started
+    rng = random.Random(9)
+    for _ in range(REVERT_KILL_TRIALS):
+        assert run_engine(env, {"action": "apply"})["ok"]
+        process = start_engine(env, {"action": "revert"})
+        time.sleep(rng.uniform(0, whole))
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+        assert_consistent(env, original, patched)
+        assert run_engine(env, {"action": "revert"})["ok"]
+        assert env.target_hashes() == original
 
 
 def test_two_applies_at_once_one_waits_or_fails_clearly(patch_env):
