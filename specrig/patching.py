@@ -111,6 +111,9 @@ def apply_patches(host: Host, *, patchset: str | None = None, dry_run: bool = Fa
     with connect(host) as remote:
         result = call_engine(remote, {"action": "apply", "patchset": patchset, "dry_run": dry_run})
         if dry_run:
+            if result["conflicts"]:
+                raise PatchRefused(f"{host.name}: the run would be refused: " + "; ".join(
+                    f"patch {c['id']} ({c['path']}): {c['reason']}" for c in result["conflicts"]), result=result)
             return result
         try:
             report = verify_host(remote, model=model or host.extract.get("model"))

@@ -48,6 +48,9 @@ def test_anchor_gone_upstream_refuses_the_whole_run(patch_env):
     assert states["scheduler-block-size"] == "conflict" and states["kimi-k25-supports-eagle3"] == "pending"
     status = {p["id"]: p for p in patch_status(env.host)["patches"]}
     assert status["scheduler-block-size"]["state"] == "conflict"
+    dry = inv("apply-patches", "--host", "lab", "--dry-run", inventory=env.inventory, timeout=300)
+    assert dry.returncode == ExitStatus.FINDINGS and "the run would be refused" in dry.stderr
+    assert env.package_hashes() == before
 
 
 def test_ambiguous_anchor_is_a_conflict(patch_env):
