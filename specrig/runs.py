@@ -11,7 +11,7 @@ import time
 
 from rich.table import Table
 
-from specrig.errors import RemoteScriptError, SpecrigError, UsageError
+from specrig.errors import Locked, RemoteScriptError, SpecrigError, UsageError
 from specrig.exit_status import ExitStatus
 from specrig.inventory import Host
 from specrig.remote import Remote, connect
@@ -172,7 +172,10 @@ def _runs_call(remote: Remote, host: Host, action: str, args: dict, *, timeout: 
     try:
         return remote.call("runs", {"action": action, "workdir": host.workdir, **args}, timeout=timeout)
     except RemoteScriptError as exc:
-        if exc.kind in ("unknown-run", "run-active", "run-finished", "output-busy", "bad-argument"):
+        if exc.kind == "output-busy":
+            raise Locked(exc.message.split(": runs: ", 1)[-1],
+                         hint=_USAGE_HINTS["output-busy"].format(host=host.name)) from None
+        if exc.kind in ("unknown-run", "run-active", "run-finished", "bad-argument"):
             raise UsageError(exc.message.split(": runs: ", 1)[-1],
                              hint=_USAGE_HINTS.get(exc.kind, "").format(host=host.name) or None) from None
         raise
@@ -248,7 +251,7 @@ def logs(host: Host, run_id: str | None, *, follow: bool, lines: int) -> int:
                     console.out(chunk["text"], end="", highlight=False)
                 offset = chunk["offset"]
                 if chunk["state"] not in ("starting", "running", "restarting", "stalled"):
-                    console.print(f"\n[run {run_id} is {chunk['state']}]")
+                    console.print(f"\n(run {run_id} is {chunk['state']})", markup=False)
                     return ExitStatus.OK
         except KeyboardInterrupt:
             console.print(f"\nstopped following; run {run_id} goes on")
@@ -315,7 +318,8 @@ def show_runs(runs: list[dict], host: Host) -> None:
         table.add_row(run["run_id"], f"[{style}]{run['state']}[/]" if style else run["state"],
                       (run.get("heartbeat") or {}).get("phase") or "-", _progress(run),
                       str(len(run.get("attempts") or [])), run.get("out") or "-",
-                      f"{failure['kind']}: {failure['explain']}" if failure else "")
+                      failure["kind"] + (f" ({failure['callee']})" if failure.get("callee") else "")
+                      if failure else "")
     console.print(table)
 
 

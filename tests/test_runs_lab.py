@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -42,8 +41,10 @@ def dataset(runnable):
 
 @pytest.fixture
 def out():
-    """A fresh output directory on the host for one test."""
-    return str(lab_home() / "specrig-work" / "test-out" / uuid.uuid4().hex[:12])
+    """A fresh output directory on the host for one test, removed after it."""
+    path = str(lab_home() / "specrig-work" / "test-out" / uuid.uuid4().hex[:12])
+    yield path
+    as_lab_user("rm", "-rf", path)
 
 
 def extract_args(dataset, out, *extra):
