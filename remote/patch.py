@@ -10,10 +10,12 @@
 Apply is all or nothing per run: every patch is planned on the current files
 first, and one conflict anywhere stops the run before a byte is written.
 Failures come back as RemoteFailure kinds: bad-argument, bad-patchset,
-no-patchset, not-a-bundle, conflict, locked, revert-refused, not-applied.
+no-patchset, not-a-bundle, not-writable, conflict, locked, revert-refused,
+not-applied.
 """
 import difflib
 import os
+import pwd
 import sys
 
 import patchlib
@@ -224,6 +226,12 @@ class Engine:
         changing = [plan for plan in plans if plan.changes]
         if not changing:
             return {}
+        read_only = sorted({os.path.dirname(plan.file) for plan in changing
+                            if not os.access(os.path.dirname(plan.file), os.W_OK)})
+        if read_only:
+            raise RemoteFailure("not-writable", "nothing was changed: %s cannot write to %s; run as the owner of "
+                                "the environment (hosts.yaml `user`/`python`)" % (
+                                    pwd.getpwuid(os.getuid()).pw_name, ", ".join(read_only)), directories=read_only)
         intent = {"action": "apply", "pid": os.getpid(), "started_at": patchstore.now(), "files": {}}
         for plan in changing:
             entry = manifest["files"].get(plan.key)

@@ -28,7 +28,8 @@ from specrig.remote import Remote, connect
 from specrig.ui import console, print_json
 
 PATCH_TIMEOUT_S = 300
-USAGE_KINDS = frozenset({"bad-argument", "bad-patchset", "no-patchset", "not-applied", "not-a-bundle"})
+USAGE_KINDS = frozenset({"bad-argument", "bad-patchset", "no-patchset", "not-applied", "not-a-bundle",
+                         "not-writable"})
 REFUSED_KINDS = frozenset({"conflict", "revert-refused", "backup-missing", "backup-corrupt"})
 #: Patch states whose findings must be gone after applying.
 IN_FORCE = frozenset({"applied", "pending", "missing"})

@@ -105,3 +105,18 @@ def test_a_nightly_is_picked_and_an_unsupported_version_is_explained(patch_env):
     assert "no patchset applies to speculators 0.3.0, vllm 0.18.0" in message
     assert "vllm 0.18.0 is not in ==0.16.* or ==0.17.*" in message
     assert not (env.prefix / ".specrig").exists()
+
+
+def test_a_read_only_target_directory_refuses_the_whole_run(patch_env):
+    env = patch_env
+    directory = env.target(GENERATOR).parent
+    before = env.package_hashes()
+    mode = directory.stat().st_mode
+    directory.chmod(0o555)
+    try:
+        result = inv("apply-patches", "--host", "lab", inventory=env.inventory, timeout=300)
+    finally:
+        directory.chmod(mode)
+    assert result.returncode == ExitStatus.USAGE
+    assert "nothing was changed: specrig cannot write to" in result.stderr and "data_generation" in result.stderr
+    assert env.package_hashes() == before, "the vLLM file, writable, is not patched either"
