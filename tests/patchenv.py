@@ -18,6 +18,7 @@ import os
 import pwd
 import shutil
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from conftest import REPO, lab_entry
 LAB_USER = "specrig"
 WHEELS = Path("/var/lib/specrig-lab/wheels")
 PATCHSET = "speculators-0.3-vllm-0.16-0.17"
+STALE_ENV_S = 6 * 3600
 KIMI_CONFIG = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25",
                "auto_map": {"AutoConfig": "configuration_kimi_k25.KimiK25Config"}}
 
@@ -177,6 +179,9 @@ class PatchEnv:
 def make_patch_env(make_inventory, trusted_known_hosts) -> PatchEnv:
     source = template()
     envs = lab_home() / "specrig-test-envs"
+    for stale in envs.glob("*") if envs.exists() else []:
+        if time.time() - stale.stat().st_mtime > STALE_ENV_S:  # left by an interrupted run
+            shutil.rmtree(stale, ignore_errors=True)
     prefix = envs / uuid.uuid4().hex[:12]
     as_lab_user("mkdir", "-p", str(envs))
     as_lab_user("cp", "-al", str(source), str(prefix))
