@@ -67,9 +67,6 @@ class Source:
     def end(self, node):
         return self.offset(node.end_lineno, node.end_col_offset)
 
-    def segment(self, node):
-        return self.text[self.start(node):self.end(node)]
-
     def line_start(self, offset):
         return self.text.rfind("\n", 0, offset) + 1
 
