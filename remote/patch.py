@@ -274,8 +274,8 @@ class Engine:
             contents, refused, reports = {}, [], []
             for key, entry in sorted(entries.items()):
                 current = file_sha256(entry["file"])
-                report = {"file": entry["file"], "path": entry["path"], "patches": [p["id"] for p in entry["patches"]
-                                                             if patch_id is None or p["id"] == patch_id]}
+                reverting = [p["id"] for p in entry["patches"] if patch_id is None or p["id"] == patch_id]
+                report = {"file": entry["file"], "path": entry["path"], "patches": reverting}
                 reports.append(report)
                 if current == entry["original_sha256"]:
                     report["outcome"] = "already original (replaced since patched); record dropped"
