@@ -115,7 +115,12 @@ class Engine:
         ours = entry is not None and any(p["id"] == patch.id for p in entry["patches"])
         intact = entry is not None and entry["patched_sha256"] == sha256(plan.before)
         if state.name == patchlib.State.APPLIED:
-            record["by"] = "specrig" if ours and intact else "already fixed (not by specrig)"
+            if ours and intact:
+                applied = next(p for p in entry["patches"] if p["id"] == patch.id)
+                record.update(by="specrig", applied_at=applied["applied_at"],
+                              specrig_version=applied["specrig_version"])
+            else:
+                record["by"] = "already fixed (not by specrig)"
         elif state.name == patchlib.State.PENDING:
             if ours and not intact:
                 replaced = sha256(plan.before) == entry["original_sha256"]

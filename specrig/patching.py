@@ -195,7 +195,8 @@ def show(result: dict, *, host: Host) -> None:
         for patch in result["patches"]:
             state = patch["state"]
             note = patch["reason"] or ("applied now" if patch.get("applied_now") else
-                                       patch["by"] if state == "applied" else "")
+                                       f"by specrig {patch['specrig_version']} at {patch['applied_at']}"
+                                       if patch.get("applied_at") else patch["by"] if state == "applied" else "")
             where = patch["path"].rpartition("/")[2] + (f": {note}" if note else "")
             table.add_row(escape(patch["id"]), f"[{STATE_STYLE.get(state, '')}]{state}[/]",
                           f"{escape(patch['description'])}\n[dim]{escape(where)}[/]")
