@@ -15,13 +15,14 @@ Paths are relative to the login directory (the remote home), since a quoted
 """
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
+import shutil
 import socket
 import subprocess
-import sys
-import tempfile
+import tarfile
 import time
 import uuid
 from contextlib import contextmanager
@@ -35,7 +36,6 @@ from specrig.bundle import Bundle, current_bundle
 from specrig.errors import (AuthFailed, ConnectionFailed, RemotePythonError, RemoteScriptError, RemoteTimeout,
                             SpecrigError, UsageError)
 from specrig.inventory import Host
-from specrig.paths import remote_dir
 from specrig.quoting import AND, OR, THEN, WRITE_TO, command_line
 
 # paramiko logs a traceback for every failed handshake; specrig reports one line instead.
@@ -104,17 +104,38 @@ class Remote:
 
 
 class LocalRemote(Remote):
-    """`--host local`: the same entry.py, run from the source tree in a subprocess, no SSH."""
+    """`--host local`: the same bundle and entry.py as over SSH, run in a subprocess, no SSH."""
+
+    def __init__(self, host: Host, bundle: Bundle):
+        super().__init__(host)
+        self.bundle = bundle
+        self.cache = Path.home() / CACHE
+        self.bundle_path = self.cache / "bundles" / bundle.digest
+        self.uploaded = False
+
+    def _unpack_bundle(self) -> None:
+        if (self.bundle_path / ".complete").exists():
+            return
+        staging = self.bundle_path.parent / f".incoming-{uuid.uuid4().hex}"
+        staging.mkdir(parents=True)
+        with tarfile.open(fileobj=io.BytesIO(self.bundle.tar_bytes), mode="r:gz") as tar:
+            tar.extractall(staging, filter="data")
+        try:
+            staging.rename(self.bundle_path)
+        except OSError:  # another process unpacked the same bundle first
+            shutil.rmtree(staging, ignore_errors=True)
+        self.uploaded = True
 
     def _run(self, body: bytes, timeout: float | None) -> tuple[int, str, str]:
-        calls = Path(tempfile.gettempdir()) / f"specrig-{os.getuid()}" / "calls"
+        self._unpack_bundle()
+        calls = self.cache / "calls"
         calls.mkdir(parents=True, exist_ok=True)
         call_file = calls / f"{uuid.uuid4().hex}.json"
         call_file.write_bytes(body)
         self.exec_count += 1
         try:
             # A new session: the deadline kills the call's process group, never us.
-            proc = subprocess.run([self.host.python, str(remote_dir() / "entry.py"), str(call_file)],
+            proc = subprocess.run([self.host.python, str(self.bundle_path / "remote" / "entry.py"), str(call_file)],
                                   stdin=subprocess.DEVNULL, capture_output=True,
                                   timeout=timeout + DEADLINE_GRACE_S if timeout else None, start_new_session=True)
         except FileNotFoundError:
@@ -276,10 +297,8 @@ def open_ssh(host: Host):
 @contextmanager
 def connect(host: Host, *, bundle: Bundle | None = None) -> Iterator[Remote]:
     """A Remote for `host`: local subprocesses for `local`, else one SSH connection for the task."""
-    if host.is_local:
-        remote: Remote = LocalRemote(host)
-    else:
-        remote = SshRemote(host, open_ssh(host), bundle or current_bundle())
+    bundle = bundle or current_bundle()
+    remote: Remote = LocalRemote(host, bundle) if host.is_local else SshRemote(host, open_ssh(host), bundle)
     try:
         yield remote
     finally:
