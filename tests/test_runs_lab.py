@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -162,10 +163,18 @@ def test_kill_9_of_the_driver_is_recorded_and_resumed_with_every_sample_once(run
     assert "killed" in shown.stdout and "SIGKILL" in shown.stdout
 
 
-def test_stop_leaves_no_process_of_the_run_and_resume_completes_it(runnable, dataset, out):
-    launched = inv(*extract_args(dataset, out, "--detach"))
-    assert launched.returncode == 0, launched.stderr
-    run = wait_for("the run to extract", lambda: extracting(out, 2))
+def test_ctrl_c_detaches_stop_leaves_no_process_of_the_run_and_resume_completes_it(runnable, dataset, out):
+    client = subprocess.Popen([sys.executable, "-m", "invoke", "-r", str(REPO), *extract_args(dataset, out)],
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        run = wait_for("the run to extract", lambda: extracting(out, 2))
+        client.send_signal(signal.SIGINT)
+        shown, errors = client.communicate(timeout=60)
+    finally:
+        client.kill()
+    assert client.returncode == 0, errors
+    assert f"detached from run {run['run_id']}; it goes on" in shown
+    assert status(run=run["run_id"])["runs"][0]["state"] == "running"
     assert len(session_members(run["driver_pgid"])) >= 2, "vLLM's worker should run beside the driver"
 
     stopped = inv("stop", "--host", "lab-cpu", "--run", run["run_id"], "--json", timeout=300)
