@@ -9,11 +9,18 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import uuid
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
+
+from patchenv import as_lab_user, lab_home
+from specrig.inventory import load_inventory
 
 REPO = Path(__file__).resolve().parent.parent
 DRIVER = REPO / "remote" / "extract_driver.py"
@@ -27,6 +34,8 @@ class Runnable:
     model: Path
     data: Path
     host: object
+    #: hosts.yaml naming `host`, when it is not the repository's own.
+    inventory: Path | None = None
 
     def driver_args(self, output_dir: Path, **overrides) -> dict:
         return {"model": str(self.model), "dataset": str(self.data), "output_dir": str(output_dir),
@@ -71,22 +80,15 @@ def patch(runnable: Runnable, action: str) -> dict:
         return remote.call("patch", {"action": action, "force": action == "revert"}, timeout=300)
 
 
-def private_clean_copy(runnable: Runnable, make_inventory, trusted_known_hosts) -> tuple[Path, Path]:
-    """A clean (unpatched) copy of the runnable venv owned by the lab user, and an inventory whose
-    lab-cpu host runs it: (prefix, hosts.yaml). Other tests may patch or revert the shared venv at
-    any time; this one is ours alone.
+def private_clean_copy(runnable: Runnable, directory: Path) -> Runnable:
+    """A clean (unpatched) copy of the runnable venv owned by the lab user, with an inventory in
+    `directory` whose lab-cpu host runs it. Other tests may patch or revert the shared venv at any
+    time; this one is ours alone. Remove it with `remove_copy`.
 
     `cp -al` (hard links: seconds, not 8 GB); the patch targets get inodes of their own, taken from
     the speculators wheel, and the copy has no patch manifest. The engine replaces files by rename,
     so nothing written in the copy reaches the shared venv.
     """
-    import uuid
-    import zipfile
-
-    import yaml
-
-    from patchenv import as_lab_user, lab_home
-
     prefix = lab_home() / "specrig-test-envs" / f"cpu-{uuid.uuid4().hex[:12]}"
     as_lab_user("mkdir", "-p", str(prefix.parent))
     as_lab_user("cp", "-al", str(runnable.python.parent.parent), str(prefix))
@@ -100,6 +102,13 @@ def private_clean_copy(runnable: Runnable, make_inventory, trusted_known_hosts) 
                 as_lab_user("tee", str(site / name), input=archive.read(name).decode())
     entry = yaml.safe_load((REPO / "hosts.yaml").read_text())["hosts"]["lab-cpu"]
     entry.update(identity_file=str(REPO / entry["identity_file"]), python=str(prefix / "bin" / "python"))
-    inventory = make_inventory({"hosts": {"lab-cpu": entry}})
-    trusted_known_hosts(inventory)
-    return prefix, inventory
+    inventory = directory / "hosts.yaml"
+    inventory.write_text(yaml.safe_dump({"hosts": {"lab-cpu": entry}}))
+    (directory / ".specrig").mkdir(exist_ok=True)
+    shutil.copy(REPO / ".specrig" / "known_hosts", directory / ".specrig" / "known_hosts")
+    return Runnable(python=prefix / "bin" / "python", model=runnable.model, data=runnable.data,
+                    host=load_inventory(inventory).host("lab-cpu"), inventory=inventory)
+
+
+def remove_copy(runnable: Runnable) -> None:
+    shutil.rmtree(runnable.python.parent.parent, ignore_errors=True)

