@@ -139,6 +139,10 @@ def resume(args, workdir):
         busy = writers_of(workdir, run.record["out"], excluding=run.run_id)
         if busy:
             raise RemoteFailure("output-busy", "run %s is writing %s now" % (busy[0].run_id, run.record["out"]))
+        job = run.status.get("driver_pgid")
+        if job and procs.members(job):
+            # A lost run's driver may outlive its supervisor; two drivers must not share the output.
+            procs.terminate_job(job, run.record["options"]["grace_s"])
         for name in ("exit.json", "stop.request"):
             try:
                 os.unlink(run.file(name))

@@ -54,6 +54,10 @@ class Supervisor:
             "gpus": None,
             "gpu_apps": [],
         }
+        for attempt in self.status["attempts"]:
+            if attempt["ended_at"] is None:
+                # Its supervisor died before it could record the end (the run was `lost`).
+                attempt.update(ended_at=rundir.now_iso(), lost=True)
         self.stop_signal = None
         self.last_telemetry = 0.0
 

@@ -17,7 +17,7 @@ import pytest
 
 from conftest import REPO, inv
 from patchenv import as_lab_user, lab_home
-from runnable_env import patch, runnable_env_or_skip
+from runnable_env import patch, private_clean_copy, remove_copy, runnable_env_or_skip
 
 RUN_TIMEOUT_S = 600
 #: Copies of the tiny chat dataset: enough samples that a run is still going when the tests act on it.
@@ -53,14 +53,14 @@ def extract_args(dataset, out, *extra):
             *extra)
 
 
-def status(host="lab-cpu", run=None) -> dict:
-    result = inv("status", "--host", host, "--json", *(("--run", run) if run else ()))
+def status(host="lab-cpu", run=None, inventory=None) -> dict:
+    result = inv("status", "--host", host, "--json", *(("--run", run) if run else ()), inventory=inventory)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
 
-def run_writing(out, host="lab-cpu"):
-    runs = [r for r in status(host)["runs"] if r["out"] == out]
+def run_writing(out, host="lab-cpu", inventory=None):
+    runs = [r for r in status(host, inventory=inventory)["runs"] if r["out"] == out]
     return runs[-1] if runs else None
 
 
@@ -81,8 +81,8 @@ def extracting(out, at_least):
     return run if beat.get("phase") == "extracting" and (beat.get("samples_done") or 0) >= at_least else None
 
 
-def finished(run_id, host="lab-cpu"):
-    run = status(host, run_id)["runs"][0]
+def finished(run_id, host="lab-cpu", inventory=None):
+    run = status(host, run_id, inventory)["runs"][0]
     return run if run["state"] not in ("starting", "running", "restarting", "stalled") else None
 
 
@@ -192,27 +192,32 @@ def test_ctrl_c_detaches_stop_leaves_no_process_of_the_run_and_resume_completes_
     assert_every_sample_once(runnable, out, final["heartbeat"]["samples_total"])
 
 
-def test_api_drift_is_shown_with_its_callee_and_advice_and_not_restarted(runnable, dataset, out):
-    patch(runnable, "revert")
-    try:
-        refused = inv(*extract_args(dataset, out))
-        assert refused.returncode == 1, refused.stdout + refused.stderr
-        assert "verify-signatures" in refused.stdout and "nothing was launched" in refused.stderr
-        assert run_writing(out) is None
+@pytest.fixture
+def clean_env(runnable, tmp_path):
+    """An inventory whose lab-cpu runs a private unpatched copy of the runnable venv."""
+    copy = private_clean_copy(runnable, tmp_path)
+    yield copy.inventory
+    remove_copy(copy)
 
-        launched = inv(*extract_args(dataset, out, "--skip-preflight", "--detach"))
-        assert launched.returncode == 0, launched.stderr
-        run = wait_for("the run to start", lambda: run_writing(out), interval=0.5)
-        final = wait_for("the run to fail", lambda: finished(run["run_id"]))
-    finally:
-        patch(runnable, "apply")
+
+def test_api_drift_is_shown_with_its_callee_and_advice_and_not_restarted(clean_env, dataset, out):
+    refused = inv(*extract_args(dataset, out), inventory=clean_env)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "verify-signatures" in refused.stdout and "nothing was launched" in refused.stderr
+    assert run_writing(out, inventory=clean_env) is None
+
+    launched = inv(*extract_args(dataset, out, "--skip-preflight", "--detach"), inventory=clean_env)
+    assert launched.returncode == 0, launched.stderr
+    run = wait_for("the run to start", lambda: run_writing(out, inventory=clean_env), interval=0.5)
+    final = wait_for("the run to fail", lambda: finished(run["run_id"], inventory=clean_env))
     assert final["state"] == "failed"
     assert len(final["attempts"]) == 1, "drift repeats: the run must not be restarted"
     failure = final["last_failure"]
     assert failure["kind"] == "api-drift" and failure["retryable"] is False
     assert failure["callee"] and failure["callee"] in failure["explain"]
+    assert "/speculators/" in failure["caller"]
     assert "inv apply-patches --host lab-cpu" in failure["advice"]
-    shown = inv("status", "--host", "lab-cpu", "--run", run["run_id"])
+    shown = inv("status", "--host", "lab-cpu", "--run", run["run_id"], inventory=clean_env)
     assert "api-drift" in shown.stdout and "callee: " + failure["callee"] in shown.stdout
     assert "not restarted: it would repeat" in shown.stdout
 

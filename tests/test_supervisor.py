@@ -3,12 +3,15 @@ subprocess, as `--host local` runs it): the stall watchdog, a prompt that would 
 stop. The job is tests/programs/job_tree.py, which keeps running but stops making progress."""
 from __future__ import annotations
 
+import os
+import signal
 import sys
 import time
 from pathlib import Path
 
 import pytest
 
+import procs
 from specrig.inventory import Host
 from specrig.remote import connect
 
@@ -70,3 +73,20 @@ def test_a_process_waiting_on_a_trust_remote_code_prompt_is_ended_and_not_restar
     failure = run["last_failure"]
     assert failure["kind"] == "trust-remote-code" and not failure["retryable"]
     assert "no progress for" in failure["explain"] and "apply-patches" in failure["advice"]
+
+
+def test_a_lost_run_whose_driver_outlived_its_supervisor_is_resumed_with_one_driver(local, tmp_path):
+    host, remote = local
+    run_id = launch(local, tmp_path, {})
+    run = wait_state(local, run_id, ("running",))
+    while not (run.get("heartbeat") or {}).get("samples_done"):
+        run = wait_state(local, run_id, ("running",))
+    os.kill(run["supervisor_pid"], signal.SIGKILL)  # the supervisor dies (OOM killer, a bug); its driver goes on
+    assert wait_state(local, run_id, ("lost",))["driver_pid"] == run["driver_pid"]
+    resumed = remote.call("runs", {"action": "resume", "workdir": host.workdir, "run": run_id})
+    assert resumed["resumed_from"] == "lost"
+    assert procs.members(run["driver_pgid"]) == []  # the old driver and its child were ended first
+    again = wait_state(local, run_id, ("running",))
+    assert again["driver_pid"] != run["driver_pid"] and len(again["attempts"]) == 2
+    assert again["attempts"][0]["lost"] and again["attempts"][0]["ended_at"]
+    assert remote.call("runs", {"action": "stop", "workdir": host.workdir, "run": run_id}, timeout=120)["clean"]
