@@ -143,6 +143,10 @@ def resume(args, workdir):
         if job and procs.members(job):
             # A lost run's driver may outlive its supervisor; two drivers must not share the output.
             procs.terminate_job(job, run.record["options"]["grace_s"])
+        # The driver runs on this call's python: the environment may have been fixed or moved since.
+        record = run.record
+        record.update(python=sys.executable, resumed_at=record.get("resumed_at", []) + [rundir.now_iso()])
+        rundir.write_json(run.file("run.json"), record)
         for name in ("exit.json", "stop.request"):
             try:
                 os.unlink(run.file(name))

@@ -128,9 +128,12 @@ class Supervisor:
         env["PYTHONUNBUFFERED"] = "1"
         program = self.record.get("driver_program") or self.run.file(os.path.join("code", "extract_driver.py"))
         argv = [self.record["python"], program, self.run.file("driver-args.json")]
-        with open(log_path, "ab") as log:
-            driver = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                      cwd=self.run.path, env=env, start_new_session=True)
+        try:
+            with open(log_path, "ab") as log:
+                driver = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                          cwd=self.run.path, env=env, start_new_session=True)
+        except OSError as exc:
+            return self.not_started(number, argv, exc)
         entry = {"attempt": number, "started_at": rundir.now_iso(), "pid": driver.pid, "ended_at": None,
                  "exit_status": None, "failure": None}
         self.status["attempts"].append(entry)
@@ -157,6 +160,17 @@ class Supervisor:
         self.save(last_failure=failure, driver_pid=None)
         if retry:
             return {"state": "retry"}
+        return {"state": "failed", "failure": failure}
+
+    def not_started(self, number, argv, exc):
+        failure = {"kind": "driver-not-started", "retryable": False, "exit_status": None, "signal": None,
+                   "callee": None, "caller": None, "evidence": "%s: %s" % (type(exc).__name__, exc), "attempt": number,
+                   "explain": "the driver could not be started: %s" % exc,
+                   "advice": "check `python` of the host in hosts.yaml (`inv doctor`); %s" % " ".join(argv[:2])}
+        self.status["attempts"].append({"attempt": number, "started_at": rundir.now_iso(), "pid": None,
+                                        "ended_at": rundir.now_iso(), "exit_status": None, "failure": failure})
+        self.log_marker("attempt %d: %s; not restarting" % (number, failure["explain"]))
+        self.save(last_failure=failure)
         return {"state": "failed", "failure": failure}
 
     def end_job(self, driver):

@@ -60,12 +60,6 @@ class PreflightFailed(SpecrigError):
         self.checks = checks
 
 
-class RunFailed(SpecrigError):
-    """The run ended failed (or stopped) while attached."""
-
-    exit_status = ExitStatus.FINDINGS
-
-
 def parse_layers(text: str | list) -> list[int]:
     """`2,30,58,60` (or a YAML list) as a list of layer ids."""
     items = text if isinstance(text, list) else [p for p in str(text).replace(" ", "").split(",") if p]
@@ -172,12 +166,11 @@ def _runs_call(remote: Remote, host: Host, action: str, args: dict, *, timeout: 
     try:
         return remote.call("runs", {"action": action, "workdir": host.workdir, **args}, timeout=timeout)
     except RemoteScriptError as exc:
+        message = f"{host.name}: {exc.error.get('message', exc.message)}"
         if exc.kind == "output-busy":
-            raise Locked(exc.message.split(": runs: ", 1)[-1],
-                         hint=_USAGE_HINTS["output-busy"].format(host=host.name)) from None
+            raise Locked(message, hint=_USAGE_HINTS["output-busy"].format(host=host.name)) from None
         if exc.kind in ("unknown-run", "run-active", "run-finished", "bad-argument"):
-            raise UsageError(exc.message.split(": runs: ", 1)[-1],
-                             hint=_USAGE_HINTS.get(exc.kind, "").format(host=host.name) or None) from None
+            raise UsageError(message, hint=_USAGE_HINTS.get(exc.kind, "").format(host=host.name) or None) from None
         raise
 
 

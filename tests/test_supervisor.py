@@ -3,6 +3,7 @@ subprocess, as `--host local` runs it): the stall watchdog, a prompt that would 
 stop. The job is tests/programs/job_tree.py, which keeps running but stops making progress."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -90,3 +91,17 @@ def test_a_lost_run_whose_driver_outlived_its_supervisor_is_resumed_with_one_dri
     assert again["driver_pid"] != run["driver_pid"] and len(again["attempts"]) == 2
     assert again["attempts"][0]["lost"] and again["attempts"][0]["ended_at"]
     assert remote.call("runs", {"action": "stop", "workdir": host.workdir, "run": run_id}, timeout=120)["clean"]
+
+
+def test_a_driver_that_cannot_be_started_fails_the_run_with_the_reason(local, tmp_path):
+    run_id = launch(local, tmp_path, {})
+    host, remote = local
+    wait_state(local, run_id, ("running",))
+    remote.call("runs", {"action": "stop", "workdir": host.workdir, "run": run_id}, timeout=120)
+    # The program is gone when the run is resumed (a venv removed, a path mistyped).
+    record_path = Path(host.workdir) / "runs" / run_id / "run.json"
+    record = json.loads(record_path.read_text())
+    record_path.write_text(json.dumps(dict(record, driver_program=str(tmp_path / "gone.py"))))
+    remote.call("runs", {"action": "resume", "workdir": host.workdir, "run": run_id})
+    run = wait_state(local, run_id, ("failed",))
+    assert run["last_failure"]["kind"] == "driver-not-started" and not run["last_failure"]["retryable"]
