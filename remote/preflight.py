@@ -158,31 +158,40 @@ def _sample_lengths(path, max_samples):
     return lengths
 
 
-def _visible(gpu_rows):
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+def _visible(gpu_rows, visible):
+    """The GPUs CUDA_VISIBLE_DEVICES (indices or uuids; None: all) lets the job see, in its order."""
     if visible is None:
         return gpu_rows
     wanted = [item.strip() for item in visible.split(",") if item.strip()]
-    return [g for g in gpu_rows if str(g["index"]) in wanted or g["uuid"] in wanted]
+    by_name = {}
+    for gpu in gpu_rows:
+        by_name[str(gpu["index"])] = by_name[gpu["uuid"]] = gpu
+    return [by_name[item] for item in wanted if item in by_name]
 
 
 def gpus(tp):
     seen = telemetry.gpus(timeout=15)
+    apps = telemetry.compute_apps(timeout=15) if seen["available"] else []
+    return gpu_check(tp, seen, apps, os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def gpu_check(tp, seen, apps, visible):
+    """Enough visible GPUs for the tensor-parallel size, and none of those it will use held by others."""
     if not seen["available"]:
         return check("gpus", not tp or tp <= 1, "no NVIDIA GPUs (%s): vLLM's CPU backend runs it" % seen["reason"],
                      "tensor-parallel size %s needs that many GPUs; this host shows none" % tp)
-    rows = _visible(seen["gpus"])
-    apps = telemetry.compute_apps(timeout=15)
-    busy = [g for g in telemetry.with_processes(rows, apps) if g["processes"]]
+    rows = _visible(seen["gpus"], visible)
     need = tp or len(rows)
-    detail = "%d visible, %s MiB free each%s" % (
-        len(rows), "/".join("%.0f" % (g["memory_free_mib"] or 0) for g in rows),
-        "; busy: " + ", ".join("GPU %s (%s)" % (g["index"], ", ".join(str(p["pid"]) for p in g["processes"]))
-                               for g in busy) if busy else "")
+    # vLLM takes the first `tp` visible GPUs.
+    busy = [g for g in telemetry.with_processes(rows[:need], apps) if g["processes"]]
+    detail = "%d visible, %s MiB free%s" % (
+        len(rows), " / ".join("%.0f" % (g["memory_free_mib"] or 0) for g in rows),
+        "; in use: " + ", ".join("GPU %s by pid %s" % (g["index"], ", ".join(str(p["pid"]) for p in g["processes"]))
+                                 for g in busy) if busy else "")
     if len(rows) < need:
         return check("gpus", False, detail, "tensor-parallel size %d needs %d GPUs; CUDA_VISIBLE_DEVICES=%s shows %d"
-                     % (need, need, os.environ.get("CUDA_VISIBLE_DEVICES"), len(rows)))
-    return check("gpus", not busy[:need], detail,
+                     % (need, need, visible, len(rows)))
+    return check("gpus", not busy, detail,
                  "other processes hold GPU memory; stop them or pick free GPUs with CUDA_VISIBLE_DEVICES in hosts.yaml")
 
 
