@@ -26,9 +26,7 @@ ACTIVE = ("starting", "running", "restarting", "stalled")
 
 def follow(remote: Remote, host: Host, run_id: str) -> dict | None:
     """Show the run until it ends (its summary is returned) or the user detaches (None)."""
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("{task.fields[rate]}"), TextColumn("ETA {task.fields[eta]}"))
-    bar = progress.add_task("samples", total=None, rate="", eta="-")
+    progress, bar = samples_bar()
     run, tail = None, ""
     try:
         with Live(console=console, refresh_per_second=4, transient=False) as live:
@@ -49,6 +47,13 @@ def follow(remote: Remote, host: Host, run_id: str) -> dict | None:
     if run["state"] != "succeeded":
         show_run(run)
     return run
+
+
+def samples_bar() -> tuple[Progress, int]:
+    """The progress bar of samples, with tokens/s and ETA, and its task id."""
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[rate]}"), TextColumn("ETA {task.fields[eta]}"))
+    return progress, progress.add_task("samples", total=None, rate="", eta="-")
 
 
 def render(run: dict, tail: str, progress: Progress, bar) -> Panel:
