@@ -380,10 +380,11 @@ def resume_settings(args, layer_ids):
 
 
 def check_resumable(args):
-    """Refuse to continue an output directory that was started with other settings."""
+    """Refuse to continue an output directory started with other settings; else the layers it
+    captured (None for a new directory)."""
     path = os.path.join(args["output_dir"], "data_config.json")
     if not os.path.exists(path):
-        return
+        return None
     with open(path, encoding="utf-8") as handle:
         previous = json.load(handle).get("specrig") or {}
     wanted = {key: args[key] for key in RESUME_KEYS}
@@ -396,13 +397,14 @@ def check_resumable(args):
                       "or the same settings" % (args["output_dir"], ", ".join(differing),
                                                ", ".join("%r != %r" % (previous.get(k), wanted[k])
                                                          for k in differing)))
+    return previous.get("layer_ids")
 
 
 # ----------------------------------------------------------------------------- the run
 def extract(args, heartbeat):
     output = OutputDir(args["output_dir"], args["writes_in_flight"])
     output.lock()
-    check_resumable(args)
+    previous_layers = check_resumable(args)
     output.remove_temporaries()
     if os.environ.get("VLLM_CPU_KVCACHE_SPACE") is None:
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(args["cpu_kvcache_space_gib"])  # read by CPU vLLM only
@@ -416,6 +418,11 @@ def extract(args, heartbeat):
         token_freq_path=os.path.join(args["output_dir"], "token_freq.pt"),
         cache_dir=os.path.join(args["output_dir"], ".cache"))
     total = len(dataset)
+    if previous_layers and output.first_missing(total, len(previous_layers)) == total:
+        # A finished run started again: nothing to extract, no model to load.
+        heartbeat.begin_extraction(total, total)
+        heartbeat.update(phase="done", samples_done=total, eta_s=0)
+        return total
     generator = make_generator(args, model_dir)
     layers = len(generator.layer_ids)
     write_data_config(args, generator, total)

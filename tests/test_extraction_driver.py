@@ -70,6 +70,12 @@ def test_resume_after_kill_9_keeps_every_sample_exactly_once(runnable, tmp_path)
     assert max(report["max_abs_diff"].values()) < TOLERANCE, report
     assert json.loads((out / "heartbeat.json").read_text())["phase"] == "done"
 
+    # Started once more, a finished run has nothing to do: every file stays as it is.
+    before = {p.name: p.stat().st_mtime_ns for p in out.glob("data_*.pt")}
+    assert runnable.run_driver(args, tmp_path) == 0
+    assert {p.name: p.stat().st_mtime_ns for p in out.glob("data_*.pt")} == before
+    assert json.loads((out / "heartbeat.json").read_text())["samples_done"] == 64
+
 
 def _wait_for_samples(out, count, proc, timeout=300):
     deadline = time.monotonic() + timeout
