@@ -4,7 +4,8 @@ A supervised job runs in its own session (setsid), so its session id and
 process group id are its pid. vLLM's tensor-parallel workers are its children:
 when the parent dies they are reparented to init but keep the session and the
 group, and keep their GPU memory. So a job is "every process whose session or
-process group is the job's id", found again after the parent is gone.
+process group is the job's id" (found again after the parent is gone), plus
+the descendants of those (a child that left with setsid()), remembered once seen.
 """
 import os
 import signal
@@ -12,7 +13,7 @@ import time
 
 
 def _stat(pid):
-    """(ppid, pgid, sid, state) of a process, or None once it is gone."""
+    """(ppid, pgid, sid, state, starttime) of a process, or None once it is gone."""
     try:
         with open("/proc/%d/stat" % pid, "rb") as handle:
             text = handle.read().decode(errors="replace")
@@ -20,7 +21,7 @@ def _stat(pid):
         return None
     # The command name (field 2) is in parentheses and may hold spaces or ')'.
     fields = text[text.rindex(")") + 2:].split()
-    return int(fields[1]), int(fields[2]), int(fields[3]), fields[0]
+    return int(fields[1]), int(fields[2]), int(fields[3]), fields[0], int(fields[19])
 
 
 def cmdline(pid):
@@ -31,66 +32,102 @@ def cmdline(pid):
         return ""
 
 
-def _pids():
-    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+def _live_table():
+    """{pid: stat} of every process that is not a zombie."""
+    table = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            stat = _stat(int(name))
+            if stat is not None and stat[3] != "Z":
+                table[int(name)] = stat
+    return table
+
+
+class Job:
+    """The processes of one job, remembered once seen.
+
+    A member is in the job's session or process group, or descends from one that is; once seen it
+    stays the job's (matched by pid and start time), so a worker that called setsid() is still
+    followed after its parent is gone.
+    """
+
+    def __init__(self, job_id, seen=None):
+        self.job_id = job_id
+        #: {pid: start time} of every process seen in the job; JSON-safe through `saved()`.
+        self.seen = {int(pid): start for pid, start in (seen or {}).items()}
+
+    def saved(self):
+        """`seen` for a JSON file: another process (inv stop) follows the same processes."""
+        return {str(pid): start for pid, start in self.seen.items()}
+
+    def members(self):
+        """[{pid, ppid, pgid, sid, state, cmdline}] of the job's live processes."""
+        table = _live_table()
+        inside = {pid for pid, stat in table.items() if self.job_id in (stat[1], stat[2])}
+        inside |= {pid for pid, start in self.seen.items() if pid in table and table[pid][4] == start}
+        children = {}
+        for pid, stat in table.items():
+            children.setdefault(stat[0], []).append(pid)
+        pending = list(inside)
+        while pending:
+            for child in children.get(pending.pop(), []):
+                if child not in inside:
+                    inside.add(child)
+                    pending.append(child)
+        self.seen.update((pid, table[pid][4]) for pid in inside)
+        return [{"pid": pid, "ppid": table[pid][0], "pgid": table[pid][1], "sid": table[pid][2],
+                 "state": table[pid][3], "cmdline": cmdline(pid)[:200]} for pid in sorted(inside)]
+
+    def signal(self, signum):
+        """The signal to the job's group and to each member (those in other groups or sessions too)."""
+        left = self.members()
+        try:
+            os.killpg(self.job_id, signum)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for member in left:
+            try:
+                os.kill(member["pid"], signum)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def wait_gone(self, timeout_s, reap=None):
+        """Wait until no member is left; the members still alive at the deadline.
+
+        `reap` is called while waiting so that a parent can collect its own child (a child it
+        has not waited for stays a zombie, which does not count).
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if reap:
+                reap()
+            left = self.members()
+            if not left or time.monotonic() >= deadline:
+                return left
+            time.sleep(0.1)
+
+    def terminate(self, grace_s, reap=None):
+        """SIGTERM, `grace_s` to exit, then SIGKILL: {"pids": all, "killed": after the grace, "left": alive}."""
+        before = [m["pid"] for m in self.members()]
+        self.signal(signal.SIGTERM)
+        left = self.wait_gone(grace_s, reap)
+        killed = [m["pid"] for m in left]
+        if left:
+            self.signal(signal.SIGKILL)
+            left = self.wait_gone(10, reap)
+        return {"pids": before, "killed": killed, "left": left}
 
 
 def members(job_id):
-    """Live processes of the job: [{pid, ppid, pgid, sid, state, cmdline}]; zombies are not counted."""
-    found = []
-    for pid in _pids():
-        stat = _stat(pid)
-        if stat is None:
-            continue
-        ppid, pgid, sid, state = stat
-        if (pgid == job_id or sid == job_id) and state != "Z":
-            found.append({"pid": pid, "ppid": ppid, "pgid": pgid, "sid": sid, "state": state,
-                          "cmdline": cmdline(pid)[:200]})
-    return found
+    """The live processes of the job `job_id` (see Job)."""
+    return Job(job_id).members()
+
+
+def terminate_job(job_id, grace_s, reap=None):
+    return Job(job_id).terminate(grace_s, reap)
 
 
 def alive(pid):
     """True while `pid` runs (a zombie is dead)."""
     stat = _stat(pid) if pid else None
     return stat is not None and stat[3] != "Z"
-
-
-def signal_job(job_id, signum):
-    """Send a signal to the job's group and to every member that left it (setpgid) but kept the session."""
-    try:
-        os.killpg(job_id, signum)
-    except (ProcessLookupError, PermissionError):
-        pass
-    for member in members(job_id):
-        try:
-            os.kill(member["pid"], signum)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def wait_gone(job_id, timeout_s, reap=None):
-    """Wait until no member of the job is left; return the members still alive at the deadline.
-
-    `reap` is called while waiting so that a parent can collect its own child (a
-    child it has not waited for stays a zombie, which `members` ignores anyway).
-    """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if reap:
-            reap()
-        left = members(job_id)
-        if not left or time.monotonic() >= deadline:
-            return left
-        time.sleep(0.1)
-
-
-def terminate_job(job_id, grace_s, reap=None):
-    """SIGTERM to the job, `grace_s` to exit, then SIGKILL; {"terminated", "killed", "left"} pid lists."""
-    before = [m["pid"] for m in members(job_id)]
-    signal_job(job_id, signal.SIGTERM)
-    left = wait_gone(job_id, grace_s, reap)
-    killed = [m["pid"] for m in left]
-    if left:
-        signal_job(job_id, signal.SIGKILL)
-        left = wait_gone(job_id, 10, reap)
-    return {"pids": before, "killed": killed, "left": left}

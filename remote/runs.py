@@ -139,10 +139,10 @@ def resume(args, workdir):
         busy = writers_of(workdir, run.record["out"], excluding=run.run_id)
         if busy:
             raise RemoteFailure("output-busy", "run %s is writing %s now" % (busy[0].run_id, run.record["out"]))
-        job = run.status.get("driver_pgid")
-        if job and procs.members(job):
+        job = _job(run)
+        if job and job.members():
             # A lost run's driver may outlive its supervisor; two drivers must not share the output.
-            procs.terminate_job(job, run.record["options"]["grace_s"])
+            job.terminate(run.record["options"]["grace_s"])
         # The driver runs on this call's python: the environment may have been fixed or moved since.
         record = run.record
         record.update(python=sys.executable, resumed_at=record.get("resumed_at", []) + [rundir.now_iso()])
@@ -215,15 +215,23 @@ def _tail(run, lines):
     return "\n".join(text.splitlines()[-lines:])
 
 
+def _job(run):
+    """The run's current driver job, following the processes its supervisor saw, or None."""
+    status_now = run.status
+    if not status_now.get("driver_pgid"):
+        return None
+    return procs.Job(status_now["driver_pgid"], seen=status_now.get("job_seen"))
+
+
 def stop(args, workdir):
     """Stop the run's supervisor and driver, then check what is left: processes, and GPU memory."""
     run = find_run(workdir, args.get("run"), prefer_active=True)
     state = run.state()
     grace = float(args.get("grace_s") or run.record.get("options", {}).get("grace_s", OPTION_DEFAULTS["grace_s"]))
     status_now = run.status
-    job = status_now.get("driver_pgid")
+    job = _job(run)
     # Every pid the job had, and the GPU memory they held, before anything is killed.
-    pids = {m["pid"] for m in procs.members(job)} if job else set()
+    pids = {m["pid"] for m in job.members()} if job else set()
     before = telemetry.snapshot()
     with open(run.file("stop.request"), "w") as handle:
         handle.write(rundir.now_iso() + "\n")
@@ -234,15 +242,15 @@ def stop(args, workdir):
         while procs.alive(supervisor) and time.monotonic() < deadline:
             time.sleep(0.1)
     ended_by_us = None
-    if job and procs.members(job):
-        # No supervisor to do it (lost), or it did not finish: end the group from here.
-        ended_by_us = procs.terminate_job(job, grace)
+    if job and job.members():
+        # No supervisor to do it (lost), or it did not finish: end the job from here.
+        ended_by_us = job.terminate(grace)
     if supervisor and procs.alive(supervisor):
         os.kill(supervisor, signal.SIGKILL)
     if not run.exit_record:
         rundir.write_json(run.file("exit.json"), {"state": "stopped", "ended_at": rundir.now_iso(),
                                                   "stopped_by": "inv stop", "was": state})
-    left = procs.members(job) if job else []
+    left = job.members() if job else []
     gpu = telemetry.wait_released(before, pids | {m["pid"] for m in left}, GPU_RELEASE_S)
     return {"run_id": run.run_id, "was": state, "state": run.state(), "pids": sorted(pids),
             "supervisor_pid": supervisor, "ended_by_stop_command": ended_by_us, "left": left,

@@ -71,14 +71,13 @@ class Supervisor:
         with open(self.run.file("driver.log"), "ab") as log:
             log.write(("\n[specrig-supervisor %s] %s\n" % (rundir.now_iso(), text)).encode())
 
-    def sample_gpus(self, pgid):
-        """Per-GPU telemetry and the compute processes, marking those that belong to this run."""
+    def sample_gpus(self, ours):
+        """Per-GPU telemetry and the compute processes, marking those of the run (pids `ours`)."""
         if time.monotonic() - self.last_telemetry < self.options["telemetry_interval_s"]:
             return
         self.last_telemetry = time.monotonic()
         gpus = telemetry.gpus(timeout=10)
         apps = telemetry.compute_apps(timeout=10) if gpus["available"] else []
-        ours = {m["pid"] for m in procs.members(pgid)} if pgid else set()
         for app in apps:
             app["this_run"] = app["pid"] in ours
         self.status.update(gpus=gpus, gpu_apps=apps)
@@ -138,10 +137,11 @@ class Supervisor:
                  "exit_status": None, "failure": None}
         self.status["attempts"].append(entry)
         self.last_telemetry = 0.0  # the previous attempt's GPU processes are not this one's
+        job = procs.Job(driver.pid)
         self.save(state="running", driver_pid=driver.pid, driver_pgid=driver.pid, stalled=False, restart_at=None,
                   gpu_apps=[])
-        exit_status, stall = self.watch(driver, log_offset)
-        entry.update(self.end_job(driver), ended_at=rundir.now_iso(), exit_status=exit_status)
+        exit_status, stall = self.watch(driver, job, log_offset)
+        entry.update(self.end_job(driver, job), ended_at=rundir.now_iso(), exit_status=exit_status)
         if self.stop_signal or (self.run.stop_requested() and exit_status != 0):
             entry["stopped"] = True
             self.log_marker("attempt %d: stopped (%s)" % (number, self.stop_signal or "stop requested"))
@@ -173,18 +173,18 @@ class Supervisor:
         self.save(last_failure=failure)
         return {"state": "failed", "failure": failure}
 
-    def end_job(self, driver):
-        """End what is left of the driver's session (vLLM's workers outlive a killed parent), and wait
+    def end_job(self, driver, job):
+        """End what is left of the driver's job (vLLM's workers outlive a killed parent), and wait
         for the GPUs to give their memory back, so that a restart does not meet its own leftovers."""
-        pids = {m["pid"] for m in procs.members(driver.pid)}
+        pids = {m["pid"] for m in job.members()}
         before = telemetry.snapshot(timeout=10) if pids else {"gpus": {}, "apps": []}
-        cleanup = procs.terminate_job(driver.pid, self.options["grace_s"], reap=driver.poll)
+        cleanup = job.terminate(self.options["grace_s"], reap=driver.poll)
         released = telemetry.wait_released(before, pids, GPU_RELEASE_S) if before["apps"] else None
         return {"orphans_ended": cleanup["pids"] or None,
                 "left_behind": [m["pid"] for m in cleanup["left"]] or None,
                 "gpu_memory": [g for g in released["gpus"] if g["held_by_run_mib"]] if released else None}
 
-    def watch(self, driver, log_offset):
+    def watch(self, driver, job, log_offset):
         """Follow the driver until it exits; (exit status, stall failure or None).
 
         Progress is a new phase, a new sample or a new file in the output directory; a heartbeat
@@ -194,7 +194,9 @@ class Supervisor:
         last_progress, last_mark, last_count, count_checked = time.monotonic(), None, None, 0.0
         while True:
             exit_status = driver.poll()
-            self.sample_gpus(driver.pid)
+            # Looking at the job's processes often lets it follow those that leave its session.
+            self.sample_gpus({m["pid"] for m in job.members()})
+            self.status["job_seen"] = job.saved()
             if exit_status is not None:
                 self.save(heartbeat=self.run.heartbeat)
                 return exit_status, None

@@ -19,10 +19,12 @@ JOB_TREE = Path(__file__).parent / "programs" / "job_tree.py"
 
 @pytest.fixture
 def job(tmp_path):
-    """A parent in its own session with two children, child 0 ignoring SIGTERM; (parent, children pids)."""
+    """A parent in its own session with two children, child 0 ignoring SIGTERM, child 1 in a session of
+    its own; (parent, children pids)."""
     heartbeat = tmp_path / "heartbeat.json"
     args = tmp_path / "args.json"
-    args.write_text(json.dumps({"heartbeat": str(heartbeat), "children": 2, "ignore_term": True}))
+    args.write_text(json.dumps({"heartbeat": str(heartbeat), "children": 2, "ignore_term": True,
+                                "own_session": True}))
     parent = subprocess.Popen([sys.executable, str(JOB_TREE), str(args)], stdin=subprocess.DEVNULL,
                               start_new_session=True)
     children_file = Path(str(heartbeat) + ".children")
@@ -32,13 +34,15 @@ def job(tmp_path):
         time.sleep(0.05)
     children = json.loads(children_file.read_text())
     yield parent, children
-    procs.signal_job(parent.pid, signal.SIGKILL)
+    procs.terminate_job(parent.pid, grace_s=0, reap=parent.poll)
     parent.wait()
 
 
-def test_members_are_the_parent_and_its_children(job):
+def test_members_are_the_parent_and_its_children_even_one_that_left_the_session(job):
     parent, children = job
-    assert {m["pid"] for m in procs.members(parent.pid)} == {parent.pid, *children}
+    found = {m["pid"]: m for m in procs.members(parent.pid)}
+    assert set(found) == {parent.pid, *children}
+    assert found[children[1]]["sid"] == children[1] != parent.pid
 
 
 def test_terminate_job_escalates_to_sigkill_and_leaves_nothing(job):
@@ -53,9 +57,13 @@ def test_terminate_job_escalates_to_sigkill_and_leaves_nothing(job):
 
 def test_children_of_a_parent_killed_with_sigkill_are_still_found_and_ended(job):
     parent, children = job
+    watched = procs.Job(parent.pid)
+    assert {m["pid"] for m in watched.members()} == {parent.pid, *children}
     os.kill(parent.pid, signal.SIGKILL)
     parent.wait()
-    orphans = {m["pid"] for m in procs.members(parent.pid)}
-    assert orphans == set(children)  # reparented, but still in the job's session
-    result = procs.terminate_job(parent.pid, grace_s=1)
-    assert result["left"] == [] and procs.members(parent.pid) == []
+    # Reparented: child 0 is still in the job's session; child 1 left it, but was seen before.
+    assert {m["pid"] for m in watched.members()} == set(children)
+    assert {m["pid"] for m in procs.members(parent.pid)} == {children[0]}  # a fresh look finds only the first
+    result = watched.terminate(grace_s=1)
+    assert result["left"] == [] and watched.members() == []
+    assert not any(procs.alive(pid) for pid in children)

@@ -105,3 +105,21 @@ def test_a_driver_that_cannot_be_started_fails_the_run_with_the_reason(local, tm
     remote.call("runs", {"action": "resume", "workdir": host.workdir, "run": run_id})
     run = wait_state(local, run_id, ("failed",))
     assert run["last_failure"]["kind"] == "driver-not-started" and not run["last_failure"]["retryable"]
+
+
+def test_stop_ends_a_child_that_left_the_session_and_one_that_ignores_sigterm(local, tmp_path):
+    host, remote = local
+    run_id = launch(local, tmp_path, {"children": 2, "ignore_term": True, "own_session": True})
+    run = wait_state(local, run_id, ("running",))
+    children_file = Path(host.workdir) / "runs" / run_id / "heartbeat.json.children"
+    deadline = time.monotonic() + 60
+    while not children_file.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    children = json.loads(children_file.read_text())
+    # Once the supervisor has seen the children, it follows the one that leaves the session.
+    while not {str(pid) for pid in children} <= set(wait_state(local, run_id, ("running",)).get("job_seen", {})):
+        assert time.monotonic() < deadline
+    stopped = remote.call("runs", {"action": "stop", "workdir": host.workdir, "run": run_id}, timeout=120)
+    assert stopped["clean"] and set(stopped["pids"]) >= {run["driver_pid"], *children}
+    assert not any(procs.alive(pid) for pid in children)

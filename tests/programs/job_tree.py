@@ -1,12 +1,13 @@
 """A small real job for process-mechanics tests: a parent that beats and children that hold on.
 
     python job_tree.py <args.json>        the parent (the driver's argv and heartbeat contract)
-    python job_tree.py --child I GIB IGNORE_TERM
+    python job_tree.py --child I GIB IGNORE_TERM OWN_SESSION
 
 args.json: {"heartbeat": path, "children": int, "gpu_gib": float (0: no GPU), "ignore_term": bool,
-            "samples": int, "stall_after": int|null, "say_on_stall": str|null}. Each child allocates `gpu_gib` GiB on GPU I (torch) when asked, like
+            "own_session": bool, "samples": int, "stall_after": int|null, "say_on_stall": str|null}. Each child allocates `gpu_gib` GiB on GPU I (torch) when asked, like
 vLLM's tensor-parallel workers, which hold GPU memory while the parent does not; one child ignores
-SIGTERM when `ignore_term` is set, so that a stop needs SIGKILL. The parent counts one "sample" a
+SIGTERM when `ignore_term` is set, so that a stop needs SIGKILL; child 1 calls setsid() when
+`own_session` is set. The parent counts one "sample" a
 second into the heartbeat and, once every child is set up, writes their pids to <heartbeat>.children.
 """
 import json
@@ -17,7 +18,9 @@ import sys
 import time
 
 
-def child(index, gib, ignore_term):
+def child(index, gib, ignore_term, own_session):
+    if own_session:
+        os.setsid()  # leaves the job's session and process group, as a daemonizing worker would
     if ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if gib:
@@ -37,7 +40,8 @@ def parent(path):
     with open(path) as handle:
         args = json.load(handle)
     kids = [subprocess.Popen([sys.executable, __file__, "--child", str(i), str(args.get("gpu_gib", 0)),
-                              "1" if args.get("ignore_term") and i == 0 else "0"], stdout=subprocess.PIPE)
+                              "1" if args.get("ignore_term") and i == 0 else "0",
+                              "1" if args.get("own_session") and i == 1 else "0"], stdout=subprocess.PIPE)
             for i in range(args.get("children", 2))]
     for kid in kids:
         kid.stdout.readline()
@@ -70,5 +74,5 @@ def write_beat(path, done, total):
 
 if __name__ == "__main__":
     if sys.argv[1] == "--child":
-        child(int(sys.argv[2]), float(sys.argv[3]), sys.argv[4] == "1")
+        child(int(sys.argv[2]), float(sys.argv[3]), sys.argv[4] == "1", sys.argv[5] == "1")
     sys.exit(parent(sys.argv[1]))
