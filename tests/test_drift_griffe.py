@@ -1,4 +1,4 @@
-"""Differential test: every vLLM callee a signature finding names has the parameter list griffe reads.
+"""Differential test: every vLLM callee the analyzer checks calls against has the parameter list griffe reads.
 
 griffe is only the oracle here (the remote analyzer is standard-library code). It
 knows `def`s and `__init__`s; vLLM's configuration classes are pydantic dataclasses
@@ -33,6 +33,10 @@ def loader(vllm: str) -> griffe.GriffeLoader:
 
 def griffe_object(vllm: str, dotted: str):
     load = loader(vllm)
+    try:
+        return load.modules_collection[dotted]  # loading "vllm" once loads every submodule
+    except KeyError:
+        pass
     module = dotted
     while module:
         try:
@@ -80,9 +84,12 @@ def field_default(value) -> tuple[bool, str | None]:
 def from_dataclass(cls) -> list[tuple]:
     fields: dict[str, tuple] = {}
     for klass in [*reversed(cls.mro()), cls]:
+        methods = [(m.lineno, m.endlineno) for m in klass.members.values() if m.is_function]
         for name, member in klass.members.items():
-            if not member.is_attribute or member.annotation is None:
+            if not member.is_attribute or member.annotation is None or "property" in member.labels:
                 continue
+            if any(start <= member.lineno <= end for start, end in methods):
+                continue  # `self.x: T = ...` in a method: an attribute, not a field
             if "class-attribute" in member.labels and "instance-attribute" not in member.labels:
                 continue  # griffe's reading of a ClassVar
             in_init, default = field_default(member.value)
@@ -103,14 +110,22 @@ def oracle(vllm: str, callee: str) -> list[tuple]:
     return from_dataclass(obj)
 
 
-def signature_findings():
-    for vllm in ("0.16.0", "0.17.0"):
-        for finding in report(vllm, model_config=str(KIMI_CONFIG))["findings"]:
-            if "parameters" in finding:
-                yield pytest.param(vllm, finding, id=f"{vllm}-{finding['id']}")
+def reported_callees():
+    """Every vLLM callable a consumer call was checked against, in each release."""
+    for vllm in ("0.11.0", "0.16.0", "0.17.0"):
+        for checked in report(vllm, model_config=str(KIMI_CONFIG))["checked"]:
+            yield pytest.param(vllm, checked, id=f"{vllm}-{checked['callee']}")
 
 
-@pytest.mark.parametrize(("vllm", "finding"), list(signature_findings()))
-def test_parameters_match_griffe(vllm, finding):
-    ours = [(p["name"], p["kind"], normalized(p["default"])) for p in finding["parameters"]]
-    assert ours == oracle(vllm, finding["callee"])
+@pytest.mark.parametrize(("vllm", "checked"), list(reported_callees()))
+def test_parameters_match_griffe(vllm, checked):
+    ours = [(p["name"], p["kind"], normalized(p["default"])) for p in checked["parameters"]]
+    assert ours == oracle(vllm, checked["callee"])
+
+
+def test_findings_carry_the_checked_parameters():
+    data = report("0.17.0")
+    checked = {c["callee"]: c["parameters"] for c in data["checked"]}
+    for finding in data["findings"]:
+        if "parameters" in finding:
+            assert finding["parameters"] == checked[finding["callee"]]

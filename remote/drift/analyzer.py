@@ -4,9 +4,12 @@ import time
 
 from drift import findings as F
 from drift.consumer import BoundMethod, ConsumerModule
+from drift.model_interface import check_model
+from drift.refs import ClassRef, FunctionRef, MaybeRef, MissingRef, ModuleRef, UnknownRef
+from drift.rules import check_rules
 from drift.signatures import Unchecked, bind, constructor_signature, function_signature, method_kind
 from drift.source import SourceTree
-from drift.symbols import ClassRef, FunctionRef, Index, MaybeRef, MissingRef, ModuleRef, UnknownRef
+from drift.symbols import Index
 
 
 class Analysis:
@@ -19,6 +22,9 @@ class Analysis:
         self.provider = Index(provider)
         self.findings = []
         self.unchecked = []
+        #: {callee: Signature} of every provider callable a consumer call was checked against.
+        self.checked = {}
+        self.calls_checked = 0
         self.modules = []
         self._seen = set()
 
@@ -103,6 +109,8 @@ class Analysis:
                 continue
             if signature is None:
                 continue
+            self.calls_checked += 1
+            self.checked.setdefault(signature.callee, signature)
             for problem in bind(signature, use.node):
                 self.add(self.signature_finding(consumer.module, signature, problem))
 
@@ -137,12 +145,8 @@ def analyze(*, consumers, provider, model=None, rules=True):
     analysis.provider_distribution = {"name": provider.get("name"), "version": provider.get("version")}
     analysis.run()
     if model is not None:
-        from drift.model_interface import check_model
-
         check_model(analysis, model)
     if rules:
-        from drift.rules import check_rules
-
         check_rules(analysis)
     analysis.findings.sort(key=lambda f: (f.consumer.module.relpath, f.consumer.start, f.id))
     found = [f.as_json() for f in analysis.findings]
@@ -154,6 +158,9 @@ def analyze(*, consumers, provider, model=None, rules=True):
         "counts": {"drift": sum(1 for f in found if f["severity"] == "drift"),
                    "note": sum(1 for f in found if f["severity"] == "note")},
         "unchecked": analysis.unchecked,
+        "calls_checked": analysis.calls_checked,
+        "checked": [{"callee": callee, "parameters": [p.as_json() for p in signature.parameters]}
+                    for callee, signature in sorted(analysis.checked.items())],
         "modules_parsed": analysis.provider_tree.parsed_count,
         "elapsed_s": round(time.perf_counter() - started, 3),
     }

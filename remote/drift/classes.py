@@ -1,7 +1,7 @@
 """Classes read from source: bases across modules, MRO, class and instance members."""
 import ast
 
-from drift.symbols import ClassRef, ExternalRef, FunctionRef, MaybeRef, MissingRef, UnknownRef, ValueRef
+from drift.refs import ClassRef, ExternalRef, FunctionRef, MaybeRef, MissingRef, UnknownRef, ValueRef
 
 #: Bases that add no attributes a caller could use and take no constructor arguments.
 INERT_BASES = frozenset({

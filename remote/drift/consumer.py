@@ -8,7 +8,8 @@ is unknown and never reported on.
 import ast
 
 from drift.classes import instance_member
-from drift.symbols import ClassRef, ExternalRef, FunctionRef, ModuleRef, absolute_module
+from drift.refs import ClassRef, ExternalRef, FunctionRef, ModuleRef
+from drift.symbols import absolute_module
 
 
 class Instance:

@@ -14,7 +14,7 @@ import re
 
 from drift import findings as F
 from drift.classes import class_member, info, instance_member
-from drift.symbols import ClassRef, ExternalRef, FunctionRef, MissingRef
+from drift.refs import ClassRef, ExternalRef, FunctionRef, MissingRef
 
 #: Where vLLM's registry of architecture names lives, relative to the provider package.
 REGISTRY_MODULE = "model_executor.models.registry"

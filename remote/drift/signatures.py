@@ -11,7 +11,7 @@ a function marked `@dataclass_transform` / calling `dataclass` (vLLM's `@config`
 import ast
 
 from drift.classes import body_statements, info, own_member
-from drift.symbols import ClassRef, ExternalRef, FunctionRef
+from drift.refs import ClassRef, ExternalRef, FunctionRef
 
 POSITIONAL_ONLY = "positional-only"
 POSITIONAL_OR_KEYWORD = "positional-or-keyword"

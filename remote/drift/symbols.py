@@ -7,94 +7,9 @@ module-level `__getattr__` that *may* provide any name.
 """
 import ast
 
-
-class Ref:
-    """What a name refers to. Subclasses say how sure the answer is."""
-
-    #: The object certainly exists.
-    exists = True
-
-
-class ModuleRef(Ref):
-    def __init__(self, name):
-        self.name = name
-
-    @property
-    def dotted(self):
-        return self.name
-
-
-class DefRef(Ref):
-    """A class or function defined in the provider's source."""
-
-    def __init__(self, module, node, qualname):
-        self.module = module
-        self.node = node
-        self.qualname = qualname
-
-    @property
-    def dotted(self):
-        return self.module.name + "." + self.qualname
-
-    def __eq__(self, other):
-        return isinstance(other, DefRef) and other.node is self.node
-
-    def __hash__(self):
-        return id(self.node)
-
-
-class ClassRef(DefRef):
-    pass
-
-
-class FunctionRef(DefRef):
-    def __init__(self, module, node, qualname, owner=None):
-        super().__init__(module, node, qualname)
-        #: The ClassRef whose body defines this function, for methods.
-        self.owner = owner
-
-
-class ValueRef(Ref):
-    """A module or class attribute bound to some value whose type is not tracked."""
-
-    def __init__(self, module, node, dotted):
-        self.module = module
-        self.node = node
-        self.dotted = dotted
-
-
-class ExternalRef(Ref):
-    """Something outside the packages being read (torch, typing, ...): exists, not inspected."""
-
-    def __init__(self, dotted):
-        self.dotted = dotted
-
-
-class MaybeRef(Ref):
-    """Not defined anywhere readable, but a module-level __getattr__ may provide it."""
-
-    exists = None
-
-    def __init__(self, module, dotted):
-        self.module = module
-        self.dotted = dotted
-
-
-class MissingRef(Ref):
-    exists = False
-
-    def __init__(self, dotted):
-        self.dotted = dotted
-
-
-class UnknownRef(Ref):
-    """The analysis cannot tell (unparsable module, dynamic construction)."""
-
-    exists = None
-
-    def __init__(self, dotted, reason):
-        self.dotted = dotted
-        self.reason = reason
+from drift.classes import class_member
+from drift.refs import (ClassRef, ExternalRef, FunctionRef, MaybeRef, MissingRef, ModuleRef, UnknownRef,
+                        ValueRef)
 
 
 class Binding:
@@ -273,11 +188,7 @@ class Index:
             return ExternalRef(dotted)
         if self.tree.exists(dotted):
             return ModuleRef(dotted)
-        parent, _, name = dotted.rpartition(".")
-        if parent and self.tree.exists(parent):
-            # `import a.b` where a/__init__ defines b some other way is still an ImportError,
-            # but a module-level __getattr__ in the parent says nothing about submodules either.
-            return MissingRef(dotted)
+        # Not even a parent's module-level __getattr__ makes `import a.b` work.
         return MissingRef(dotted)
 
     def resolve_dotted(self, dotted):
@@ -391,7 +302,5 @@ class Index:
         if isinstance(ref, (MissingRef, MaybeRef, UnknownRef)):
             return UnknownRef(ref.dotted + "." + attr, "base is not known")
         if isinstance(ref, ClassRef):
-            from drift.classes import class_member  # classes builds on this module
-
             return class_member(self, ref, attr)
         return UnknownRef(getattr(ref, "dotted", "?") + "." + attr, "value of unknown type")
