@@ -21,3 +21,8 @@ def report(vllm: str, *, model_config: str | None = None) -> dict:
 
 def ids(data: dict) -> set[str]:
     return {f["id"] for f in data["findings"]}
+
+
+@functools.cache
+def compat_report(speculators: str, vllm: str) -> dict:
+    return compat.analyze_roots([root("speculators", speculators)], root("vllm", vllm))

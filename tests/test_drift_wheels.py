@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from drift_wheels import KIMI_CONFIG, ids, report, root
+from drift_wheels import KIMI_CONFIG, compat_report, ids, report, root
 
 SIGNATURE_DRIFT_0_16 = {
     "missing-argument:vllm.config.scheduler.SchedulerConfig:is_encoder_decoder",
@@ -104,3 +104,17 @@ def test_a_python39_host_finds_the_same(tmp_path):
                           text=True, env={"PYTHONPYCACHEPREFIX": str(tmp_path), "PATH": "/usr/bin:/bin"})
     result = json.loads(proc.stdout.split("@@SPECRIG-RESULT@@ ", 1)[1])["result"]
     assert ids(result) == ids(report("0.17.0", model_config=str(KIMI_CONFIG)))
+
+
+def test_speculators_0_4_0_fits_the_vllm_it_was_written_for():
+    """A second precision anchor: speculators 0.4.0 (vLLM >=0.12,<=0.16) was adapted to these very drifts."""
+    data = compat_report("0.4.0", "0.16.0")
+    assert data["findings"] == [] and data["calls_checked"] > 20
+
+
+def test_speculators_0_4_0_on_vllm_0_11_0_shows_the_mirror_image():
+    assert {"unexpected-keyword:vllm.config.scheduler.SchedulerConfig:is_encoder_decoder",
+            "unexpected-keyword:vllm.v1.core.sched.scheduler.Scheduler:block_size",
+            "missing-argument:vllm.v1.core.kv_cache_utils.get_kv_cache_config_from_groups:kv_cache_specs",
+            "missing-attribute:vllm.v1.executor.multiproc_executor.MultiprocExecutor:sample_tokens",
+            } <= ids(compat_report("0.4.0", "0.11.0"))
