@@ -113,7 +113,7 @@ def show(report: Report, *, as_json: bool, show_source: bool = False) -> None:
         table = Table(title=escape(path), title_justify="left", show_lines=True, expand=True)
         table.add_column("line", justify="right", no_wrap=True)
         table.add_column("kind", no_wrap=True)
-        table.add_column("callee / code")
+        table.add_column("callee / code", overflow="fold")
         table.add_column("why")
         for finding in findings:
             style = "yellow" if finding["severity"] == "note" else "red"
