@@ -104,6 +104,10 @@ class Analysis:
 
     def check_calls(self, consumer):
         for use in consumer.calls:
+            if consumer.guarded_call(use.node):
+                self.skip(consumer.module, use.node, getattr(use.target, "dotted", "?"),
+                          "called inside try/except TypeError: the consumer copes with a mismatch")
+                continue
             try:
                 signature = self.signature_for(use.target)
             except Unchecked as unchecked:

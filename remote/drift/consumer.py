@@ -59,14 +59,23 @@ class AttributeUse:
         self.ref = ref
 
 
-IMPORT_ERRORS = frozenset({"ImportError", "ModuleNotFoundError", "Exception", "BaseException"})
+#: What an `except` clause catching these names also catches.
+BROADER_ERRORS = {"ModuleNotFoundError": ("ImportError",), "ImportError": (), "TypeError": (), "AttributeError": ()}
+
+
+def _handles(handler, error):
+    """True when `handler` catches `error` (by name, a base of it, Exception or a bare except)."""
+    if handler.type is None:
+        return True
+    caught = {error, "Exception", "BaseException"} | set(BROADER_ERRORS.get(error, ()))
+    types = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
+    return any(isinstance(t, ast.Name) and t.id in caught for t in types)
 
 
 def _handles_import_error(handler):
-    if handler.type is None:
-        return True
-    types = handler.type.elts if isinstance(handler.type, ast.Tuple) else [handler.type]
-    return any(isinstance(t, ast.Name) and t.id in IMPORT_ERRORS for t in types)
+    # Lenient on purpose: `except ModuleNotFoundError` around a missing *name* still signals that the
+    # consumer expects the import may fail.
+    return _handles(handler, "ImportError") or _handles(handler, "ModuleNotFoundError")
 
 
 class ConsumerModule:
@@ -83,6 +92,8 @@ class ConsumerModule:
         self._self_attributes = {}
         self._contexts = {}
         self._hasattr = set()
+        self._type_error_guarded = set()
+        self._attribute_error_guarded = set()
         self.touches_provider = False
         if module.tree is not None:
             self._collect_imports(module.tree, guarded=False)
@@ -149,10 +160,20 @@ class ConsumerModule:
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "hasattr"
                     and len(node.args) == 2 and isinstance(node.args[1], ast.Constant)):
                 self._hasattr.add((ast.dump(node.args[0]), node.args[1].value))
+            elif isinstance(node, ast.Try):
+                for error, guarded in (("TypeError", self._type_error_guarded),
+                                       ("AttributeError", self._attribute_error_guarded)):
+                    if any(_handles(h, error) for h in node.handlers):
+                        guarded.update(id(n) for statement in node.body for n in ast.walk(statement))
 
     def guarded_attribute(self, node):
-        """True when the code checks `hasattr(<same object>, "<attr>")` somewhere: it expects absence."""
-        return (ast.dump(node.value), node.attr) in self._hasattr
+        """True when the code expects the attribute may be absent: `hasattr(<same object>, "<attr>")`
+        somewhere, or the read sits in `try: ... except AttributeError`."""
+        return (ast.dump(node.value), node.attr) in self._hasattr or id(node) in self._attribute_error_guarded
+
+    def guarded_call(self, node):
+        """True when the call sits in `try: ... except TypeError`: the consumer copes with a mismatch."""
+        return id(node) in self._type_error_guarded
 
     # ---- scopes -----------------------------------------------------------------------------
 

@@ -180,20 +180,14 @@ def _module_function(tree, name):
 
 
 def _enclosing_function(tree, target):
+    """The innermost function whose lines hold `target`."""
+    best = None
     for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            if any(child is target for child in ast.walk(node)):
-                best = _enclosing_function_inner(node, target)
-                return best or node
-    return None
-
-
-def _enclosing_function_inner(function, target):
-    for node in ast.walk(function):
-        if node is not function and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            if any(child is target for child in ast.walk(node)):
-                return _enclosing_function_inner(node, target) or node
-    return None
+        if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and node.lineno <= target.lineno <= node.end_lineno
+                and (best is None or node.lineno >= best.lineno)):
+            best = node
+    return best
 
 
 def check_model(analysis, model):
