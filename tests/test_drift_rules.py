@@ -24,8 +24,9 @@ def test_case(name, tmp_path):
     case = CASES[name]
     provider = materialize(tmp_path / "provider", case["provider"])
     consumer = materialize(tmp_path / "consumer", case["consumer"])
+    model = {"path": "model", "config": case["model_config"]} if "model_config" in case else None
     report = analyze(consumers=[{"root": str(consumer), "package": "cons"}],
-                     provider={"root": str(provider), "package": "prov"})
+                     provider={"root": str(provider), "package": "prov"}, model=model)
     assert sorted(f["id"] for f in report["findings"]) == sorted(case["expect"])
 
 

@@ -154,14 +154,16 @@ class ModelAttribute(Finding):
 class TrustRemoteCode(Finding):
     kind = "trust-remote-code"
 
-    def __init__(self, *, loaded, **kwargs):
+    def __init__(self, *, loaded, display, **kwargs):
         super().__init__(**kwargs)
+        #: Which files of the model directory declare custom code.
         self.loaded = loaded
+        #: How people call the loader: "AutoTokenizer.from_pretrained", "ModelConfig".
+        self.display = display
 
     def explain(self):
         return ("The model directory ships custom code (auto_map in %s); %s() without trust_remote_code=True "
-                "refuses to load it." % (self.loaded, self.callee.rpartition(".")[0].rpartition(".")[2]
-                                         + "." + self.short_callee))
+                "refuses to load it." % (self.loaded, self.display))
 
 
 class Behaviour(Finding):

@@ -15,6 +15,7 @@ import re
 from drift import findings as F
 from drift.classes import class_member, info, instance_member
 from drift.refs import ClassRef, ExternalRef, FunctionRef, MissingRef
+from drift.signatures import Unchecked
 
 #: Where vLLM's registry of architecture names lives, relative to the provider package.
 REGISTRY_MODULE = "model_executor.models.registry"
@@ -264,23 +265,43 @@ def _check_class(analysis, consumer, use, protocol, cls):
             classes[path] = _inner_class(index, owner, path[-1])
 
 
+def _loader_name(analysis, use):
+    """(callee, display name) when `use` calls something that loads the model directory, else None.
+
+    That is a Hugging Face Auto* loader, or a provider callable taking `trust_remote_code`
+    (vLLM's ModelConfig): either runs the directory's custom code only when trusted.
+    """
+    if isinstance(use.target, ExternalRef):
+        if HF_LOADER.match(use.target.dotted):
+            return use.target.dotted, ".".join(use.target.dotted.split(".")[-2:])
+        return None
+    try:
+        signature = analysis.signature_for(use.target)
+    except Unchecked:
+        return None
+    if signature is None or signature.parameter("trust_remote_code") is None:
+        return None
+    return signature.callee, signature.callee.rpartition(".")[2]
+
+
 def _check_trust_remote_code(analysis, custom):
     for consumer in analysis.modules:
         for use in consumer.calls:
-            if not (isinstance(use.target, ExternalRef) and HF_LOADER.match(use.target.dotted)):
+            loader = _loader_name(analysis, use)
+            if loader is None:
                 continue
+            callee, display = loader
             call = use.node
-            if call.args and isinstance(call.args[0], ast.Constant):
+            if isinstance(use.target, ExternalRef) and call.args and isinstance(call.args[0], ast.Constant):
                 continue  # a hub id written in the code, not the model directory
             if any(k.arg is None for k in call.keywords):
-                analysis.skip(consumer.module, call, use.target.dotted, "keyword arguments passed with **")
+                analysis.skip(consumer.module, call, callee, "keyword arguments passed with **")
                 continue
             trust = next((k.value for k in call.keywords if k.arg == "trust_remote_code"), None)
             if trust is not None and not isinstance(trust, ast.Constant):
-                analysis.skip(consumer.module, call, use.target.dotted, "trust_remote_code is computed")
+                analysis.skip(consumer.module, call, callee, "trust_remote_code is computed")
                 continue
             if trust is None or trust.value is not True:
                 analysis.add(F.TrustRemoteCode(consumer=F.Location(consumer.module, call.lineno),
-                                               callee=use.target.dotted, detail=consumer.module.name,
-                                               loaded=" and ".join(custom)))
-
+                                               callee=callee, detail=consumer.module.name,
+                                               loaded=" and ".join(custom), display=display))
