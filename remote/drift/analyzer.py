@@ -104,16 +104,16 @@ class Analysis:
 
     def check_calls(self, consumer):
         for use in consumer.calls:
-            if consumer.guarded_call(use.node):
-                self.skip(consumer.module, use.node, getattr(use.target, "dotted", "?"),
-                          "called inside try/except TypeError: the consumer copes with a mismatch")
-                continue
             try:
                 signature = self.signature_for(use.target)
             except Unchecked as unchecked:
-                self.skip(consumer.module, use.node, getattr(use.target, "dotted", "?"), unchecked.reason)
+                self.skip(consumer.module, use.node, _dotted(use.target), unchecked.reason)
                 continue
             if signature is None:
+                continue
+            if consumer.guarded_call(use.node):
+                self.skip(consumer.module, use.node, signature.callee,
+                          "called inside a try that catches TypeError: the consumer copes with a mismatch")
                 continue
             self.calls_checked += 1
             self.checked.setdefault(signature.callee, signature)
@@ -135,6 +135,10 @@ class Analysis:
             self.check_imports(consumer)
             self.check_attributes(consumer)
             self.check_calls(consumer)
+
+
+def _dotted(target):
+    return target.function.dotted if isinstance(target, BoundMethod) else target.dotted
 
 
 def analyze(*, consumers, provider, model=None, rules=True):

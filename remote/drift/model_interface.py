@@ -14,7 +14,7 @@ import re
 
 from drift import findings as F
 from drift.classes import class_member, info, instance_member
-from drift.refs import ClassRef, ExternalRef, FunctionRef, MissingRef
+from drift.refs import ClassRef, ExternalRef, FunctionRef, MissingRef, ValueRef
 from drift.signatures import Unchecked
 
 #: Where vLLM's registry of architecture names lives, relative to the provider package.
@@ -114,26 +114,33 @@ def _inner_class(index, cls, attribute):
                 if (isinstance(node, ast.Assign) and len(node.targets) == 1
                         and isinstance(node.targets[0], ast.Attribute) and node.targets[0].attr == attribute
                         and isinstance(node.targets[0].value, ast.Name) and node.targets[0].value.id == self_name):
-                    return _constructed(index, entry, node.value, self_name)
+                    return _constructed(index, cls, entry.module, node.value, self_name)
     return None
 
 
-def _constructed(index, cls, value, self_name):
-    """The class `value` certainly constructs: `Class(...)` or `self.method(...)` returning `Class(...)`."""
-    if not isinstance(value, ast.Call):
+def _constructed(index, cls, module, value, self_name):
+    """The class `value` (code in `module`, a method of `cls`) certainly constructs, or None.
+
+    `Class(...)`; `self.method(...)` whose every return constructs the same class;
+    `self.model_cls(...)` where `model_cls` is a class attribute naming a class.
+    Members are looked up on `cls`, the model class itself, so that subclasses' overrides count.
+    """
+    if not isinstance(value, ast.Call) or not isinstance(value.func, (ast.Name, ast.Attribute)):
         return None
     func = value.func
-    if isinstance(func, (ast.Name, ast.Attribute)) and not (
-            isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == self_name):
-        found = index.resolve_in(cls.module, func)
+    if not (isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == self_name):
+        found = index.resolve_in(module, func)
         return found if isinstance(found, ClassRef) else None
-    if isinstance(func, ast.Attribute):
-        method = class_member(index, cls, func.attr)
-        if isinstance(method, FunctionRef):
-            returns = [n.value for n in ast.walk(method.node) if isinstance(n, ast.Return) and n.value is not None]
-            classes = [_constructed(index, method.owner or cls, r, self_name) for r in returns]
-            if classes and all(c is not None and c == classes[0] for c in classes):
-                return classes[0]
+    member = class_member(index, cls, func.attr)
+    if isinstance(member, FunctionRef) and member.node.args.args:
+        inner_self = member.node.args.args[0].arg
+        returns = [n.value for n in ast.walk(member.node) if isinstance(n, ast.Return) and n.value is not None]
+        classes = [_constructed(index, cls, member.module, r, inner_self) for r in returns]
+        if classes and all(c is not None and c == classes[0] for c in classes):
+            return classes[0]
+    if isinstance(member, ValueRef) and isinstance(getattr(member.node, "value", None), (ast.Name, ast.Attribute)):
+        found = index.resolve_in(member.module, member.node.value)
+        return found if isinstance(found, ClassRef) else None
     return None
 
 
@@ -263,6 +270,9 @@ def _check_class(analysis, consumer, use, protocol, cls):
             classes[path] = None
         elif path not in classes:
             classes[path] = _inner_class(index, owner, path[-1])
+            if classes[path] is None and any(p[:len(path)] == path and len(p) > len(path) for p, _ in uses.reads):
+                analysis.skip(consumer.module, node, "%s.%s" % (cls.dotted, ".".join(path)),
+                              "the model's source does not construct it from a class that can be read")
 
 
 def _loader_name(analysis, use):
