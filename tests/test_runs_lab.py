@@ -45,6 +45,9 @@ def out():
     """A fresh output directory on the host for one test, removed after it."""
     path = str(lab_home() / "specrig-work" / "test-out" / uuid.uuid4().hex[:12])
     yield path
+    for run in status()["runs"]:
+        if run["out"] == path and run["state"] in ("starting", "running", "restarting", "stalled"):
+            inv("stop", "--host", "lab-cpu", "--run", run["run_id"], timeout=300)  # a test that failed midway
     as_lab_user("rm", "-rf", path)
 
 
