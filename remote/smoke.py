@@ -88,7 +88,9 @@ def name_failure(log_text, exit_status):
     # A worker's failure reaches the driver as "Worker failed with error ..."; the root cause is in
     # the worker's own traceback, printed before it.
     root_tb = blocks[-2] if "Worker failed" in driver_tb and len(blocks) > 2 else driver_tb
-    frames = [f for f in FRAME.finditer(root_tb) if "/speculators/" in f.group("file")]
+    # The speculators line that made the failing call: in the worker's traceback, else in the driver's.
+    frames = [f for tb in (root_tb, driver_tb) for f in FRAME.finditer(tb) if "/speculators/" in f.group("file")]
+    frames = [f for f in frames if f.string is root_tb] or frames
     exception = _exception_line(root_tb) or _exception_line(driver_tb) or verdict["evidence"]
     where = None
     if frames:
@@ -102,15 +104,17 @@ def name_failure(log_text, exit_status):
 
 
 def _exception_line(traceback_text):
-    lines = [line for line in traceback_text.strip().splitlines() if line and not line.startswith(" ")]
-    candidates = [line for line in lines if re.match(r"^[\w.]+(Error|Exception|Failure)\b|^AssertionError", line)]
-    if not candidates:
+    """The exception a traceback ends with: the first unindented line after its last frame."""
+    frames = list(FRAME.finditer(traceback_text))
+    rest = traceback_text[frames[-1].end():] if frames else traceback_text
+    lines = [line for line in rest.splitlines() if line.strip() and not line[0].isspace()]
+    if not lines:
         return None
-    line = candidates[0]
-    # pydantic puts the field on the next lines: keep them, they name the missing argument.
-    following = traceback_text[traceback_text.find(line) + len(line):].strip().splitlines()[:2]
-    return " ".join([line] + [f.strip() for f in following if f.strip() and "errors.pydantic.dev" not in f]) \
-        if line.startswith("pydantic") or "ValidationError" in line else line
+    if "ValidationError" not in lines[0]:
+        return lines[0]
+    # pydantic names the field on the next lines: keep them, they name the missing argument.
+    following = rest[rest.find(lines[0]) + len(lines[0]):].strip().splitlines()[:2]
+    return " ".join([lines[0]] + [f.strip() for f in following if f.strip() and "errors.pydantic.dev" not in f])
 
 
 def run(args):

