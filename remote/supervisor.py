@@ -24,6 +24,8 @@ import rundir
 import telemetry
 
 POLL_S = 0.5
+#: Seconds between rewrites of status.json while nothing changes.
+STATUS_EVERY_S = 2.0
 #: Seconds between counts of the output directory (a cheap second sign of progress).
 OUTPUT_COUNT_EVERY_S = 15
 LOG_TAIL_BYTES = 256 * 1024
@@ -191,7 +193,7 @@ class Supervisor:
         that is merely rewritten (the driver beats from a thread) is not progress. While the model
         loads, `load_timeout_s` applies instead of `stall_timeout_s`: a large model loads for long.
         """
-        last_progress, last_mark, last_count, count_checked = time.monotonic(), None, None, 0.0
+        last_progress, last_mark, last_count, count_checked, last_saved = time.monotonic(), None, None, 0.0, 0.0
         while True:
             exit_status = driver.poll()
             # Looking at the job's processes often lets it follow those that leave its session.
@@ -216,8 +218,11 @@ class Supervisor:
             stalled = quiet > self.options["load_timeout_s" if loading else "stall_timeout_s"]
             if stalled and not self.status["stalled"]:
                 self.log_marker("no progress for %.0f s (%s): stalled" % (quiet, beat and beat.get("phase")))
-            self.save(state="stalled" if stalled else "running", stalled=stalled, heartbeat=beat,
-                      seconds_since_progress=round(quiet, 1))
+            if stalled != self.status["stalled"] or time.monotonic() - last_saved >= STATUS_EVERY_S:
+                # status.json may sit on a network disk: rewritten on a change or every few seconds.
+                last_saved = time.monotonic()
+                self.save(state="stalled" if stalled else "running", stalled=stalled, heartbeat=beat,
+                          seconds_since_progress=round(quiet, 1))
             if stalled:
                 failure = self._stall_failure(quiet, self._attempt_log(self.run.file("driver.log"), log_offset))
                 # A known cause that will not go away (a prompt waiting on stdin) ends the attempt either way.
