@@ -339,10 +339,14 @@ class Context:
     def lookup(self, name):
         if self.is_module:
             consumer = self.consumer
-            if name not in consumer.consumer_index.scope(consumer.module.name).bindings:
-                return None
-            return consumer.provider_value(consumer.translate(consumer.consumer_index.lookup(consumer.module.name,
-                                                                                             name)))
+            scope = consumer.consumer_index.scope(consumer.module.name)
+            if name in scope.bindings:
+                return consumer.provider_value(consumer.translate(consumer.consumer_index.lookup(
+                    consumer.module.name, name)))
+            for star in scope.stars:  # `from vllm.x import *` in the consumer
+                if consumer.provider.tree.owns(star) and name in consumer.provider.star_exports(star, set()):
+                    return consumer.provider.lookup(star, name)
+            return None
         values = self.bindings.get(name)
         if values is None or values == [("outer",)]:
             return self.parent.lookup(name) if self.parent is not None else None
