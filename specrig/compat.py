@@ -7,7 +7,6 @@ this process: it is standard-library code, the same that runs on hosts.
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import shutil
@@ -18,8 +17,10 @@ import zipfile
 from pathlib import Path
 
 from specrig.errors import UsageError
-from specrig.paths import remote_dir
-from specrig.verify import CouldNotCheck, Report
+from specrig.errors import RemoteScriptError
+from specrig.inventory import LOCAL, Host
+from specrig.remote import connect
+from specrig.verify import COULD_NOT_CHECK_KINDS, VERIFY_TIMEOUT_S, CouldNotCheck, Report
 
 WHEEL_CACHE = Path("~/.cache/specrig/wheels").expanduser()
 VERSION = re.compile(r"^[0-9][0-9A-Za-z.+!_-]*$")
@@ -100,29 +101,19 @@ def package_root(name: str, version: str, cache: Path = WHEEL_CACHE) -> dict:
     return {"name": name, "version": version, "root": str(root), "package": _normalized(name)}
 
 
-def _remote_verify():
-    """remote/verify.py, loaded in this process (its flat imports need remote/ on sys.path)."""
-    remote = str(remote_dir())
-    if remote not in sys.path:
-        sys.path.insert(0, remote)
-    spec = importlib.util.spec_from_file_location("specrig_remote_verify", os.path.join(remote, "verify.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def analyze_roots(consumers: list[dict], provider: dict, *, model_config: str | None = None) -> dict:
-    """Run the analyzer on unpacked package roots; a failure to check becomes CouldNotCheck."""
-    remote_verify = _remote_verify()
-    from rpc import RemoteFailure  # importable once remote/ is on sys.path
-
+    """Run the analyzer on unpacked package roots with this machine's Python, through the same
+    primitive as on a host (`--host local`); a failure to check becomes CouldNotCheck."""
     args = {"consumer_roots": consumers, "provider_root": provider}
     if model_config:
         args["model_config"] = model_config
-    try:
-        return remote_verify.run(args)
-    except RemoteFailure as failure:
-        raise CouldNotCheck(failure.message) from None
+    with connect(Host(name=LOCAL, python=sys.executable)) as remote:
+        try:
+            return remote.call("verify", args, timeout=VERIFY_TIMEOUT_S)
+        except RemoteScriptError as exc:
+            if exc.kind in COULD_NOT_CHECK_KINDS:
+                raise CouldNotCheck(exc.message) from None
+            raise
 
 
 def check_compat(speculators: str, vllm: str, *, model_config: str | None = None,
