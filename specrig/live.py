@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
 from rich.text import Text
 
+from specrig.errors import ConnectionFailed, RemoteTimeout
 from specrig.inventory import Host
 from specrig.remote import Remote
 from specrig.runs import STATE_STYLE, describe_failure, format_duration, show_run
@@ -43,6 +44,9 @@ def follow(remote: Remote, host: Host, run_id: str) -> dict | None:
                       f"`inv status --host {host.name} --run {run_id}` shows it, "
                       f"`inv stop --host {host.name} --run {run_id}` stops it.")
         return None
+    except (ConnectionFailed, RemoteTimeout) as exc:
+        raise type(exc)(f"{exc.message}; run {run_id} goes on on {host.name}",
+                        hint=f"`inv status --host {host.name} --run {run_id}` once the host is reachable") from None
     console.print(f"run {run_id} {run['state']}")
     if run["state"] != "succeeded":
         show_run(run)
