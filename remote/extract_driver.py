@@ -10,7 +10,7 @@ args.json (an object; only the first three are required):
   model                 str        local model directory (config.json, tokenizer, weights)
   dataset               str        local .json/.jsonl conversations, or "sharegpt" / "ultrachat"
                                    (speculators' own names, when the host can reach the hub)
-  output_dir            str        where data_{i}.pt, data_config.json, token_freq.pt go
+  output_dir            str        where data_{i}.pt, data_config.json, token_freq.torch go
   layer_ids             [int]|null layers to capture; null: speculators' default choice
   tensor_parallel_size  int|null   null: all visible GPUs (1 on a CPU host)
   max_length            int        tokens per sample after the chat template (default 2048)
@@ -26,7 +26,8 @@ args.json (an object; only the first three are required):
   cpu_kvcache_space_gib int        VLLM_CPU_KVCACHE_SPACE when unset (default 1; CPU hosts only)
   preprocess_procs      int        processes for speculators' preprocessing (default 1)
 
-Output (the layout speculators' Eagle3SampleFileDataset reads): data_{i}.pt holding
+Output (the layout speculators' Eagle3SampleFileDataset reads; it takes every file under the
+directory whose name ends in "pt", so nothing else here does): data_{i}.pt holding
 {"input_ids": long[seq], "hidden_states": [bf16[seq, hidden] per layer], "loss_mask": long[seq]},
 data_config.json (speculators' DataGenerationConfig plus a "specrig" section fixing the settings
 a resume must share). A sample is written to a hidden temporary name and renamed into place.
@@ -314,7 +315,8 @@ def derived_model_dir(args):
     """
     if not args["hf_overrides"]:
         return args["model"]
-    derived = os.path.join(args["output_dir"], ".model-with-overrides")
+    # Beside output_dir, not in it: training reads every file under output_dir whose name ends in "pt".
+    derived = args["output_dir"].rstrip(os.sep) + ".model-with-overrides"
     os.makedirs(derived, exist_ok=True)
     for name in os.listdir(args["model"]):
         link = os.path.join(derived, name)
@@ -415,7 +417,8 @@ def extract(args, heartbeat):
     dataset, _ = load_and_preprocess_dataset(
         target_model_path=model_dir, train_data_path=args["dataset"], seq_length=args["max_length"],
         build_dataset_num_proc=args["preprocess_procs"], seed=args["seed"], max_samples=args["max_samples"],
-        token_freq_path=os.path.join(args["output_dir"], "token_freq.pt"),
+        # Not *.pt: speculators' training takes every file under output_dir ending in "pt" for a sample.
+        token_freq_path=os.path.join(args["output_dir"], "token_freq.torch"),
         cache_dir=os.path.join(args["output_dir"], ".cache"))
     total = len(dataset)
     if previous_layers and output.first_missing(total, len(previous_layers)) == total:

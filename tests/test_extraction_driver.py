@@ -48,6 +48,8 @@ def test_extracted_states_equal_transformers_hidden_states(each_runnable, tmp_pa
     assert runnable.run_driver(runnable.driver_args(out), tmp_path) == 0, (tmp_path / "driver.log").read_text()[-4000:]
 
     assert samples_in(out) == [f"data_{i}.pt" for i in range(8)]
+    # What speculators' training lists as samples (every file under the directory ending in "pt").
+    assert sorted(p.name for p in out.rglob("*pt")) == sorted(f"data_{i}.pt" for i in range(8))
     config = json.loads((out / "data_config.json").read_text())
     assert config["hidden_states"]["layer_ids"] == [2, 4, 5, 7]  # speculators' default for 8 layers
     assert config["data"]["num_samples"] == 8
