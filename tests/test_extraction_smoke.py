@@ -113,3 +113,26 @@ def test_smoke_without_a_model_says_how_to_give_one(runnable):
     result = inv("smoke", "--host", "lab", "--model", "/nonexistent/model")
     assert result.returncode == 2
     assert "'/nonexistent/model' has no config.json on this host" in result.stderr
+
+
+def test_shrinking_keeps_the_architecture_and_every_per_layer_list():
+    import smoke
+
+    # A Kimi-K2.5-like wrapper: DeepSeek-V3 text model (MLA, MoE, quantized) inside a multimodal config.
+    text = {"architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 61, "hidden_size": 7168,
+            "intermediate_size": 18432, "moe_intermediate_size": 2048, "num_attention_heads": 64,
+            "num_key_value_heads": 64, "n_routed_experts": 384, "num_experts_per_tok": 8, "n_shared_experts": 1,
+            "first_k_dense_replace": 1, "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+            "qk_rope_head_dim": 64, "v_head_dim": 128, "vocab_size": 163840,
+            "layer_types": ["full_attention"] * 61, "quantization_config": {"quant_method": "compressed-tensors"}}
+    config = {"architectures": ["KimiK25ForConditionalGeneration"], "model_type": "kimi_k25", "text_config": text}
+
+    overrides = smoke.shrunk_overrides(config)
+
+    assert "architectures" not in overrides and "vocab_size" not in overrides["text_config"]
+    shrunk = overrides["text_config"]
+    assert shrunk["num_hidden_layers"] == 8 and shrunk["hidden_size"] == 128
+    assert shrunk["num_key_value_heads"] == 4  # multi-head attention stays multi-head
+    assert shrunk["n_routed_experts"] == 4 and shrunk["num_experts_per_tok"] == 2
+    assert shrunk["layer_types"] == ["full_attention"] * 8
+    assert shrunk["quantization_config"] is None  # dummy weights are not a quantized checkpoint
