@@ -4,28 +4,18 @@ import json
 from conftest import REPO, inv
 
 
-def write_ssh_config(tmp_path, text):
+def ssh_config(tmp_path, *blocks):
+    """An ssh_config of lab entries: (alias, user, jump host or None) each."""
+    text = "".join(f"Host {alias}\n    HostName 127.0.0.1\n    Port 2222\n    User {user}\n"
+                   f"    IdentityFile {REPO / '.lab' / 'client_key'}\n" + (f"    ProxyJump {jump}\n" if jump else "")
+                   for alias, user, jump in blocks)
     path = tmp_path / "ssh_config"
     path.write_text(text)
     return path
 
 
 def test_alias_and_proxyjump(lab, make_inventory, trusted_known_hosts, tmp_path, monkeypatch):
-    key = REPO / ".lab" / "client_key"
-    config = write_ssh_config(tmp_path, f"""
-Host labalias
-    HostName 127.0.0.1
-    Port 2222
-    User specrig
-    IdentityFile {key}
-
-Host labjump
-    HostName 127.0.0.1
-    Port 2222
-    User specrig-bash
-    IdentityFile {key}
-    ProxyJump labalias
-""")
+    config = ssh_config(tmp_path, ("labalias", "specrig", None), ("labjump", "specrig-bash", "labalias"))
     inventory = make_inventory({"hosts": {"viaalias": {"hostname": "labalias", "python": "~/venv/bin/python"},
                                           "viajump": {"hostname": "labjump", "python": "/usr/bin/python3"}}})
     trusted_known_hosts(inventory)
@@ -39,20 +29,7 @@ Host labjump
 
 
 def test_proxyjump_gateway_key_is_verified_too(lab, make_inventory, tmp_path, monkeypatch):
-    key = REPO / ".lab" / "client_key"
-    config = write_ssh_config(tmp_path, f"""
-Host gw
-    HostName 127.0.0.1
-    Port 2222
-    User specrig
-    IdentityFile {key}
-Host behind
-    HostName 127.0.0.1
-    Port 2222
-    User specrig
-    IdentityFile {key}
-    ProxyJump gw
-""")
+    config = ssh_config(tmp_path, ("gw", "specrig", None), ("behind", "specrig", "gw"))
     inventory = make_inventory({"hosts": {"behind": {"hostname": "behind"}}})  # no known_hosts at all
     monkeypatch.setenv("SPECRIG_SSH_CONFIG", str(config))
     result = inv("doctor", "--host", "behind", inventory=inventory)

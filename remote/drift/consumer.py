@@ -9,7 +9,7 @@ import ast
 
 from drift.classes import instance_member
 from drift.refs import ClassRef, ExternalRef, FunctionRef, ModuleRef
-from drift.symbols import absolute_module
+from drift.symbols import absolute_module, assignment_targets
 
 
 class Instance:
@@ -218,7 +218,7 @@ class ConsumerModule:
                 if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
                     targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                     for target in targets:
-                        for element in _flatten(target):
+                        for element in assignment_targets(target):
                             if (isinstance(element, ast.Attribute) and element.attr == attr
                                     and isinstance(element.value, ast.Name) and element.value.id == self_name):
                                 single = isinstance(node, ast.Assign) and isinstance(target, ast.Attribute)
@@ -250,17 +250,6 @@ def _is_instance_method(node):
         if isinstance(decorator, ast.Name) and decorator.id in ("staticmethod", "classmethod"):
             return False
     return True
-
-
-def _flatten(target):
-    if isinstance(target, (ast.Tuple, ast.List)):
-        result = []
-        for element in target.elts:
-            result.extend(_flatten(element))
-        return result
-    if isinstance(target, ast.Starred):
-        return _flatten(target.value)
-    return [target]
 
 
 def _scope_nodes(scope_node):
@@ -322,7 +311,7 @@ class Context:
             elif isinstance(node, ast.Assign):
                 for target in node.targets:
                     simple = isinstance(target, ast.Name)
-                    for element in _flatten(target):
+                    for element in assignment_targets(target):
                         if isinstance(element, ast.Name):
                             handled.add(id(element))
                             value = ("expr", node.value) if simple else ("unknown",)

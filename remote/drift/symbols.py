@@ -149,17 +149,20 @@ class Scope:
         return [name for name in self.bindings if not name.startswith("_")]
 
 
-def _target_names(target):
-    if isinstance(target, ast.Name):
-        return [target.id]
+def assignment_targets(target):
+    """The single targets of an assignment target: `a, (b, *c) = ...` gives a, b, c."""
     if isinstance(target, (ast.Tuple, ast.List)):
-        names = []
+        result = []
         for element in target.elts:
-            names.extend(_target_names(element))
-        return names
+            result.extend(assignment_targets(element))
+        return result
     if isinstance(target, ast.Starred):
-        return _target_names(target.value)
-    return []
+        return assignment_targets(target.value)
+    return [target]
+
+
+def _target_names(target):
+    return [node.id for node in assignment_targets(target) if isinstance(node, ast.Name)]
 
 
 def preferred(bindings):
