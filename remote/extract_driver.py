@@ -45,6 +45,7 @@ Exit status: 0 done; 1 failed (the traceback on stderr, vLLM's and speculators' 
 """
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -55,6 +56,8 @@ HEARTBEAT_S = 2.0
 #: that is split over scheduler steps, the generator aborts every request after its first step,
 #: and the captured states are sliced by the original order: they land on the wrong samples.
 MIN_BATCHED_TOKENS = 8192
+#: The newest speculators release (major, minor) with that hazard.
+LAST_REORDER_HAZARD = (0, 4)
 EXIT_FAILED, EXIT_USAGE, EXIT_LOCKED = 1, 2, 3
 DEFAULTS = {
     "layer_ids": None, "tensor_parallel_size": None, "max_length": 2048, "batch_size": 8, "seed": 0,
@@ -132,18 +135,32 @@ def load_arguments(path):
     if dataset.endswith((".json", ".jsonl")) and not os.path.isfile(dataset):
         raise Refused("dataset=%r does not exist on this host" % (dataset,))
     budget = max(MIN_BATCHED_TOKENS, args["max_length"])
-    if args["batch_size"] * args["max_length"] > budget:
+    release = speculators_release()
+    hazard = release is None or release <= LAST_REORDER_HAZARD  # unknown: assume the worst
+    if hazard and args["batch_size"] * args["max_length"] > budget:
         raise Refused(
             "batch_size=%d x max_length=%d = %d tokens exceeds vLLM's per-step budget max(%d, max_length)=%d "
-            "that speculators <= 0.4 configures: the batch would be split across scheduler steps and hidden "
-            "states attached to the wrong samples (silent corruption); use batch_size <= %d"
+            "that speculators <= 0.4 configures (installed: %s): the batch would be split across scheduler "
+            "steps and hidden states attached to the wrong samples (silent corruption); use batch_size <= %d"
             % (args["batch_size"], args["max_length"], args["batch_size"] * args["max_length"],
-               MIN_BATCHED_TOKENS, budget, max(1, budget // args["max_length"])))
+               MIN_BATCHED_TOKENS, budget, ".".join(map(str, release)) if release else "unknown",
+               max(1, budget // args["max_length"])))
     args["output_dir"] = os.path.abspath(args["output_dir"])
     args["model"] = os.path.abspath(args["model"])
     if args["heartbeat"] is None:
         args["heartbeat"] = os.path.join(args["output_dir"], "heartbeat.json")
     return args
+
+
+def speculators_release():
+    """(major, minor) of the installed speculators, from its metadata (nothing imported), or None."""
+    from importlib import metadata
+
+    try:
+        found = re.match(r"(\d+)\.(\d+)", metadata.version("speculators"))
+    except metadata.PackageNotFoundError:
+        return None
+    return (int(found.group(1)), int(found.group(2))) if found else None
 
 
 # ----------------------------------------------------------------------------- progress
