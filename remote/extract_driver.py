@@ -19,7 +19,8 @@ args.json (an object; only the first three are required):
   max_samples           int|null   take at most this many conversations (default: all)
   load_format           str|null   vLLM load format; "dummy" gives random weights (smoke runs)
   hf_overrides          obj|null   merged into the model's config.json, in a derived model
-                                   directory under output_dir (smoke runs shrink the model)
+                                   directory beside output_dir (smoke runs shrink the model);
+                                   a null value removes the key (quantization_config)
   heartbeat             str|null   progress file (default <output_dir>/heartbeat.json)
   writes_in_flight      int        samples being written at once, at most (default 4)
   gpu_memory_utilization float     passed to the generator (default 0.8)
@@ -35,6 +36,9 @@ a resume must share). A sample is written to a hidden temporary name and renamed
 Resume: a rerun with the same settings finds the first missing or unloadable sample and goes on
 from there; samples after it are rewritten in place, never duplicated. Different settings on an
 existing output directory are refused.
+
+A finished output directory started again is done at once, without loading the model.
+The batch-size refusal (see MIN_BATCHED_TOKENS) applies to speculators <= 0.4.
 
 Heartbeat (rewritten atomically every HEARTBEAT_S seconds and at every phase change):
   {"phase": "loading|extracting|writing|done|failed", "samples_done", "samples_total",
@@ -350,6 +354,8 @@ def merge(base, overrides):
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(merged.get(key), dict):
             merged[key] = merge(merged[key], value)
+        elif value is None:
+            merged.pop(key, None)
         else:
             merged[key] = value
     return merged

@@ -31,7 +31,7 @@ SHRUNK = {"num_hidden_layers": 8, "hidden_size": 128, "intermediate_size": 256, 
           "n_routed_experts": 4, "num_experts": 4, "num_local_experts": 4, "num_experts_per_tok": 2,
           "n_shared_experts": 1, "n_group": 1, "topk_group": 1, "q_lora_rank": 64, "kv_lora_rank": 32,
           "qk_nope_head_dim": 32, "qk_rope_head_dim": 32, "v_head_dim": 32}
-#: Dummy weights cannot be quantized checkpoints of another shape.
+#: Dummy weights cannot be quantized checkpoints of another shape (None: the driver removes the key).
 DROPPED = ("quantization_config",)
 WORKER_PREFIX = re.compile(r"^\(\w+ pid=\d+\) (?:(?:ERROR|WARNING|INFO) \S+ \S+ \[[^\]]*\] )?", re.MULTILINE)
 FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)\n(?P<code>.*)$',
