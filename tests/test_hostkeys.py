@@ -1,7 +1,6 @@
 """Host keys: unknown refused with the fingerprint and a hint, trust-host records, changed refused."""
 import subprocess
 
-import paramiko
 
 from conftest import inv, lab_entry
 from specrig.exit_status import ExitStatus

@@ -1,14 +1,11 @@
 """What the live view shows for a run's status (the h200x2 nvidia-smi output as its GPUs)."""
 from __future__ import annotations
 
-import pytest
 from rich.console import Console
 
 import telemetry
-from conftest import SHARED_FIXTURES
+from conftest import H200X2
 from specrig.live import render, samples_bar
-
-H200X2 = SHARED_FIXTURES / "nvidia-smi" / "h200x2"
 
 
 def shown(run: dict, tail: str = "") -> str:
@@ -19,8 +16,6 @@ def shown(run: dict, tail: str = "") -> str:
 
 
 def test_phase_progress_rate_eta_gpus_and_log_lines():
-    if not H200X2.is_dir():
-        pytest.skip(f"nvidia-smi fixtures not found at {H200X2}")
     gpus = telemetry.parse_csv((H200X2 / "query_gpu_load.csv").read_text(), telemetry.GPU_FIELDS)
     run = {"run_id": "20261129-180000-abcd", "state": "running", "attempts": [{}],
            "heartbeat": {"phase": "extracting", "samples_done": 1200, "samples_total": 20000,

@@ -5,15 +5,12 @@ import pytest
 
 import preflight
 import telemetry
-from conftest import SHARED_FIXTURES
+from conftest import H200X2
 
-H200X2 = SHARED_FIXTURES / "nvidia-smi" / "h200x2"
 
 
 @pytest.fixture(scope="module")
 def smi():
-    if not H200X2.is_dir():
-        pytest.skip(f"nvidia-smi fixtures not found at {H200X2} (../shared/fixtures beside the repo)")
 
     def read(gpus_file, apps_file=None):
         seen = {"available": True, "reason": None,

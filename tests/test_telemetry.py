@@ -4,9 +4,8 @@ from __future__ import annotations
 import pytest
 
 import telemetry
-from conftest import SHARED_FIXTURES
+from conftest import H200X2
 
-H200X2 = SHARED_FIXTURES / "nvidia-smi" / "h200x2"
 #: The fields, in order, that query_gpu_after_nounits.csv was produced with (it has no header).
 WIDE_QUERY = ("index", "name", "uuid", "pci.bus_id", "driver_version", "memory.used", "memory.total", "memory.free",
               "utilization.gpu", "utilization.memory", "temperature.gpu", "power.draw", "power.limit",
@@ -16,8 +15,6 @@ UUIDS = ["GPU-95e8d11f-2676-217a-8d4e-19bda498d26d", "GPU-b1291625-235c-3726-1ce
 
 @pytest.fixture(scope="module")
 def fixtures():
-    if not H200X2.is_dir():
-        pytest.skip(f"nvidia-smi fixtures not found at {H200X2} (../shared/fixtures beside the repo)")
     return H200X2
 
 

@@ -66,9 +66,12 @@ def up(*, runnable: bool = False, log=print) -> None:
     _record_host_key(host)
     _ensure_analysis_venv(log)
     if runnable:
-        from specrig.lab.runnable import build_runnable_env
+        from specrig.lab.runnable import RECIPES, build_runnable_env
 
-        build_runnable_env(user=MAIN_USER, home=Path(pwd.getpwnam(MAIN_USER).pw_dir), python=SYSTEM_PYTHON, log=log)
+        # Every pair: the one where the drift was first met (lab-cpu) and a current one (lab-cpu-032).
+        for recipe in RECIPES:
+            build_runnable_env(user=MAIN_USER, home=Path(pwd.getpwnam(MAIN_USER).pw_dir), python=SYSTEM_PYTHON,
+                               log=log, recipe=recipe)
     READY.write_text("runnable\n" if runnable else "analysis\n")
     log(f"lab is up: ssh -p {host.port} -i {client_key} {MAIN_USER}@127.0.0.1 (inv doctor --host lab)")
 
