@@ -47,6 +47,8 @@ def follow(remote: Remote, host: Host, run_id: str) -> dict | None:
     except (ConnectionFailed, RemoteTimeout) as exc:
         raise type(exc)(f"{exc.message}; run {run_id} goes on on {host.name}",
                         hint=f"`inv status --host {host.name} --run {run_id}` once the host is reachable") from None
+    if not console.is_terminal:
+        console.line()  # rich leaves a non-terminal's last Live frame without its line end
     console.print(f"run {run_id} {run['state']}")
     if run["state"] != "succeeded":
         show_run(run)
