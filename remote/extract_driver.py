@@ -55,6 +55,8 @@ import threading
 import time
 import traceback
 
+import atomic
+
 HEARTBEAT_S = 2.0
 #: speculators <= 0.4 sizes vLLM's token budget as max(8192, max_model_len). A batch larger than
 #: that is split over scheduler steps, the generator aborts every request after its first step,
@@ -88,13 +90,6 @@ class Locked(Refused):
 
 def sample_name(index):
     return "%s%d%s" % (SAMPLE_PREFIX, index, SAMPLE_SUFFIX)
-
-
-def write_json_atomically(path, payload):
-    temp = "%s.tmp.%d" % (path, os.getpid())
-    with open(temp, "w", encoding="utf-8") as handle:
-        json.dump(payload, handle, indent=1, sort_keys=True)
-    os.replace(temp, path)
 
 
 # ----------------------------------------------------------------------------- arguments
@@ -212,7 +207,7 @@ class Heartbeat:
                 state["tokens_per_s"] = round(self.tokens / elapsed, 1)
                 left = (state["samples_total"] or 0) - state["samples_done"]
                 state["eta_s"] = round(left * elapsed / made, 1) if made else None
-        write_json_atomically(self.path, state)
+        atomic.write_json(self.path, state)
 
     def _beat(self):
         while not self.stopped.wait(HEARTBEAT_S):
@@ -345,7 +340,7 @@ def derived_model_dir(args):
             os.symlink(os.path.join(args["model"], name), link)
     with open(os.path.join(args["model"], "config.json"), encoding="utf-8") as handle:
         config = json.load(handle)
-    write_json_atomically(os.path.join(derived, "config.json"), merge(config, args["hf_overrides"]))
+    atomic.write_json(os.path.join(derived, "config.json"), merge(config, args["hf_overrides"]))
     return derived
 
 
@@ -395,7 +390,7 @@ def write_data_config(args, generator, num_samples):
         cache_dir=os.path.join(args["output_dir"], ".cache"), num_samples=num_samples,
         max_samples=args["max_samples"], seed=args["seed"]).to_dict()
     config["specrig"] = resume_settings(args, generator.layer_ids)
-    write_json_atomically(os.path.join(args["output_dir"], "data_config.json"), config)
+    atomic.write_json(os.path.join(args["output_dir"], "data_config.json"), config)
 
 
 def resume_settings(args, layer_ids):

@@ -18,6 +18,7 @@ import os
 import pwd
 import sys
 
+import atomic
 import patchlib
 import patchset as patchsets
 import patchstore
@@ -224,7 +225,7 @@ class Engine:
             directories.add(os.path.dirname(os.path.join(self.facts.distributions[patch.package]["root"],
                                                          patch.path)))
         for directory in directories:
-            patchstore.remove_stale_temporaries(directory)
+            atomic.remove_stale_temporaries(directory)
 
     def _write(self, plans, manifest, chosen):
         """Announce, write, commit. Returns {file: bytes written}; nothing when nothing is pending."""
@@ -258,7 +259,7 @@ class Engine:
         self.store.write(dict(manifest, intent=intent))
         written = {}
         for file, data in contents.items():
-            written[file] = patchstore.write_atomically(file, data)
+            written[file] = atomic.write_bytes(file, data)
         self.store.write(patchstore.resolve_intent(dict(manifest, intent=intent))[0])
         return written
 

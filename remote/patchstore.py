@@ -23,10 +23,10 @@ import socket
 import sys
 import time
 
+import atomic
 import rpc
 
 FORMAT = 1
-TEMP_MARK = ".specrig-tmp-"
 
 
 def sha256(data):
@@ -53,53 +53,6 @@ def state_dir():
     return os.path.join(os.path.expanduser("~/.cache/specrig/patches"), sha256(prefix.encode())[:16])
 
 
-def _fsync_dir(directory):
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_atomically(path, data, mode=None):
-    """Replace `path` with `data` in one step: temporary file beside it, fsync, os.replace, fsync the directory."""
-    directory, name = os.path.split(path)
-    temp = os.path.join(directory, ".%s%s%d" % (name, TEMP_MARK, os.getpid()))
-    if mode is None:
-        try:
-            mode = os.stat(path).st_mode & 0o7777
-        except FileNotFoundError:
-            mode = 0o644
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(temp, mode)
-        os.replace(temp, path)
-    except BaseException:
-        try:
-            os.unlink(temp)
-        except OSError:
-            pass
-        raise
-    _fsync_dir(directory)
-    return len(data)
-
-
-def remove_stale_temporaries(directory):
-    """Temporary files a killed writer left behind (they never replaced anything)."""
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return []
-    removed = []
-    for name in names:
-        if name.startswith(".") and TEMP_MARK in name:
-            os.unlink(os.path.join(directory, name))
-            removed.append(os.path.join(directory, name))
-    return removed
 
 
 class Store:
@@ -130,7 +83,7 @@ class Store:
     def write(self, manifest):
         os.makedirs(self.directory, exist_ok=True)
         data = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode()
-        return write_atomically(self.manifest_path, data, mode=0o644)
+        return atomic.write_bytes(self.manifest_path, data, mode=0o644)
 
     def recover(self):
         """Under the lock: commit or drop a killed run's intent, per file, from the files' bytes."""
@@ -139,7 +92,7 @@ class Store:
             return []
         manifest, outcomes = resolve_intent(raw)
         for item in raw["intent"]["files"].values():
-            remove_stale_temporaries(os.path.dirname(item["file"]))
+            atomic.remove_stale_temporaries(os.path.dirname(item["file"]))
         self.write(manifest)
         return outcomes
 
@@ -151,7 +104,7 @@ class Store:
         path = os.path.join(self.backups, digest)
         if file_sha256(path) != digest:
             os.makedirs(self.backups, exist_ok=True)
-            write_atomically(path, data, mode=0o444)
+            atomic.write_bytes(path, data, mode=0o444)
         return os.path.join("backups", digest)
 
     def original(self, entry):
@@ -171,7 +124,7 @@ class Store:
     def drop_unreferenced_backups(self, manifest):
         wanted = {entry["backup"] for entry in manifest["files"].values()}
         for name in os.listdir(self.backups) if os.path.isdir(self.backups) else []:
-            if os.path.join("backups", name) not in wanted and TEMP_MARK not in name:
+            if os.path.join("backups", name) not in wanted and atomic.TEMP_MARK not in name:
                 os.unlink(os.path.join(self.backups, name))
 
     # ---- lock -------------------------------------------------------------------------------

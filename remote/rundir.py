@@ -31,15 +31,6 @@ def now_iso():
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def write_json(path, data):
-    temporary = "%s.tmp-%d" % (path, os.getpid())
-    with open(temporary, "w", encoding="utf-8") as handle:
-        json.dump(data, handle, indent=1, default=str)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(temporary, path)
-
-
 def read_json(path, default=None):
     try:
         with open(path, encoding="utf-8") as handle:

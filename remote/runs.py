@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 
+import atomic
 import procs
 import rundir
 import telemetry
@@ -116,8 +117,8 @@ def launch(args, workdir):
         os.makedirs(run.path)
         driver_args["heartbeat"] = run.file("heartbeat.json")
         program = args.get("driver_program")
-        rundir.write_json(run.file("driver-args.json"), driver_args)
-        rundir.write_json(run.file("run.json"), {
+        atomic.write_json(run.file("driver-args.json"), driver_args)
+        atomic.write_json(run.file("run.json"), {
             "run_id": run.run_id, "created_at": rundir.now_iso(), "host": args.get("host"),
             "python": sys.executable, "workdir": workdir, "out": driver_args["output_dir"],
             "driver_args": driver_args, "options": options, "env": args.get("env") or {},
@@ -146,7 +147,7 @@ def resume(args, workdir):
         # The driver runs on this call's python: the environment may have been fixed or moved since.
         record = run.record
         record.update(python=sys.executable, resumed_at=record.get("resumed_at", []) + [rundir.now_iso()])
-        rundir.write_json(run.file("run.json"), record)
+        atomic.write_json(run.file("run.json"), record)
         for name in ("exit.json", "stop.request"):
             try:
                 os.unlink(run.file(name))
@@ -248,7 +249,7 @@ def stop(args, workdir):
     if supervisor and procs.alive(supervisor):
         os.kill(supervisor, signal.SIGKILL)
     if not run.exit_record:
-        rundir.write_json(run.file("exit.json"), {"state": "stopped", "ended_at": rundir.now_iso(),
+        atomic.write_json(run.file("exit.json"), {"state": "stopped", "ended_at": rundir.now_iso(),
                                                   "stopped_by": "inv stop", "was": state})
     left = job.members() if job else []
     gpu = telemetry.wait_released(before, pids | {m["pid"] for m in left}, GPU_RELEASE_S)

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 
+import atomic
 import classify
 import procs
 import rundir
@@ -67,7 +68,7 @@ class Supervisor:
 
     def save(self, **changes):
         self.status.update(changes, updated_at=rundir.now_iso())
-        rundir.write_json(self.run.file("status.json"), self.status)
+        atomic.write_json(self.run.file("status.json"), self.status)
 
     def log_marker(self, text):
         with open(self.run.file("driver.log"), "ab") as log:
@@ -254,7 +255,7 @@ class Supervisor:
                       attempts=len(self.status["attempts"]), restarts=self.status["restarts"])
         self.status["history"].append(record)
         self.save(state=outcome["state"], driver_pid=None, stalled=False)
-        rundir.write_json(self.run.file("exit.json"), record)
+        atomic.write_json(self.run.file("exit.json"), record)
         return 0
 
 
