@@ -90,6 +90,7 @@ class ConsumerModule:
         self.attributes = []
         self._values = {}
         self._self_attributes = {}
+        self._self_assignment_index = {}
         self._contexts = {}
         self._hasattr = set()
         self._type_error_guarded = set()
@@ -209,26 +210,36 @@ class ConsumerModule:
         if key in self._self_attributes:
             return self._self_attributes[key]
         self._self_attributes[key] = None  # assignments that refer to themselves stay unknown
-        values = []
-        for method in class_node.body:
-            if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) or not _is_instance_method(method):
-                continue
-            self_name = method.args.args[0].arg
-            for node in ast.walk(method):
-                if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-                    targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                    for target in targets:
-                        for element in assignment_targets(target):
-                            if (isinstance(element, ast.Attribute) and element.attr == attr
-                                    and isinstance(element.value, ast.Name) and element.value.id == self_name):
-                                single = isinstance(node, ast.Assign) and isinstance(target, ast.Attribute)
-                                values.append(self._context_of(method, class_node).evaluate(node.value)
-                                              if single and node.value is not None else None)
+        values = [self._context_of(method, class_node).evaluate(value) if value is not None else None
+                  for method, value in self._self_assignments(class_node).get(attr, ())]
         result = None
         if values and all(isinstance(v, Instance) for v in values) and len({id(v.cls.node) for v in values}) == 1:
             result = values[0]
         self._self_attributes[key] = result
         return result
+
+    def _self_assignments(self, class_node):
+        """{attr: [(method, assigned value or None when not a single plain assignment)]} of
+        `self.<attr> = ...` in the class's instance methods, from one walk per class."""
+        key = id(class_node)
+        if key not in self._self_assignment_index:
+            index = {}
+            for method in class_node.body:
+                if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) or not _is_instance_method(method):
+                    continue
+                self_name = method.args.args[0].arg
+                for node in ast.walk(method):
+                    if not isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                        continue
+                    for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                        single = isinstance(node, ast.Assign) and isinstance(target, ast.Attribute)
+                        for element in assignment_targets(target):
+                            if (isinstance(element, ast.Attribute) and isinstance(element.value, ast.Name)
+                                    and element.value.id == self_name):
+                                index.setdefault(element.attr, []).append(
+                                    (method, node.value if single else None))
+            self._self_assignment_index[key] = index
+        return self._self_assignment_index[key]
 
     def _context_of(self, function, class_node):
         key = id(function)
