@@ -29,6 +29,8 @@ from specrig.compat import package_root  # noqa: E402
 #: (consumer line, the vLLM parameter) of the three signature drifts of speculators 0.3.0 on vLLM 0.16.0.
 KNOWN = {"kv_cache_specs", "block_size", "is_encoder_decoder"}
 TARGET = "speculators/data_generation"
+#: The lab host's own interpreter (`inv lab.up`): where verify-signatures really runs.
+LAB_PYTHON = Path("/home/specrig/venv/bin/python")
 
 
 def median_time(command: list[str], *, repeat: int, env: dict | None = None, cwd: Path | None = None,
@@ -54,13 +56,13 @@ def known_found(messages: list[str]) -> int:
     return sum(1 for name in KNOWN if any(re.search(rf"\b{name}\b", m) for m in messages))
 
 
-def run_ours(work: Path, spec: dict, vllm: dict, repeat: int) -> dict:
+def run_ours(work: Path, spec: dict, vllm: dict, repeat: int, python: str) -> dict:
     call = work / "call.json"
 
     def write_call():  # entry.py deletes call files only under a calls/ directory; rewrite anyway
         call.write_text(json.dumps({"command": "verify", "args": {"consumer_roots": [spec], "provider_root": vllm}}))
 
-    seconds, proc = median_time([sys.executable, str(REPO / "remote" / "entry.py"), str(call)], repeat=repeat,
+    seconds, proc = median_time([python, str(REPO / "remote" / "entry.py"), str(call)], repeat=repeat,
                                 before=write_call)
     line = next(l for l in proc.stdout.splitlines() if l.startswith("@@SPECRIG-RESULT@@"))
     report = json.loads(line.split(" ", 1)[1])["result"]
@@ -105,15 +107,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--venv", type=Path, default=Path("~/.cache/specrig/bench-venv").expanduser())
+    parser.add_argument("--python", default=str(LAB_PYTHON) if LAB_PYTHON.exists() else sys.executable,
+                        help="the interpreter our analyzer runs on, as on a host (default: the lab host's venv)")
     options = parser.parse_args()
     bin_dir = ensure_venv(options.venv)
     spec, vllm = package_root("speculators", "0.3.0"), package_root("vllm", "0.16.0")
     with tempfile.TemporaryDirectory(prefix="specrig-bench-") as tmp:
         work = Path(tmp)
-        rows = [run_ours(work, spec, vllm, options.repeat), run_pyright(work, bin_dir, spec, vllm, options.repeat),
+        rows = [run_ours(work, spec, vllm, options.repeat, options.python), run_pyright(work, bin_dir, spec, vllm, options.repeat),
                 run_mypy(work, bin_dir, spec, vllm, options.repeat)]
     ours = rows[0]["seconds"]
-    print(f"speculators 0.3.0 {TARGET} against vLLM 0.16.0, median of {options.repeat} fresh processes")
+    print(f"speculators 0.3.0 {TARGET} against vLLM 0.16.0, median of {options.repeat} fresh processes; "
+          f"ours on {options.python}")
     print(f"{'tool':<14} {'seconds':>8} {'vs ours':>8} {'reported':>9} {'known 3':>8} {'other':>6}  note")
     for row in rows:
         print(f"{row['tool']:<14} {row['seconds']:>8.2f} {row['seconds'] / ours:>7.1f}x {row['reported']:>9} "
