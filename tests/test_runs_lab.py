@@ -128,12 +128,59 @@ def ssh_kill_9(pid):
 
 # -- must hold ------------------------------------------------------------------------------------
 
-def test_dropping_the_ssh_connection_mid_run_does_not_stop_the_job(runnable, dataset, out):
-    """The attached `inv extract` is killed (its SSH connection drops with it); the run goes on."""
+def _tcp_sockets() -> list[tuple[int, int, str]]:
+    """(local port, remote port, inode) of every IPv4 TCP socket on this machine."""
+    rows = []
+    for line in open("/proc/net/tcp").read().splitlines()[1:]:
+        fields = line.split()
+        rows.append((int(fields[1].split(":")[1], 16), int(fields[2].split(":")[1], 16), fields[9]))
+    return rows
+
+
+def _pids_holding(inodes: set[str]) -> set[int]:
+    pids = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            links = {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+        except OSError:
+            continue
+        if {f"socket:[{inode}]" for inode in inodes} & links:
+            pids.add(int(pid))
+    return pids
+
+
+def sshd_serving(client_pid: int, port: int = 2222) -> set[int]:
+    """The sshd processes at the far end of `client_pid`'s SSH connection to the lab."""
+    sockets = _tcp_sockets()
+    links = {os.readlink(f"/proc/{client_pid}/fd/{fd}") for fd in os.listdir(f"/proc/{client_pid}/fd")}
+    client_ports = {local for local, remote, inode in sockets if remote == port and f"socket:[{inode}]" in links}
+    assert client_ports, "the client holds no connection to the lab sshd"
+    server_inodes = {inode for local, remote, inode in sockets if local == port and remote in client_ports}
+    return _pids_holding(server_inodes) - {client_pid}
+
+
+def kill_client(client: subprocess.Popen) -> None:
+    client.kill()
+
+
+def kill_serving_sshd(client: subprocess.Popen) -> None:
+    for pid in sshd_serving(client.pid):
+        os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("drop", [kill_client, kill_serving_sshd], ids=["client killed", "serving sshd killed"])
+def test_dropping_the_ssh_connection_mid_run_does_not_stop_the_job(runnable, dataset, out, drop):
+    """The attached `inv extract`'s SSH connection drops (its client or the sshd serving it is killed);
+    the run goes on."""
     client = subprocess.Popen([sys.executable, "-m", "invoke", "-r", str(REPO), *extract_args(dataset, out)],
                               cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         run = wait_for("the run to extract", lambda: extracting(out, 2))
+        drop(client)
+        if drop is kill_serving_sshd:
+            # The attached view loses its connection and says so; it does not stop the run.
+            assert client.wait(timeout=60) != 0
+            assert b"goes on" in client.stderr.read()
     finally:
         client.kill()
         client.wait()
