@@ -12,17 +12,18 @@ import hashlib
 import io
 import json
 import tarfile
-
-import yaml
+from pathlib import Path
 
 from specrig.paths import patchsets_dir, remote_dir
+from specrig.yamlfile import parse_yaml
 
 SKIP_PARTS = {"__pycache__", ".pytest_cache"}
 
 
-def _bundle_files() -> list[tuple[str, bytes]]:
+def bundle_files(remote: Path, patchsets: Path) -> list[tuple[str, bytes]]:
+    """(name in the bundle, bytes) of every file of a remote/ and a patchsets/ directory."""
     files = []
-    for top, arcroot in ((remote_dir(), "remote"), (patchsets_dir(), "patchsets")):
+    for top, arcroot in ((remote, "remote"), (patchsets, "patchsets")):
         for path in sorted(top.rglob("*")):
             if not path.is_file() or SKIP_PARTS & set(path.parts) or path.suffix == ".pyc":
                 continue
@@ -30,7 +31,8 @@ def _bundle_files() -> list[tuple[str, bytes]]:
             data = path.read_bytes()
             if path.name == "patchset.yaml":
                 arcname = arcname[: -len(".yaml")] + ".json"
-                data = json.dumps(yaml.safe_load(data), indent=1, sort_keys=True, default=str).encode()
+                patchset = parse_yaml(data, path=path, hint="fix the file; see patchsets/README.md")
+                data = json.dumps(patchset, indent=1, sort_keys=True, default=str).encode()
             files.append((arcname, data))
     return files
 
@@ -58,4 +60,4 @@ class Bundle:
 
 def current_bundle() -> Bundle:
     """The bundle of the code as it is now (rebuilt per task: files may have changed)."""
-    return Bundle(_bundle_files())
+    return Bundle(bundle_files(remote_dir(), patchsets_dir()))

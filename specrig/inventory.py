@@ -11,9 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
-import yaml
-
 from specrig.errors import InventoryError
+from specrig.yamlfile import parse_yaml
 
 LOCAL = "local"
 HOST_KEY_POLICIES = ("reject", "accept-new")
@@ -124,12 +123,7 @@ def load_inventory(path: str | os.PathLike | None = None) -> Inventory:
                              hint="create it (see the README's hosts.yaml section) or set SPECRIG_HOSTS") from None
     except OSError as exc:
         raise InventoryError(f"{path}: cannot read inventory: {exc.strerror}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise InventoryError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    data = parse_yaml(text, path=path, error=InventoryError)
     return parse_inventory(data if data is not None else {}, path=path)
 
 

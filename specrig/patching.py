@@ -12,9 +12,7 @@ versions, nothing changed; 9 (LOCKED) another client is applying or reverting.
 from __future__ import annotations
 
 import fnmatch
-from pathlib import Path
 
-import yaml
 from rich.markup import escape
 from rich.syntax import Syntax
 from rich.table import Table
@@ -23,7 +21,6 @@ import specrig
 from specrig.errors import Locked, RemoteScriptError, SpecrigError, UsageError
 from specrig.exit_status import ExitStatus
 from specrig.inventory import Host
-from specrig.paths import patchsets_dir
 from specrig.remote import Remote, connect
 from specrig.ui import console, print_json
 
@@ -55,18 +52,6 @@ class DriftRemains(SpecrigError):
         self.result = result
 
 
-def check_patchset_files(directory: Path | None = None) -> None:
-    """Every patchset.yaml must be YAML before anything is sent (the host validates the rest)."""
-    for path in sorted((directory or patchsets_dir()).glob("*/patchset.yaml")):
-        try:
-            yaml.safe_load(path.read_text(encoding="utf-8"))
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1}" if mark else ""
-            raise UsageError(f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}",
-                             hint="fix the file; see patchsets/README.md") from None
-
-
 def call_engine(remote: Remote, args: dict) -> dict:
     """One engine call; its failure kinds become typed errors."""
     try:
@@ -87,8 +72,8 @@ def _usage_hint(kind: str) -> str | None:
     return {"no-patchset": "install versions a patchset covers, or add a patchset (patchsets/README.md)",
             "bad-patchset": "fix the patchset; see patchsets/README.md",
             "not-applied": "`inv patch-status --host H` lists what is applied",
-            "not-a-bundle": "`--host local` runs remote/ from the source tree; patch this machine through a "
-                            "hosts.yaml entry (SSH to localhost) instead"}.get(kind)
+            "not-a-bundle": "run the engine through specrig (`--host local` included), which ships patchsets "
+                            "as JSON in its bundle, not from a checkout's remote/"}.get(kind)
 
 
 def claimed_fixes(result: dict) -> list[str]:
@@ -108,7 +93,6 @@ def apply_patches(host: Host, *, patchset: str | None = None, dry_run: bool = Fa
     """Apply (or preview) the matching patchset, then verify on the same connection."""
     from specrig.verify import CouldNotCheck, verify_host
 
-    check_patchset_files()
     with connect(host) as remote:
         result = call_engine(remote, {"action": "apply", "patchset": patchset, "dry_run": dry_run})
         if dry_run:
@@ -137,13 +121,11 @@ def apply_patches(host: Host, *, patchset: str | None = None, dry_run: bool = Fa
 
 
 def patch_status(host: Host, *, patchset: str | None = None) -> dict:
-    check_patchset_files()
     with connect(host) as remote:
         return call_engine(remote, {"action": "status", "patchset": patchset})
 
 
 def revert_patches(host: Host, *, patch: str | None = None, force: bool = False) -> dict:
-    check_patchset_files()
     with connect(host) as remote:
         return call_engine(remote, {"action": "revert", "patch": patch, "force": force})
 
