@@ -70,9 +70,10 @@ def trusted_known_hosts():
     return copy
 
 
-def inv(*args: str, inventory: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run a real `inv` task of this repo, as a user would."""
-    env = dict(os.environ)
+def inv(*args: str, inventory: Path | None = None, timeout: float = 120,
+        env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run a real `inv` task of this repo, as a user would (`env`: variables to add, e.g. COLUMNS)."""
+    env = {**os.environ, **(env or {})}
     if inventory:
         env["SPECRIG_HOSTS"] = str(inventory)
     return subprocess.run([sys.executable, "-m", "invoke", "-r", str(REPO), *args], capture_output=True,

@@ -3,18 +3,15 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 
-from conftest import REPO
+from conftest import inv as run_inv
 from drift_wheels import KIMI_CONFIG, root
 
 
 def inv(*args: str) -> subprocess.CompletedProcess:
     for version in ("0.11.0", "0.16.0", "0.17.0"):
         root("vllm", version)  # downloaded and unpacked once for the whole session
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=300, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())})
+    return run_inv(*args, timeout=300, env={"COLUMNS": "200"})
 
 
 def test_clean_pair_exits_0():

@@ -3,12 +3,10 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from conftest import REPO
+from conftest import inv
 from drift_wheels import KIMI_CONFIG
 
 from specrig.remote import connect
@@ -19,11 +17,6 @@ KNOWN_0_16 = {
     "unexpected-keyword:vllm.v1.core.kv_cache_utils.get_kv_cache_config_from_groups:kv_cache_specs",
     "missing-argument:vllm.v1.core.sched.scheduler.Scheduler:block_size",
 }
-
-
-def inv(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
 
 
 def test_verify_host_over_one_connection(lab):
