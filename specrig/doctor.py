@@ -8,7 +8,7 @@ from rich.table import Table
 from specrig.bundle import Bundle
 from specrig.inventory import Host
 from specrig.remote import connect
-from specrig.ui import console, human_bytes, print_json
+from specrig.ui import console, gpu_table, human_bytes, print_json
 
 
 def doctor(host: Host, *, bundle: Bundle | None = None) -> dict:
@@ -42,12 +42,5 @@ def show(facts: dict, *, as_json: bool, host: Host) -> None:
     if not gpu["available"]:
         console.print(f"GPUs: none visible ({gpu['reason']})")
         return
-    table = Table(title="GPUs")
-    for column in ("#", "name", "memory used / total", "util", "temp", "power"):
-        table.add_column(column)
-    for g in gpu["gpus"]:
-        table.add_row(str(g["index"]), g["name"],
-                      f"{g['memory_used_mib']:.0f} / {g['memory_total_mib']:.0f} MiB",
-                      f"{g['utilization_pct']:.0f} %", f"{g['temperature_c']:.0f} °C",
-                      f"{g['power_w']:.0f} W" if g["power_w"] is not None else "-")
+    table = gpu_table(gpu["gpus"], title="GPUs")
     console.print(table)

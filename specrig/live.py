@@ -11,14 +11,13 @@ from rich.console import Group
 from rich.live import Live
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
-from rich.table import Table
 from rich.text import Text
 
 from specrig.errors import ConnectionFailed, RemoteTimeout
 from specrig.inventory import Host
 from specrig.remote import Remote
 from specrig.runs import STATE_STYLE, describe_failure, format_duration, show_run
-from specrig.ui import console
+from specrig.ui import console, gpu_table
 
 POLL_S = 1.0
 LOG_LINES = 8
@@ -79,13 +78,7 @@ def render(run: dict, tail: str, progress: Progress, bar) -> Panel:
         parts.append(Text.from_markup("last failure: " + describe_failure(failure)))
     gpus = (run.get("gpus") or {}).get("gpus") or []
     if gpus:
-        table = Table(box=None, padding=(0, 1))
-        for column in ("GPU", "memory", "util", "temp", "power"):
-            table.add_column(column)
-        for gpu in gpus:
-            table.add_row(str(gpu["index"]), f"{gpu['memory_used_mib']:.0f}/{gpu['memory_total_mib']:.0f} MiB",
-                          f"{gpu['utilization_pct'] or 0:.0f} %", f"{gpu['temperature_c'] or 0:.0f} °C",
-                          f"{gpu['power_w'] or 0:.0f} W")
+        table = gpu_table(gpus, box=None, padding=(0, 1))
         parts.append(table)
     parts.append(Text(tail, style="dim", overflow="ellipsis", no_wrap=True))
     return Panel(Group(*parts), title=f"run {run['run_id']}", subtitle="Ctrl-C detaches (the run goes on)")

@@ -15,7 +15,7 @@ from specrig.errors import Locked, RemoteScriptError, SpecrigError, UsageError
 from specrig.exit_status import ExitStatus
 from specrig.inventory import Host
 from specrig.remote import Remote, connect
-from specrig.ui import console, print_json
+from specrig.ui import console, gpu_table, print_json
 
 
 @dataclasses.dataclass(frozen=True)
@@ -354,23 +354,8 @@ def describe_failure(failure: dict) -> str:
 
 
 def show_gpus(gpus: dict | None, apps: list[dict]) -> None:
-    if not gpus or not gpus.get("available"):
-        return
-    table = Table(title="GPUs")
-    for column in ("#", "memory used / total", "util", "temp", "power", "processes"):
-        table.add_column(column)
-    for gpu in gpus["gpus"]:
-        mine = [a for a in apps if a["gpu_uuid"] == gpu["uuid"]]
-        table.add_row(str(gpu["index"]), f"{gpu['memory_used_mib']:.0f} / {gpu['memory_total_mib']:.0f} MiB",
-                      _unit(gpu.get("utilization_pct"), "%"), _unit(gpu.get("temperature_c"), "°C"),
-                      _unit(gpu.get("power_w"), "W"),
-                      ", ".join(f"{a['pid']}{'*' if a.get('this_run') else ''} ({a['memory_used_mib']:.0f} MiB)"
-                                for a in mine) or "-")
-    console.print(table)
-
-
-def _unit(value, unit: str) -> str:
-    return "-" if value is None else f"{value:.0f} {unit}"
+    if gpus and gpus.get("available"):
+        console.print(gpu_table(gpus["gpus"], apps=apps, title="GPUs"))
 
 
 def format_duration(seconds: float) -> str:
