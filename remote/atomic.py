@@ -50,6 +50,16 @@ def write_json(path, payload):
     return write_bytes(path, json.dumps(payload, indent=1, sort_keys=True, default=str).encode())
 
 
+def read_json(path, default=None):
+    """What write_json wrote, or `default` when the file is not there (or not JSON: a writer from
+    before these helpers, or a hand edit)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except (FileNotFoundError, ValueError):
+        return default
+
+
 def remove_stale_temporaries(directory):
     """Temporary files a killed writer left behind (they never replaced anything)."""
     try:

@@ -14,12 +14,12 @@ Every JSON file is replaced atomically (write to a temporary name, fsync, rename
 so a reader never sees half a file.
 """
 import datetime
-import json
 import os
 import random
 import string
 
 import procs
+from atomic import read_json
 
 RUNS = "runs"
 #: States in which the run's supervisor is (or should be) alive.
@@ -29,14 +29,6 @@ FINAL_STATES = ("succeeded", "failed", "stopped")
 
 def now_iso():
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-def read_json(path, default=None):
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except (FileNotFoundError, ValueError):
-        return default
 
 
 def runs_root(workdir):

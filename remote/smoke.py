@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 
+import atomic
 import classify
 from rpc import RemoteFailure
 
@@ -162,13 +163,13 @@ def _run_driver(model, config, samples, work, timeout_s):
         log.seek(0)
         log_text = log.read()
     elapsed = round(time.monotonic() - started, 1)
-    heartbeat = _read_json(os.path.join(work, "out", "heartbeat.json")) or {}
+    heartbeat = atomic.read_json(os.path.join(work, "out", "heartbeat.json")) or {}
     shrunk = {k: v for k, v in overrides.items() if not isinstance(v, (dict, list))}
     if exit_status != 0:
         failure = name_failure(log_text, exit_status)
         raise RemoteFailure("smoke-failed", _failure_message(failure), failure=failure, elapsed_s=elapsed,
                             shrunk=shrunk)
-    data_config = _read_json(os.path.join(work, "out", "data_config.json")) or {}
+    data_config = atomic.read_json(os.path.join(work, "out", "data_config.json")) or {}
     return {"ok": True, "model": model, "architectures": config.get("architectures"), "shrunk": shrunk,
             "samples": heartbeat.get("samples_done"), "layer_ids": data_config.get("hidden_states", {}).get("layer_ids"),
             "tokens_per_s": heartbeat.get("tokens_per_s"), "elapsed_s": elapsed,
@@ -178,11 +179,3 @@ def _run_driver(model, config, samples, work, timeout_s):
 def _failure_message(failure):
     where = (" at %s" % failure["where"]) if failure["where"] else ""
     return "%s%s [%s]" % (failure["exception"], where, failure["kind"])
-
-
-def _read_json(path):
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except (OSError, ValueError):
-        return None
