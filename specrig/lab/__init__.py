@@ -7,6 +7,7 @@ each step checks whether its work is done before doing it.
 """
 from __future__ import annotations
 
+import base64
 import os
 import pwd
 import shutil
@@ -16,7 +17,10 @@ import subprocess
 import time
 from pathlib import Path
 
+import paramiko
+
 from specrig.errors import UsageError
+from specrig.hostkeys import known_hosts_name, record
 from specrig.inventory import Host, load_inventory
 
 STATE = Path("/var/lib/specrig-lab")
@@ -207,16 +211,10 @@ def _stop_sshd(log) -> None:
         log(f"stopped sshd (pid {pid})")
 
 
-def _known_hosts_name(host: Host) -> str:
-    from specrig.hostkeys import known_hosts_name
-
-    return known_hosts_name(host.hostname, host.port)
-
-
 def _forget_host_key(host: Host) -> None:
     path = Path(host.known_hosts)
     if path.exists():
-        name = _known_hosts_name(host)
+        name = known_hosts_name(host.hostname, host.port)
         kept = [line for line in path.read_text().splitlines(keepends=True) if line.split(" ", 1)[0] != name]
         path.write_text("".join(kept))
 
@@ -225,10 +223,8 @@ def _record_host_key(host: Host) -> None:
     """The lab's own host key goes into the project known_hosts: it is trusted by construction."""
     _forget_host_key(host)
     key_type, key_b64 = (STATE / "ssh_host_ed25519_key.pub").read_text().split()[:2]
-    path = Path(host.known_hosts)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as handle:
-        handle.write(f"{_known_hosts_name(host)} {key_type} {key_b64}\n")
+    key = paramiko.PKey.from_type_string(key_type, base64.b64decode(key_b64))
+    record(host.known_hosts, known_hosts_name(host.hostname, host.port), key)
 
 
 def _ensure_analysis_venv(log) -> None:
