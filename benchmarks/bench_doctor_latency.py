@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from delay_proxy import DelayProxy  # noqa: E402
-from specrig.bundle import current_bundle  # noqa: E402
+from specrig.transport.bundle import current_bundle  # noqa: E402
 from specrig.doctor import doctor  # noqa: E402
 from specrig.inventory import load_inventory  # noqa: E402
 

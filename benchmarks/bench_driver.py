@@ -1,7 +1,7 @@
 """The extraction driver's overhead against a bare generator loop, and its write rate against `dd`.
 
 1. Overhead: the same data (the runnable lab's tiny model and chat set, speculators' own
-   preprocessing, the same batches) through remote/extract_driver.py, and through a bare loop
+   preprocessing, the same batches) through remote/run/extract_driver.py, and through a bare loop
    that only calls `generator.generate()` and keeps nothing. Compared: the extraction phase
    (driver: heartbeat phase "extracting" until "done", writes included; bare: the loop) and the
    whole process (start to exit, model load included).
@@ -109,7 +109,7 @@ def driver_run(work, samples):
                                      "max_samples": samples, **SETTINGS}))
     beat = out / "heartbeat.json"
     started = time.perf_counter()
-    proc = subprocess.Popen([str(PYTHON), str(REPO / "remote" / "extract_driver.py"), str(args_file)],
+    proc = subprocess.Popen([str(PYTHON), str(REPO / "remote" / "run" / "extract_driver.py"), str(args_file)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     seen = {}
     while proc.poll() is None:

@@ -1,21 +1,31 @@
 """The host half of the remote primitive: read the call, run it, print the result.
 
 A call file holds {"command": str, "args": dict, "env": dict, "timeout_s": float|null}.
-The command is the module remote/<command>.py, whose run(args) returns a dict.
+The command is a wire name of COMMANDS; its module's run(args) returns a dict.
 The result is printed as one line, SENTINEL + JSON, so that whatever libraries
 print to stdout before it does no harm.
 """
 import importlib
 import json
 import os
-import re
 import signal
 import sys
 import threading
 import traceback
 
-SENTINEL = "@@SPECRIG-RESULT@@"
-COMMAND_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+from contract import SENTINEL
+
+#: Every command a call may name (the wire name the laptop sends) and the module that runs it.
+#: A table, not a naming pattern: a call can reach these modules and nothing else.
+COMMANDS = {
+    "probe": "probe",                 # the primitive's own diagnostics
+    "doctor": "doctor",               # what is on the host
+    "verify": "drift.verify",         # analyze: drift between the installed packages
+    "patch": "patching.patch",        # patch: apply, status, revert
+    "preflight": "run.preflight",     # run: the checks before a launch
+    "smoke": "run.smoke",             # run: the driver on a shrunk model
+    "runs": "run.runs",               # run: launch, status, logs, stop, resume
+}
 _print_lock = threading.Lock()
 _printed = False
 
@@ -70,8 +80,9 @@ def load_call(path):
     with open(path, encoding="utf-8") as handle:
         call = json.load(handle)
     command = call.get("command")
-    if not isinstance(command, str) or not COMMAND_NAME.match(command):
-        raise RemoteFailure("bad-call", "call file %s names no valid command: %r" % (path, command))
+    if not isinstance(command, str) or command not in COMMANDS:
+        raise RemoteFailure("bad-call", "call file %s names no known command: %r (known: %s)"
+                            % (path, command, ", ".join(sorted(COMMANDS))))
     return call
 
 
@@ -96,7 +107,7 @@ def main(argv):
     if call.get("timeout_s"):
         _arm_deadline(float(call["timeout_s"]))
     try:
-        module = importlib.import_module(call["command"])
+        module = importlib.import_module(COMMANDS[call["command"]])
         result = module.run(call.get("args") or {})
     except RemoteFailure as failure:
         emit({"ok": False, "error": failure.as_error()})

@@ -5,9 +5,9 @@ import time
 
 from rich.table import Table
 
-from specrig.bundle import Bundle
+from specrig.transport.bundle import Bundle
 from specrig.inventory import Host
-from specrig.remote import connect
+from specrig.transport import connect
 from specrig.ui import console, gpu_table, human_bytes, print_json
 
 

@@ -9,12 +9,17 @@ class SpecrigError(Exception):
 
     exit_status = ExitStatus.REMOTE_ERROR
 
-    def __init__(self, message: str, *, hint: str | None = None, detail: str | None = None):
+    def __init__(self, message: str, *, hint: str | None = None, detail: str | None = None,
+                 kind: str | None = None, error: dict | None = None):
         super().__init__(message)
         self.message = message
         self.hint = hint
         #: Long text (a traceback) shown under the one-line message.
         self.detail = detail
+        #: For a failure the host reported: its kind (specrig.transport.failures) and whole record
+        #: (kind, message, traceback, details).
+        self.kind = kind
+        self.error = error or {}
 
     def one_line(self) -> str:
         return f"{self.message} ({self.hint})" if self.hint else self.message
@@ -26,6 +31,21 @@ class UsageError(SpecrigError):
 
 class InventoryError(UsageError):
     """hosts.yaml is missing or invalid."""
+
+
+class CouldNotCheck(UsageError):
+    """A check could not run: a package is not installed, a wheel or model config is missing."""
+
+
+class Findings(SpecrigError):
+    """The check ran and found something: a failed preflight or smoke run, a conflicting patch, a
+    refused revert, drift left after applying. `payload` is what it found, for --json and views."""
+
+    exit_status = ExitStatus.FINDINGS
+
+    def __init__(self, message: str, *, payload: dict | list, **kwargs):
+        super().__init__(message, **kwargs)
+        self.payload = payload
 
 
 class ConnectionFailed(SpecrigError):
@@ -55,15 +75,9 @@ class RemotePythonError(SpecrigError):
 
 
 class RemoteScriptError(SpecrigError):
-    """A remote command failed. `kind` is the failure kind the host reported."""
+    """A remote command failed unexpectedly; `detail` holds its traceback."""
 
     exit_status = ExitStatus.REMOTE_ERROR
-
-    def __init__(self, message: str, *, kind: str = "script-error", error: dict | None = None, **kwargs):
-        super().__init__(message, **kwargs)
-        self.kind = kind
-        #: The whole error record from the host (kind, message, traceback, details).
-        self.error = error or {}
 
 
 class RemoteTimeout(SpecrigError):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import functools
 
-from specrig import compat
+from specrig.drift import compat
 
 FIXTURES = __import__("pathlib").Path(__file__).parent / "fixtures" / "drift"
 KIMI_CONFIG = FIXTURES / "kimi-k25" / "config.json"

@@ -203,7 +203,7 @@ def patch_env(lab, make_inventory, trusted_known_hosts):
 
 def engine_bundle() -> Path:
     """The bundle (remote/ + patchsets as JSON) unpacked where the lab user can run it, as a host has it."""
-    from specrig.bundle import current_bundle
+    from specrig.transport.bundle import current_bundle
 
     bundle = current_bundle()
     root = lab_home() / ".cache" / "specrig-test" / "bundles" / bundle.digest

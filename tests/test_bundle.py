@@ -9,7 +9,7 @@ import tarfile
 import pytest
 
 from conftest import REPO
-from specrig.bundle import Bundle, bundle_files
+from specrig.transport.bundle import Bundle, bundle_files
 from specrig.errors import UsageError
 from specrig.exit_status import ExitStatus
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-import classify
+from run import classify
 
 FIXTURES = Path(__file__).parent / "fixtures" / "classify"
 CASES = json.loads((FIXTURES / "cases.json").read_text())["cases"]

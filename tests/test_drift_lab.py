@@ -9,8 +9,8 @@ from pathlib import Path
 from conftest import inv
 from drift_wheels import KIMI_CONFIG
 
-from specrig.remote import connect
-from specrig.verify import verify_host
+from specrig.transport import connect
+from specrig.drift.verify import verify_host
 
 KNOWN_0_16 = {
     "missing-argument:vllm.config.scheduler.SchedulerConfig:is_encoder_decoder",

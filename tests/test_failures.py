@@ -10,7 +10,7 @@ from conftest import inv, lab_entry
 from specrig.errors import ConnectionFailed, RemotePythonError, RemoteScriptError, RemoteTimeout
 from specrig.exit_status import ExitStatus
 from specrig.inventory import load_inventory
-from specrig.remote import connect
+from specrig.transport import connect
 
 
 def host_with(make_inventory, trusted_known_hosts, **overrides):

@@ -9,7 +9,7 @@ from conftest import REPO
 PROGRAM = """
 import json, sys
 from specrig.inventory import Host
-from specrig.remote import connect
+from specrig.transport import connect
 from specrig.paths import remote_dir, patchsets_dir
 with connect(Host(name="local", python=sys.executable)) as remote:
     facts = remote.call("doctor", {})

@@ -5,7 +5,7 @@ from rich.console import Console
 
 import telemetry
 from conftest import H200X2
-from specrig.live import render, samples_bar
+from specrig.run.live import render, samples_bar
 
 
 def shown(run: dict, tail: str = "") -> str:

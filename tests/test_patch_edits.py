@@ -5,9 +5,9 @@ import textwrap
 
 import pytest
 
-import patchedits
+from patching import edits as patchedits
 import patchlib
-import patchset
+from patching import patchset
 import versions
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from patchenv import patch_env  # noqa: F401 (fixture)
-from specrig.patching import apply_patches, claimed_fixes, patch_status, remaining_drift, revert_patches
-from specrig.verify import verify
+from specrig.patching.engine import apply_patches, claimed_fixes, patch_status, remaining_drift, revert_patches
+from specrig.drift.verify import verify
 
 WHEELS = Path(os.environ.get("SPECRIG_VLLM_WHEELS", "/nonexistent"))
 VLLM_WHEELS = sorted(WHEELS.glob("vllm-*.whl"))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-import preflight
+from run import preflight
 import telemetry
 from conftest import H200X2
 

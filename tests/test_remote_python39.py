@@ -7,7 +7,7 @@ import pytest
 
 from conftest import REPO
 from specrig.inventory import load_inventory
-from specrig.remote import connect
+from specrig.transport import connect
 
 PYTHON39 = Path("/root/.pyenv/versions/3.9.18/bin/python")
 needs39 = pytest.mark.skipif(not PYTHON39.exists(), reason="no Python 3.9 on this machine")

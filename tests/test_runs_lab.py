@@ -116,8 +116,8 @@ def assert_every_sample_once(runnable, out, total):
 def ssh_kill_9(pid):
     """kill -9 on the host, as its user, over SSH."""
     from specrig.inventory import load_inventory
-    from specrig.quoting import command_line
-    from specrig.remote import open_ssh
+    from specrig.transport.quoting import command_line
+    from specrig.transport import open_ssh
 
     connection = open_ssh(load_inventory(REPO / "hosts.yaml").host("lab-cpu"))
     try:

@@ -6,7 +6,7 @@ import pytest
 from conftest import REPO
 from specrig.errors import UsageError
 from specrig.inventory import load_inventory
-from specrig.runs import build_request, parse_layers
+from specrig.run.settings import build_request, parse_layers
 
 
 def test_the_example_host_alone_is_the_whole_command():

@@ -14,7 +14,7 @@ import pytest
 
 import procs
 from specrig.inventory import Host
-from specrig.remote import connect
+from specrig.transport import connect
 
 JOB_TREE = Path(__file__).parent / "programs" / "job_tree.py"
 FAST = {"stall_timeout_s": 2, "load_timeout_s": 2, "backoff_s": 0.2, "grace_s": 1, "telemetry_interval_s": 1}

@@ -20,7 +20,7 @@ from pathlib import Path
 import paramiko
 
 from specrig.errors import UsageError
-from specrig.hostkeys import known_hosts_name, record
+from specrig.transport.hostkeys import known_hosts_name, record
 from specrig.inventory import Host, load_inventory
 
 STATE = Path("/var/lib/specrig-lab")

@@ -5,7 +5,7 @@
 
 builds, as root and idempotently,
     <home>/<recipe's venv>            vLLM's CPU build + torch + speculators, owned by `user`
-    <home>/models/tiny-llama          random weights, a tokenizer trained here (remote/make_tiny_model.py)
+    <home>/models/tiny-llama          random weights, a tokenizer trained here (specrig/lab/make_tiny_model.py)
     <home>/data/tiny-chat.jsonl       a small chat dataset in the shape speculators' preprocessing takes
 
 Each recipe, step by step (every step forced by the published packages; docs/extraction-drift.md):
@@ -36,7 +36,6 @@ import zipfile
 from pathlib import Path
 
 from specrig.errors import UsageError
-from specrig.paths import remote_dir
 
 WHEELS = Path.home() / ".cache" / "specrig" / "pip-wheels"
 MODEL, DATA = "models/tiny-llama", "data/tiny-chat.jsonl"
@@ -107,7 +106,7 @@ def build_runnable_env(*, user: str, home: Path, python: str = "/usr/bin/python3
     model, data = home / MODEL, home / DATA
     if not (model / "config.json").exists() or not data.exists():
         log(f"creating the tiny model {model} and dataset {data}")
-        _run([str(venv / "bin" / "python"), str(remote_dir() / "make_tiny_model.py"), str(home)])
+        _run([str(venv / "bin" / "python"), str(Path(__file__).with_name("make_tiny_model.py")), str(home)])
     for path in (venv, home / "models", home / "data"):
         _run(["chown", "-R", f"{user}:{user}", str(path)])
     return {"recipe": recipe, "venv": str(venv), "python": str(venv / "bin" / "python"), "model": str(model),

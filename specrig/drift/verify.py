@@ -12,22 +12,13 @@ from rich.markup import escape
 from rich.syntax import Syntax
 from rich.table import Table
 
-from specrig.errors import RemoteScriptError, SpecrigError
+from specrig.errors import CouldNotCheck, UsageError
 from specrig.exit_status import ExitStatus
 from specrig.inventory import Host
-from specrig.remote import Remote, connect
+from specrig.transport import Remote, connect
 from specrig.ui import console, print_json
 
-#: Remote failure kinds that mean "could not check" rather than a broken script.
-COULD_NOT_CHECK_KINDS = frozenset({"not-installed", "bad-argument"})
 VERIFY_TIMEOUT_S = 300
-
-
-class CouldNotCheck(SpecrigError):
-    """The analysis could not run: a package is not installed, a wheel or model config is missing."""
-
-    exit_status = ExitStatus.USAGE
-
 
 @dataclass(frozen=True)
 class Report:
@@ -65,17 +56,13 @@ def verify_host(remote: Remote, *, model: str | None = None) -> Report:
         args["model"] = model
     try:
         data = remote.call("verify", args, timeout=VERIFY_TIMEOUT_S)
-    except RemoteScriptError as exc:
-        if exc.kind in COULD_NOT_CHECK_KINDS:
-            raise CouldNotCheck(exc.message, hint=_hint(exc.kind, model)) from None
+    except CouldNotCheck:
         raise
+    except UsageError as exc:
+        # The one argument of this call a host can find bad is the model directory.
+        raise CouldNotCheck(exc.message, hint=f"check --model {model!r}: it must be a model directory on the "
+                                              f"host holding config.json") from None
     return Report(data=data, source=remote.host.name)
-
-
-def _hint(kind: str, model: str | None) -> str:
-    if kind == "not-installed":
-        return "point `python` in hosts.yaml at the environment holding speculators and vLLM"
-    return f"check --model {model!r}: it must be a model directory on the host holding config.json"
 
 
 def verify(host: Host, *, model: str | None = None) -> Report:

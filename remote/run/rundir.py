@@ -20,11 +20,10 @@ import string
 
 import procs
 from atomic import read_json
+from contract import ACTIVE_STATES, LOST
 
 RUNS = "runs"
 #: States in which the run's supervisor is (or should be) alive.
-ACTIVE_STATES = ("starting", "running", "restarting", "stalled")
-FINAL_STATES = ("succeeded", "failed", "stopped")
 
 
 def now_iso():
@@ -80,7 +79,7 @@ class RunDir:
             return exit_record["state"]
         state = self.status.get("state", "starting")
         if state in ACTIVE_STATES and not self.supervisor_alive():
-            return "lost"
+            return LOST
         return state
 
     def is_active(self):

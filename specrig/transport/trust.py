@@ -4,9 +4,9 @@ from __future__ import annotations
 import dataclasses
 
 from specrig.errors import AuthFailed, UsageError
-from specrig.hostkeys import fingerprint
+from specrig.transport.hostkeys import fingerprint
 from specrig.inventory import Host
-from specrig.remote import open_ssh
+from specrig.transport import open_ssh
 
 
 def trust_host(host: Host) -> dict:

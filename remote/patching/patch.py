@@ -20,9 +20,9 @@ import sys
 
 import atomic
 import patchlib
-import patchset as patchsets
-import patchstore
-from patchstore import file_sha256, sha256
+from patching import patchset as patchsets
+from patching import store as patchstore
+from patching.store import file_sha256, sha256
 from rpc import RemoteFailure
 
 ACTIONS = ("status", "apply", "revert")

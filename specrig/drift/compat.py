@@ -16,11 +16,10 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from specrig.errors import UsageError
-from specrig.errors import RemoteScriptError
+from specrig.drift.verify import VERIFY_TIMEOUT_S, Report
+from specrig.errors import CouldNotCheck, UsageError
 from specrig.inventory import LOCAL, Host
-from specrig.remote import connect
-from specrig.verify import COULD_NOT_CHECK_KINDS, VERIFY_TIMEOUT_S, CouldNotCheck, Report
+from specrig.transport import connect
 
 WHEEL_CACHE = Path("~/.cache/specrig/wheels").expanduser()
 VERSION = re.compile(r"^[0-9][0-9A-Za-z.+!_-]*$")
@@ -103,17 +102,15 @@ def package_root(name: str, version: str, cache: Path = WHEEL_CACHE) -> dict:
 
 def analyze_roots(consumers: list[dict], provider: dict, *, model_config: str | None = None) -> dict:
     """Run the analyzer on unpacked package roots with this machine's Python, through the same
-    primitive as on a host (`--host local`); a failure to check becomes CouldNotCheck."""
+    primitive as on a host (`--host local`); a bad root or config is CouldNotCheck."""
     args = {"consumer_roots": consumers, "provider_root": provider}
     if model_config:
         args["model_config"] = model_config
     with connect(Host(name=LOCAL, python=sys.executable)) as remote:
         try:
             return remote.call("verify", args, timeout=VERIFY_TIMEOUT_S)
-        except RemoteScriptError as exc:
-            if exc.kind in COULD_NOT_CHECK_KINDS:
-                raise CouldNotCheck(exc.message) from None
-            raise
+        except UsageError as exc:
+            raise CouldNotCheck(exc.message, hint=exc.hint) from None
 
 
 def check_compat(speculators: str, vllm: str, *, model_config: str | None = None,

@@ -1,6 +1,6 @@
 """Create the runnable lab's tiny model and chat dataset, from nothing downloaded.
 
-    <venv python> remote/make_tiny_model.py <home>
+    <venv python> specrig/lab/make_tiny_model.py <home>
 
 writes
     <home>/models/tiny-llama/     LlamaForCausalLM, random bf16 weights, a BPE tokenizer

@@ -21,21 +21,13 @@ import time
 
 import atomic
 import procs
-import rundir
 import telemetry
+from contract import ACTIVE_STATES, SUCCEEDED, SUPERVISOR_DEFAULTS
 from rpc import RemoteFailure
+from run import rundir
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-OPTION_DEFAULTS = {
-    "max_restarts": 3,        # restarts of retryable failures, per supervisor
-    "backoff_s": 5.0,         # first restart delay, doubled each time
-    "backoff_max_s": 300.0,
-    "stall_timeout_s": 900.0,  # no new phase, sample or output file for this long: stalled
-    "load_timeout_s": 3600.0,  # the same while the model loads
-    "stall_restart": False,   # restart a stalled driver (counts as a restart)
-    "grace_s": 20.0,          # between SIGTERM and SIGKILL when stopping
-    "telemetry_interval_s": 5.0,
-}
+#: The bundle's remote/ (this file is remote/run/runs.py): what a run copies into its code/.
+REMOTE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: Driver arguments that are paths on the host (`~` is expanded here, where it means the host user's home).
 PATH_ARGS = ("model", "dataset", "output_dir")
 SUPERVISOR_START_S = 15
@@ -101,11 +93,11 @@ def launch(args, workdir):
             driver_args[key] = os.path.abspath(os.path.expanduser(driver_args[key]))
     if not driver_args.get("output_dir"):
         raise RemoteFailure("bad-argument", "no output directory given (driver_args.output_dir)")
-    options = dict(OPTION_DEFAULTS)
-    unknown = sorted(set(args.get("options") or {}) - set(OPTION_DEFAULTS))
+    options = dict(SUPERVISOR_DEFAULTS)
+    unknown = sorted(set(args.get("options") or {}) - set(SUPERVISOR_DEFAULTS))
     if unknown:
         raise RemoteFailure("bad-argument", "unknown supervisor option(s) %r; known: %s"
-                            % (unknown, ", ".join(OPTION_DEFAULTS)))
+                            % (unknown, ", ".join(SUPERVISOR_DEFAULTS)))
     options.update(args.get("options") or {})
     with _lock(workdir):
         busy = writers_of(workdir, driver_args["output_dir"])
@@ -133,9 +125,9 @@ def resume(args, workdir):
     with _lock(workdir):
         run = find_run(workdir, args.get("run"))
         state = run.state()
-        if state in rundir.ACTIVE_STATES:
+        if state in ACTIVE_STATES:
             raise RemoteFailure("run-active", "run %s is %s: nothing to resume" % (run.run_id, state))
-        if state == "succeeded":
+        if state == SUCCEEDED:
             raise RemoteFailure("run-finished", "run %s already succeeded" % run.run_id)
         busy = writers_of(workdir, run.record["out"], excluding=run.run_id)
         if busy:
@@ -163,9 +155,9 @@ def _start_supervisor(run):
     # A fresh copy of this bundle's remote/: bundles may be replaced while the run goes on,
     # and a resume picks up fixes of the driver.
     shutil.rmtree(code, ignore_errors=True)
-    shutil.copytree(HERE, code, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(REMOTE_ROOT, code, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     with open(run.file("supervisor.log"), "ab") as log:
-        proc = subprocess.Popen([sys.executable, os.path.join(code, "supervisor.py"), run.path],
+        proc = subprocess.Popen([sys.executable, os.path.join(code, "run", "supervisor.py"), run.path],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 cwd=run.path, start_new_session=True, close_fds=True)
     deadline = time.monotonic() + SUPERVISOR_START_S
@@ -228,7 +220,7 @@ def stop(args, workdir):
     """Stop the run's supervisor and driver, then check what is left: processes, and GPU memory."""
     run = find_run(workdir, args.get("run"), prefer_active=True)
     state = run.state()
-    grace = float(args.get("grace_s") or run.record.get("options", {}).get("grace_s", OPTION_DEFAULTS["grace_s"]))
+    grace = float(args.get("grace_s") or run.record.get("options", {}).get("grace_s", SUPERVISOR_DEFAULTS["grace_s"]))
     status_now = run.status
     job = _job(run)
     # Every pid the job had, and the GPU memory they held, before anything is killed.

@@ -1,9 +1,4 @@
-"""The one remote primitive: run remote/<command>.py on a host with JSON in and JSON out.
-
-    with connect(host) as remote:
-        result = remote.call("doctor", {}, timeout=60)
-
-Over SSH, one connection serves the whole task. A call is one exec channel:
+"""A host over SSH: one connection serves the whole task. A call is one exec channel:
 
     'test' '-f' BUNDLE/.complete || 'exit' '86'; 'mkdir' '-p' CALLS &&
     'cat' > CALLS/ID.json && exec PYTHON BUNDLE/remote/entry.py CALLS/ID.json
@@ -15,136 +10,31 @@ Paths are relative to the login directory (the remote home), since a quoted
 """
 from __future__ import annotations
 
-import io
-import json
 import logging
 import os
-import shutil
 import socket
-import subprocess
-import tarfile
 import time
 import uuid
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import paramiko
 
-from specrig import hostkeys
-from specrig.bundle import Bundle, current_bundle
-from specrig.errors import (AuthFailed, ConnectionFailed, RemotePythonError, RemoteScriptError, RemoteTimeout,
-                            SpecrigError, UsageError)
+from specrig.errors import AuthFailed, ConnectionFailed, RemoteScriptError, RemoteTimeout, SpecrigError, UsageError
 from specrig.inventory import Host
-from specrig.quoting import AND, OR, THEN, WRITE_TO, command_line
+from specrig.transport import hostkeys
+from specrig.transport.base import CACHE, DEADLINE_GRACE_S, Remote
+from specrig.transport.bundle import Bundle
+from specrig.transport.quoting import AND, OR, THEN, WRITE_TO, command_line
 
 # paramiko logs a traceback for every failed handshake; specrig reports one line instead.
 logging.getLogger("paramiko").setLevel(logging.CRITICAL)
 
-SENTINEL = "@@SPECRIG-RESULT@@"
-CACHE = ".cache/specrig"
 BUNDLE_MISSING = 86
-#: Extra seconds the laptop waits past a call's deadline for the host to report it.
-DEADLINE_GRACE_S = 10
 CONNECT_TIMEOUT_S = 10
 #: Shorter than CONNECT_TIMEOUT_S, which paramiko also spends on the key exchange: a silent
 #: port then fails on the banner, with that cause, instead of a later "No existing session".
 BANNER_TIMEOUT_S = 7
 KEEPALIVE_S = 15
-
-
-class Remote:
-    """A host to run calls on. Subclasses supply `_run(call_json, timeout) -> (rc, stdout, stderr)`."""
-
-    def __init__(self, host: Host):
-        self.host = host
-        #: Round trips spent (exec channels opened); the latency benchmark reads it.
-        self.exec_count = 0
-
-    def call(self, command: str, args: dict | None = None, *, timeout: float | None = 120,
-             env: dict | None = None) -> dict:
-        """Run remote/<command>.py's run(args) and return its dict, or raise a typed error."""
-        payload = {"command": command, "args": args or {}, "env": {**self.host.env, **(env or {})},
-                   "timeout_s": timeout}
-        body = json.dumps(payload).encode()
-        rc, out, err = self._run(body, timeout)
-        return self._result(command, rc, out, err)
-
-    def _run(self, body: bytes, timeout: float | None) -> tuple[int, str, str]:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        pass
-
-    def _result(self, command: str, rc: int, out: str, err: str) -> dict:
-        line = next((l for l in reversed(out.splitlines()) if l.startswith(SENTINEL)), None)
-        if line is None:
-            raise self._no_result(rc, out, err)
-        reply = json.loads(line[len(SENTINEL):])
-        if reply.get("ok"):
-            return reply["result"]
-        error = reply.get("error") or {}
-        kind, message = error.get("kind", "script-error"), error.get("message", "unknown error")
-        where = f"{self.host.name}: {command}"
-        if kind == "python-too-old":
-            raise RemotePythonError(f"{where}: {message}",
-                                    hint=f"point `python` of host {self.host.name!r} in hosts.yaml at Python 3.9+")
-        if kind == "timeout":
-            raise RemoteTimeout(f"{where}: {message}; the remote process was ended")
-        raise RemoteScriptError(f"{where}: {message}", kind=kind, error=error, detail=error.get("traceback"))
-
-    def _no_result(self, rc: int, out: str, err: str) -> SpecrigError:
-        tail = (err.strip() or out.strip()).splitlines()[-1:] or [f"exit status {rc}"]
-        if rc in (126, 127) or "not found" in err or "No such file" in err:
-            return RemotePythonError(
-                f"{self.host.name}: remote python {self.host.python!r} cannot be run: {tail[0]}",
-                hint="set `python` in hosts.yaml to the interpreter of the environment holding vLLM")
-        return RemoteScriptError(f"{self.host.name}: remote command ended without a result (exit {rc}): {tail[0]}",
-                                 detail=err or out)
-
-
-class LocalRemote(Remote):
-    """`--host local`: the same bundle and entry.py as over SSH, run in a subprocess, no SSH."""
-
-    def __init__(self, host: Host, bundle: Bundle):
-        super().__init__(host)
-        self.bundle = bundle
-        self.cache = Path.home() / CACHE
-        self.bundle_path = self.cache / "bundles" / bundle.digest
-        self.uploaded = False
-
-    def _unpack_bundle(self) -> None:
-        if (self.bundle_path / ".complete").exists():
-            return
-        staging = self.bundle_path.parent / f".incoming-{uuid.uuid4().hex}"
-        staging.mkdir(parents=True)
-        with tarfile.open(fileobj=io.BytesIO(self.bundle.tar_bytes), mode="r:gz") as tar:
-            tar.extractall(staging, filter="data")
-        try:
-            staging.rename(self.bundle_path)
-        except OSError:  # another process unpacked the same bundle first
-            shutil.rmtree(staging, ignore_errors=True)
-        self.uploaded = True
-
-    def _run(self, body: bytes, timeout: float | None) -> tuple[int, str, str]:
-        self._unpack_bundle()
-        calls = self.cache / "calls"
-        calls.mkdir(parents=True, exist_ok=True)
-        call_file = calls / f"{uuid.uuid4().hex}.json"
-        call_file.write_bytes(body)
-        self.exec_count += 1
-        try:
-            # A new session: the deadline kills the call's process group, never us.
-            proc = subprocess.run([self.host.python, str(self.bundle_path / "remote" / "entry.py"), str(call_file)],
-                                  stdin=subprocess.DEVNULL, capture_output=True,
-                                  timeout=timeout + DEADLINE_GRACE_S if timeout else None, start_new_session=True)
-        except FileNotFoundError:
-            raise RemotePythonError(f"local python {self.host.python!r} not found") from None
-        except subprocess.TimeoutExpired:
-            raise RemoteTimeout(f"local: call exceeded {timeout:.0f} s") from None
-        finally:
-            call_file.unlink(missing_ok=True)
-        return proc.returncode, proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace")
 
 
 class SshRemote(Remote):
@@ -292,14 +182,3 @@ def open_ssh(host: Host):
                                hint="is that port an SSH server?") from None
     connection.transport.set_keepalive(KEEPALIVE_S)
     return connection
-
-
-@contextmanager
-def connect(host: Host, *, bundle: Bundle | None = None) -> Iterator[Remote]:
-    """A Remote for `host`: local subprocesses for `local`, else one SSH connection for the task."""
-    bundle = bundle or current_bundle()
-    remote: Remote = LocalRemote(host, bundle) if host.is_local else SshRemote(host, open_ssh(host), bundle)
-    try:
-        yield remote
-    finally:
-        remote.close()

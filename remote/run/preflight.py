@@ -10,22 +10,17 @@ import json
 import os
 import shutil
 
+import contract
 import pkgmeta
-import runs
 import telemetry
+from run import runs
 
-#: speculators <= 0.4 sizes vLLM's per-step token budget as max(8192, max_model_len); a bigger
-#: batch is split across steps and its hidden states land on the wrong samples.
-MIN_BATCHED_TOKENS = 8192
-HAZARD_FIXED_IN = (0, 5)
 #: speculators' default EAGLE-3 choice captures four layers.
 DEFAULT_LAYER_COUNT = 4
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float8_e4m3fn": 1}
 #: Characters per token, for estimating the dataset's tokens without a tokenizer.
 CHARS_PER_TOKEN = 4
 DISK_MARGIN = 1.1
-#: The driver's default max_length (remote/extract_driver.py).
-DRIVER_MAX_LENGTH = 2048
 HUB_DATASETS = ("sharegpt", "ultrachat")
 
 
@@ -43,13 +38,13 @@ def run(args):
     config, config_check = model_config(driver.get("model"))
     checks.append(config_check)
     checks.append(layers(driver.get("layer_ids"), config))
-    checks.append(max_length(driver.get("max_length") or DRIVER_MAX_LENGTH, config))
+    checks.append(max_length(driver.get("max_length") or contract.DRIVER_DEFAULTS["max_length"], config))
     samples, dataset_check = dataset(driver.get("dataset"), driver.get("max_samples"), driver.get("max_length"))
     checks.append(dataset_check)
     checks.append(gpus(driver.get("tensor_parallel_size")))
     estimate = output_estimate(config, driver, samples)
     checks.append(disk(driver.get("output_dir"), estimate))
-    checks.append(reorder_hazard(driver.get("batch_size") or 8, driver.get("max_length") or DRIVER_MAX_LENGTH))
+    checks.append(reorder_hazard(driver.get("batch_size") or contract.DRIVER_DEFAULTS["batch_size"], driver.get("max_length") or contract.DRIVER_DEFAULTS["max_length"]))
     checks.append(output_free(workdir, driver.get("output_dir")))
     return {"checks": checks, "estimate": estimate}
 
@@ -234,23 +229,12 @@ def disk(output_dir, estimate):
 
 def reorder_hazard(batch_size, max_length):
     version = pkgmeta.versions(("speculators",))["speculators"]
-    affected = version is None or _version_tuple(version) < HAZARD_FIXED_IN
-    budget = max(MIN_BATCHED_TOKENS, max_length)
-    tokens = batch_size * max_length
-    ok = tokens <= budget or not affected
-    return check("reorder-hazard", ok,
+    hazard = contract.reorder_hazard(version, batch_size, max_length)
+    return check("reorder-hazard", hazard["ok"],
                  "batch_size %d x max_len %d = %d tokens; budget max(%d, max_len) = %d (speculators %s)"
-                 % (batch_size, max_length, tokens, MIN_BATCHED_TOKENS, budget, version),
+                 % (batch_size, max_length, hazard["tokens"], contract.MIN_BATCHED_TOKENS, hazard["budget"], version),
                  "speculators <= 0.4 attaches hidden states to the wrong samples when a batch exceeds the budget: "
-                 "use --batch-size %d or less" % max(1, budget // max_length))
-
-
-def _version_tuple(text):
-    parts = []
-    for piece in text.split(".")[:2]:
-        digits = "".join(ch for ch in piece if ch.isdigit())
-        parts.append(int(digits or 0))
-    return tuple(parts)
+                 "use --batch-size %d or less" % hazard["max_batch_size"])
 
 
 def output_free(workdir, output_dir):

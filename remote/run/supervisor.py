@@ -2,7 +2,7 @@
 
 Started detached by runs.launch (its own session, stdio to files, stdin from
 /dev/null), so it outlives the SSH connection that started it. It runs the
-driver, `<python> <run>/code/extract_driver.py <run>/driver-args.json`, in a
+driver, `<python> <run>/code/run/extract_driver.py <run>/driver-args.json`, in a
 session of its own, and:
 
 - samples the driver's heartbeat and the GPUs into status.json every second or so;
@@ -18,11 +18,14 @@ import subprocess
 import sys
 import time
 
-import atomic
-import classify
-import procs
-import rundir
-import telemetry
+# Started by path, so sys.path[0] is remote/run/: make it remote/, where the shared modules and
+# the stage packages are, exactly as for a call through entry.py.
+sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+import atomic  # noqa: E402
+import procs  # noqa: E402
+import telemetry  # noqa: E402
+from run import classify, rundir  # noqa: E402
 
 POLL_S = 0.5
 #: Seconds between rewrites of status.json while nothing changes.
@@ -128,7 +131,7 @@ class Supervisor:
         env = dict(os.environ)
         env.update({str(k): str(v) for k, v in (self.record.get("env") or {}).items()})
         env["PYTHONUNBUFFERED"] = "1"
-        program = self.record.get("driver_program") or self.run.file(os.path.join("code", "extract_driver.py"))
+        program = self.record.get("driver_program") or self.run.file(os.path.join("code", "run", "extract_driver.py"))
         argv = [self.record["python"], program, self.run.file("driver-args.json")]
         try:
             with open(log_path, "ab") as log:

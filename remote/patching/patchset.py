@@ -8,11 +8,12 @@ import json
 import os
 import re
 
-import patchedits
+from patching import edits
 import pkgmeta
 import versions
 
-PATCHSETS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "patchsets")
+#: patchsets/ beside remote/ in the bundle (this file is remote/patching/patchset.py).
+PATCHSETS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "patchsets")
 #: The packages a patchset may target (pkgmeta knows which distributions provide them).
 PACKAGES = tuple(pkgmeta.DISTRIBUTIONS)
 PLATFORMS = ("cpu", "cuda")
@@ -103,8 +104,8 @@ class Patch:
         except InvalidPatchset as exc:
             raise bad("when", str(exc)) from None
         try:
-            self.edit = patchedits.build(spec.get("edit"), folder)
-        except patchedits.InvalidEdit as exc:
+            self.edit = edits.build(spec.get("edit"), folder)
+        except edits.InvalidEdit as exc:
             raise bad("edit", str(exc)) from None
 
     def key(self):

@@ -8,28 +8,17 @@ line that raised it, the classifier's kind) and the exit status is FINDINGS.
 """
 from __future__ import annotations
 
-from specrig.errors import RemoteScriptError, SpecrigError, UsageError
-from specrig.exit_status import ExitStatus
+from specrig.errors import Findings, UsageError
 from specrig.inventory import Host
-from specrig.remote import connect
+from specrig.transport import connect
 from specrig.ui import console, print_json
 
 #: Seconds the host gives the driver; the call's own deadline is a little longer.
 DRIVER_TIMEOUT_S = 540
 
 
-class SmokeFailed(SpecrigError):
-    """The smoke run failed: drift (or a broken environment) that a real extraction would hit."""
-
-    exit_status = ExitStatus.FINDINGS
-
-    def __init__(self, message: str, *, failure: dict, **kwargs):
-        super().__init__(message, **kwargs)
-        self.failure = failure
-
-
 def smoke(host: Host, *, model: str | None = None, samples: int = 6) -> dict:
-    """The host's smoke result dict, or SmokeFailed naming what broke."""
+    """The host's smoke result dict, or Findings naming what broke (its payload: the classified failure)."""
     model = model or host.extract.get("model")
     if not model:
         raise UsageError(f"inv smoke: no model for host {host.name!r}",
@@ -40,16 +29,10 @@ def smoke(host: Host, *, model: str | None = None, samples: int = 6) -> dict:
         try:
             return remote.call("smoke", {"model": model, "samples": samples, "timeout_s": DRIVER_TIMEOUT_S},
                                timeout=DRIVER_TIMEOUT_S + 60)
-        except RemoteScriptError as exc:
-            if exc.kind == "bad-argument":
-                raise UsageError(exc.message) from None
-            if exc.kind != "smoke-failed":
-                raise
-            failure = exc.error.get("failure") or {}
-            raise SmokeFailed(f"{host.name}: smoke failed: {exc.error.get('message')}", failure=failure,
-                              hint="`inv verify-signatures` names static drift, `inv apply-patches` fixes "
-                                   "known drift; see docs/extraction-drift.md",
-                              detail=failure.get("traceback")) from None
+        except Findings as failed:
+            raise Findings(f"{host.name}: smoke failed: {failed.error.get('message')}", payload=failed.payload,
+                           hint=failed.hint, detail=failed.payload.get("traceback"), kind=failed.kind,
+                           error=failed.error) from None
 
 
 def show(result: dict, *, host: Host, as_json: bool) -> None:
@@ -63,7 +46,7 @@ def show(result: dict, *, host: Host, as_json: bool) -> None:
                   f"(speculators {versions.get('speculators')}, vllm {versions.get('vllm')})")
 
 
-def show_failure(failure: SmokeFailed, *, as_json: bool) -> None:
+def show_failure(failed: Findings, *, as_json: bool) -> None:
     """For --json: the failure as JSON on stdout (people get the guarded one-line error)."""
     if as_json:
-        print_json({"ok": False, "message": failure.message, "failure": failure.failure})
+        print_json({"ok": False, "message": failed.message, "failure": failed.payload})

@@ -1,6 +1,6 @@
 """specrig's extraction driver: EAGLE-3 hidden states through speculators' generator API.
 
-    <python> remote/extract_driver.py <args.json>   </dev/null
+    <python> remote/run/extract_driver.py <args.json>   </dev/null
 
 A long-running program (not an RPC command): launched detached by the supervisor, by
 `inv smoke`, or by hand. The one remote/ module allowed to import torch, vLLM and speculators,
@@ -38,7 +38,7 @@ from there; samples after it are rewritten in place, never duplicated. Different
 existing output directory are refused.
 
 A finished output directory started again is done at once, without loading the model.
-The batch-size refusal (see MIN_BATCHED_TOKENS) applies to speculators <= 0.4.
+The batch-size refusal (contract.reorder_hazard) applies to speculators <= 0.4.
 
 Heartbeat (rewritten atomically every HEARTBEAT_S seconds and at every phase change):
   {"phase": "loading|extracting|writing|done|failed", "samples_done", "samples_total",
@@ -49,28 +49,22 @@ Exit status: 0 done; 1 failed (the traceback on stderr, vLLM's and speculators' 
 """
 import json
 import os
-import re
 import sys
 import threading
 import time
 import traceback
 
-import atomic
+# Started by path, so sys.path[0] is remote/run/: make it remote/, where the shared modules and
+# the stage packages are, exactly as for a call through entry.py.
+sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+import atomic  # noqa: E402
+import pkgmeta  # noqa: E402
+from contract import DRIVER_DEFAULTS, DRIVER_REQUIRED, reorder_hazard  # noqa: E402
 
 HEARTBEAT_S = 2.0
-#: speculators <= 0.4 sizes vLLM's token budget as max(8192, max_model_len). A batch larger than
-#: that is split over scheduler steps, the generator aborts every request after its first step,
-#: and the captured states are sliced by the original order: they land on the wrong samples.
-MIN_BATCHED_TOKENS = 8192
-#: The newest speculators release (major, minor) with that hazard.
-LAST_REORDER_HAZARD = (0, 4)
 EXIT_FAILED, EXIT_USAGE, EXIT_LOCKED = 1, 2, 3
-DEFAULTS = {
-    "layer_ids": None, "tensor_parallel_size": None, "max_length": 2048, "batch_size": 8, "seed": 0,
-    "max_samples": None, "load_format": None, "hf_overrides": None, "heartbeat": None,
-    "writes_in_flight": 4, "gpu_memory_utilization": 0.8, "cpu_kvcache_space_gib": 1, "preprocess_procs": 1,
-}
-REQUIRED = ("model", "dataset", "output_dir")
+DEFAULTS, REQUIRED = DRIVER_DEFAULTS, DRIVER_REQUIRED
 #: Settings that must be equal for a resume to continue the same sequence of samples.
 RESUME_KEYS = ("model", "dataset", "layer_ids", "max_length", "seed", "max_samples", "load_format", "hf_overrides")
 SAMPLE_PREFIX, SAMPLE_SUFFIX = "data_", ".pt"
@@ -133,33 +127,20 @@ def load_arguments(path):
     dataset = args["dataset"]
     if dataset.endswith((".json", ".jsonl")) and not os.path.isfile(dataset):
         raise Refused("dataset=%r does not exist on this host" % (dataset,))
-    budget = max(MIN_BATCHED_TOKENS, args["max_length"])
-    release = speculators_release()
-    hazard = release is None or release <= LAST_REORDER_HAZARD  # unknown: assume the worst
-    if hazard and args["batch_size"] * args["max_length"] > budget:
+    installed = pkgmeta.versions(("speculators",))["speculators"]
+    hazard = reorder_hazard(installed, args["batch_size"], args["max_length"])
+    if not hazard["ok"]:
         raise Refused(
-            "batch_size=%d x max_length=%d = %d tokens exceeds vLLM's per-step budget max(%d, max_length)=%d "
+            "batch_size=%d x max_length=%d = %d tokens exceeds vLLM's per-step budget max(8192, max_length)=%d "
             "that speculators <= 0.4 configures (installed: %s): the batch would be split across scheduler "
             "steps and hidden states attached to the wrong samples (silent corruption); use batch_size <= %d"
-            % (args["batch_size"], args["max_length"], args["batch_size"] * args["max_length"],
-               MIN_BATCHED_TOKENS, budget, ".".join(map(str, release)) if release else "unknown",
-               max(1, budget // args["max_length"])))
+            % (args["batch_size"], args["max_length"], hazard["tokens"], hazard["budget"], installed or "unknown",
+               hazard["max_batch_size"]))
     args["output_dir"] = os.path.abspath(args["output_dir"])
     args["model"] = os.path.abspath(args["model"])
     if args["heartbeat"] is None:
         args["heartbeat"] = os.path.join(args["output_dir"], "heartbeat.json")
     return args
-
-
-def speculators_release():
-    """(major, minor) of the installed speculators, from its metadata (nothing imported), or None."""
-    from importlib import metadata
-
-    try:
-        found = re.match(r"(\d+)\.(\d+)", metadata.version("speculators"))
-    except metadata.PackageNotFoundError:
-        return None
-    return (int(found.group(1)), int(found.group(2))) if found else None
 
 
 # ----------------------------------------------------------------------------- progress

@@ -13,15 +13,15 @@ from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.text import Text
 
+from specrig.contract import ACTIVE_STATES, SUCCEEDED
 from specrig.errors import ConnectionFailed, RemoteTimeout
 from specrig.inventory import Host
-from specrig.remote import Remote
-from specrig.runs import STATE_STYLE, describe_failure, format_duration, show_run
+from specrig.run.view import STATE_STYLE, describe_failure, format_duration, show_run
+from specrig.transport import Remote
 from specrig.ui import console, gpu_table
 
 POLL_S = 1.0
 LOG_LINES = 8
-ACTIVE = ("starting", "running", "restarting", "stalled")
 
 
 def follow(remote: Remote, host: Host, run_id: str) -> dict | None:
@@ -35,7 +35,7 @@ def follow(remote: Remote, host: Host, run_id: str) -> dict | None:
                                               "lines": LOG_LINES}, timeout=60)
                 run, tail = result["runs"][0], result.get("log_tail") or ""
                 live.update(render(run, tail, progress, bar))
-                if run["state"] not in ACTIVE:
+                if run["state"] not in ACTIVE_STATES:
                     break
                 time.sleep(POLL_S)
     except KeyboardInterrupt:
@@ -49,7 +49,7 @@ def follow(remote: Remote, host: Host, run_id: str) -> dict | None:
     if not console.is_terminal:
         console.line()  # rich leaves a non-terminal's last Live frame without its line end
     console.print(f"run {run_id} {run['state']}")
-    if run["state"] != "succeeded":
+    if run["state"] != SUCCEEDED:
         show_run(run)
     return run
 

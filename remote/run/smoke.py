@@ -18,7 +18,7 @@ import tempfile
 import time
 
 import atomic
-import classify
+from run import classify
 from rpc import RemoteFailure
 
 HERE = os.path.dirname(os.path.abspath(__file__))

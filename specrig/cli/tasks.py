@@ -1,0 +1,242 @@
+"""specrig's tasks, the one namespace behind `inv` (a checkout's tasks.py) and `specrig`.
+
+`inv --list` / `specrig --list` lists them; `--help TASK` shows a task's help (its docstring).
+Thin on purpose: argument handling and one call into the specrig package.
+Exit codes: specrig/exit_status.py and the README.
+"""
+from invoke import Collection, task
+
+from specrig import lab as lab_host
+from specrig.cli.guard import guarded
+from specrig.run.settings import task_help
+from specrig.inventory import load_inventory
+
+HOST_HELP = "host name from hosts.yaml, or 'local' for this machine without SSH"
+JSON_HELP = "print JSON for scripts instead of tables"
+
+
+# ---- foundation -------------------------------------------------------------------------------
+
+@task(help={"json": JSON_HELP})
+@guarded
+def hosts(c, json=False):
+    """List the hosts and groups of hosts.yaml."""
+    from specrig.ui.inventory import show_inventory
+
+    show_inventory(load_inventory(), as_json=json)
+
+
+@task(help={"host": HOST_HELP, "json": JSON_HELP})
+@guarded
+def doctor(c, host, json=False):
+    """Check a host: reachability, login shell, python, speculators/vllm/torch/transformers, GPUs, disk."""
+    from specrig.doctor import doctor as run_doctor, show
+
+    target = load_inventory().host(host)
+    show(run_doctor(target), as_json=json, host=target)
+
+
+@task(name="trust-host", help={"host": HOST_HELP, "json": JSON_HELP})
+@guarded
+def trust_host(c, host, json=False):
+    """Show a host's key fingerprint and record it in the project known_hosts (a changed key is refused)."""
+    from specrig.transport.trust import trust_host as trust
+    from specrig.ui import console, print_json
+
+    result = trust(load_inventory().host(host))
+    if json:
+        print_json(result)
+    elif result["recorded"]:
+        console.print(f"recorded {result.get('key_type', '')} {result.get('fingerprint', '')} for {host} "
+                      f"in {result['known_hosts']}")
+    else:
+        console.print(f"{host} is already trusted: {result['key_type']} {result['fingerprint']}")
+
+
+@task(help={"runnable": "also build the CPU vLLM environment that can run the extraction (~5 min, 8 GB)"})
+@guarded
+def up(c, runnable=False):
+    """Build the lab host on this machine (root): sshd on 127.0.0.1, zsh/bash/dash users, remote venvs."""
+    lab_host.up(runnable=runnable)
+
+
+@task
+@guarded
+def down(c):
+    """Remove everything `inv lab.up` made."""
+    lab_host.down()
+
+
+lab = Collection("lab", up, down)
+namespace = Collection(hosts, doctor, trust_host, lab)
+
+
+# ---- extract: supervised runs (issue 6) -------------------------------------------------------
+RUN_HELP = "run id (default: the newest run; `inv status --host H` lists them)"
+
+
+@task(help={"host": HOST_HELP,
+            **task_help("model", "data", "out", "tp", "layers", "batch_size", "max_len", "max_samples"),
+            "skip_preflight": "launch without the preflight checks (drift, GPUs, model, disk, batch hazard)",
+            "detach": "launch and return at once instead of showing the live view",
+            "json": JSON_HELP})
+@guarded
+def extract(c, host, model=None, data=None, out=None, tp=None, layers=None, batch_size=None, max_len=None,
+            max_samples=None, skip_preflight=False, detach=False, json=False):
+    """Preflight, launch the supervised extraction on a host, and show it live (Ctrl-C detaches; the run goes on)."""
+    from specrig.run.runs import extract as run_extract
+
+    given = {"model": model, "data": data, "out": out, "tp": tp, "layers": layers, "batch_size": batch_size,
+             "max_len": max_len, "max_samples": max_samples}
+    return run_extract(load_inventory().host(host), given, skip_preflight=skip_preflight,
+                       attach=not (detach or json), as_json=json)
+
+
+@task(help={"host": HOST_HELP, "run": "run id (default: every run)", "json": JSON_HELP})
+@guarded
+def status(c, host, run=None, json=False):
+    """Runs on a host: state, progress, attempts and classified failures, GPUs."""
+    from specrig.run.runs import status as run_status
+
+    return run_status(load_inventory().host(host), run, as_json=json)
+
+
+@task(help={"host": HOST_HELP, "run": RUN_HELP, "follow": "keep printing new lines until the run ends (Ctrl-C stops)",
+            "n": "how many of the last lines to print (default 50)"})
+@guarded
+def logs(c, host, run=None, follow=False, n=50):
+    """The driver's log of a run (every attempt, with the supervisor's markers)."""
+    from specrig.run.runs import logs as run_logs
+
+    return run_logs(load_inventory().host(host), run, follow=follow, lines=int(n))
+
+
+@task(help={"host": HOST_HELP, "run": "run id (default: the newest active run)", "json": JSON_HELP})
+@guarded
+def stop(c, host, run=None, json=False):
+    """Stop a run: SIGTERM to its whole process group, a grace period, SIGKILL; report anything left."""
+    from specrig.run.runs import stop as run_stop
+
+    return run_stop(load_inventory().host(host), run, as_json=json)
+
+
+@task(help={"host": HOST_HELP, "run": RUN_HELP, "detach": "return at once instead of showing the live view",
+            "json": JSON_HELP})
+@guarded
+def resume(c, host, run=None, detach=False, json=False):
+    """Restart a failed, stopped or lost run; the driver continues from the first missing sample."""
+    from specrig.run.runs import resume as run_resume
+
+    return run_resume(load_inventory().host(host), run, attach=not (detach or json), as_json=json)
+
+
+for _task in (extract, status, logs, stop, resume):
+    namespace.add_task(_task)
+
+
+# ---- smoke: the extraction on a shrunk model with dummy weights (issue 5) ---------------------
+
+@task(name="smoke", help={"host": HOST_HELP,
+                          "model": "model directory on the host (default: hosts.yaml extract.model)",
+                          "samples": "conversations to extract, at least 3 (default 6: three generate() calls)",
+                          "json": JSON_HELP})
+@guarded
+def smoke_task(c, host, model=None, samples=6, json=False):
+    """Run the extraction driver on the target's config shrunk (few layers, small dims, dummy weights): drift in a minute."""
+    from specrig.errors import Findings
+    from specrig.run.smoke import show, show_failure, smoke
+
+    target = load_inventory().host(host)
+    try:
+        result = smoke(target, model=model, samples=int(samples))
+    except Findings as failure:
+        show_failure(failure, as_json=json)
+        raise
+    show(result, host=target, as_json=json)
+
+
+namespace.add_task(smoke_task)
+
+
+# ---- drift: verify-signatures, check-compat (issue 3) -------------------------------------------
+
+@task(name="verify-signatures",
+      help={"host": HOST_HELP, "model": "model directory on the host: also check its class and custom code",
+            "json": JSON_HELP, "show_source": "print the provider's source lines each finding points at"})
+@guarded
+def verify_signatures(c, host, model=None, json=False, show_source=False):
+    """Find where the host's speculators drifted from its vLLM, statically (exit 1: drift, 2: could not check)."""
+    from specrig.drift.verify import show, verify
+
+    report = verify(load_inventory().host(host), model=model)
+    show(report, as_json=json, show_source=show_source)
+    return report.exit_status
+
+
+@task(name="check-compat",
+      help={"speculators": "speculators version(s); with --matrix a comma-separated list",
+            "vllm": "vLLM version(s); with --matrix a comma-separated list",
+            "model_config": "a model's config.json: also check its class and custom code",
+            "matrix": "a table of drift counts over every speculators x vLLM pair",
+            "json": JSON_HELP, "show_source": "print the provider's source lines each finding points at"})
+@guarded
+def check_compat(c, speculators, vllm, model_config=None, matrix=False, json=False, show_source=False):
+    """Drift between released wheels (downloaded once, .py only), no host (exit 1: drift, 2: could not check)."""
+    from specrig.drift import compat
+    from specrig.drift.verify import show
+
+    if matrix:
+        result = compat.matrix(compat.split_versions(speculators, "speculators"), compat.split_versions(vllm, "vllm"),
+                               model_config=model_config)
+        compat.show_matrix(result, as_json=json)
+        return 1 if any(n for row in result["cells"].values() for n in row.values()) else 0
+    report = compat.check_compat(speculators, vllm, model_config=model_config)
+    show(report, as_json=json, show_source=show_source)
+    return report.exit_status
+
+
+namespace.add_task(verify_signatures)
+namespace.add_task(check_compat)
+
+
+# ---- patches: apply-patches, patch-status, revert-patches (issue 4) --------------------------
+
+PATCHSET_HELP = "patchset name (a folder of patchsets/); default: the one whose ranges match the host's versions"
+
+
+@task(name="apply-patches", help={
+    "host": HOST_HELP, "patchset": PATCHSET_HELP, "json": JSON_HELP,
+    "dry_run": "print the unified diffs and change nothing",
+    "model": "model directory on the host for the verification (default: the host's extract.model)"})
+@guarded
+def apply_patches(c, host, patchset=None, dry_run=False, model=None, json=False):
+    """Apply the patchset matching the host's speculators/vLLM, then verify the drift it fixes is gone."""
+    from specrig.patching.engine import run_task
+
+    return run_task("apply", load_inventory().host(host), as_json=json, patchset=patchset, dry_run=dry_run,
+                    model=model)
+
+
+@task(name="patch-status", help={"host": HOST_HELP, "patchset": PATCHSET_HELP, "json": JSON_HELP})
+@guarded
+def patch_status(c, host, patchset=None, json=False):
+    """Each patch's state on the host: pending, applied, not-applicable, conflict, or missing (file replaced)."""
+    from specrig.patching.engine import run_task
+
+    return run_task("status", load_inventory().host(host), as_json=json, patchset=patchset)
+
+
+@task(name="revert-patches", help={
+    "host": HOST_HELP, "json": JSON_HELP, "patch": "revert only this patch id (default: all)",
+    "force": "revert even files changed since specrig patched them (their changes are lost)"})
+@guarded
+def revert_patches(c, host, patch=None, force=False, json=False):
+    """Restore the original bytes of the files specrig patched (refused if a file changed since, unless --force)."""
+    from specrig.patching.engine import run_task
+
+    return run_task("revert", load_inventory().host(host), as_json=json, patch=patch, force=force)
+
+
+namespace.add_task(apply_patches)
+namespace.add_task(patch_status)
+namespace.add_task(revert_patches)

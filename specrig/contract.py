@@ -1,0 +1,30 @@
+"""The contracts shared with the host side: remote/contract.py, loaded from its file.
+
+remote/ is not a package of the laptop side (it runs on the host's own Python, from the bundle),
+so the one definition is read from where the bundle takes it: a checkout's remote/ or an
+installed copy's package data (specrig.paths).
+"""
+from __future__ import annotations
+
+import importlib.util
+
+from specrig.paths import remote_dir
+
+
+def _load_host_module(name: str):
+    spec = importlib.util.spec_from_file_location(f"specrig._host.{name}", remote_dir() / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_contract = _load_host_module("contract")
+
+SENTINEL: str = _contract.SENTINEL
+ACTIVE_STATES: tuple[str, ...] = _contract.ACTIVE_STATES
+FINAL_STATES: tuple[str, ...] = _contract.FINAL_STATES
+LOST: str = _contract.LOST
+SUCCEEDED: str = _contract.SUCCEEDED
+DRIVER_DEFAULTS: dict = _contract.DRIVER_DEFAULTS
+DRIVER_REQUIRED: tuple[str, ...] = _contract.DRIVER_REQUIRED
+SUPERVISOR_DEFAULTS: dict = _contract.SUPERVISOR_DEFAULTS

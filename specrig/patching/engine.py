@@ -1,0 +1,105 @@
+"""`inv apply-patches`, `inv patch-status`, `inv revert-patches`: the laptop half of the patch engine.
+
+The engine runs on the host (remote/patch.py); patchsets travel in the bundle
+(patchsets/README.md documents the format). Here: one connection per task,
+typed failures, verification after applying, and output for people or scripts.
+
+Exit statuses: 0 done or nothing to do; 1 (FINDINGS) a conflicting patch, a
+refused revert, or drift the patchset claims to fix still reported after
+applying; 2 (USAGE) bad patchset/argument or no patchset for the installed
+versions, nothing changed; 9 (LOCKED) another client is applying or reverting.
+"""
+from __future__ import annotations
+
+import fnmatch
+
+import specrig
+from specrig.drift.verify import verify_host
+from specrig.errors import CouldNotCheck, Findings
+from specrig.exit_status import ExitStatus
+from specrig.inventory import Host
+from specrig.patching.view import show
+from specrig.transport import Remote, connect
+from specrig.ui import print_json
+
+PATCH_TIMEOUT_S = 300
+#: Patch states whose findings must be gone after applying.
+IN_FORCE = frozenset({"applied", "pending", "missing"})
+
+
+def call_engine(remote: Remote, args: dict) -> dict:
+    """One engine call. A conflict or refused revert is Findings whose payload is the engine's result."""
+    return remote.call("patch", {**args, "specrig_version": specrig.__version__}, timeout=PATCH_TIMEOUT_S)
+
+
+def claimed_fixes(result: dict) -> list[str]:
+    """The finding-id patterns of the patches in force on this host."""
+    return sorted({pattern for patch in result["patches"] if patch["state"] in IN_FORCE
+                   for pattern in patch["fixes"]})
+
+
+def remaining_drift(findings: list[dict], patterns: list[str]) -> list[dict]:
+    """The drift findings a pattern of `patterns` claims to fix (`*` matches any text)."""
+    return [f for f in findings if f["severity"] == "drift"
+            and any(fnmatch.fnmatchcase(f["id"], pattern) for pattern in patterns)]
+
+
+def apply_patches(host: Host, *, patchset: str | None = None, dry_run: bool = False,
+                  model: str | None = None) -> dict:
+    """Apply (or preview) the matching patchset, then verify on the same connection."""
+    with connect(host) as remote:
+        result = call_engine(remote, {"action": "apply", "patchset": patchset, "dry_run": dry_run})
+        if dry_run:
+            if result["conflicts"]:
+                raise Findings(f"{host.name}: the run would be refused: " + "; ".join(
+                    f"patch {c['id']} ({c['path']}): {c['reason']}" for c in result["conflicts"]), payload=result)
+            return result
+        try:
+            report = verify_host(remote, model=model or host.extract.get("model"))
+        except CouldNotCheck as exc:
+            raise CouldNotCheck(f"{host.name}: the patches were applied, but verify-signatures could not run: "
+                                f"{exc.message}", hint=exc.hint) from None
+    claimed = claimed_fixes(result)
+    remaining = remaining_drift(report.findings, claimed)
+    covered = {f["id"] for f in remaining}
+    result["verification"] = {
+        "model": report.data.get("model"),
+        "claimed": claimed,
+        "remaining": remaining,
+        "other_drift": [f for f in report.drift if f["id"] not in covered],
+    }
+    if remaining:
+        raise Findings(f"{host.name}: after applying, verify-signatures still reports what the patchset claims "
+                       f"to fix: {', '.join(sorted(covered))}", payload=result)
+    return result
+
+
+def patch_status(host: Host, *, patchset: str | None = None) -> dict:
+    with connect(host) as remote:
+        return call_engine(remote, {"action": "status", "patchset": patchset})
+
+
+def revert_patches(host: Host, *, patch: str | None = None, force: bool = False) -> dict:
+    with connect(host) as remote:
+        return call_engine(remote, {"action": "revert", "patch": patch, "force": force})
+
+
+# ---- tasks: run, show, exit status ------------------------------------------------------------
+
+def run_task(action: str, host: Host, *, as_json: bool, **options) -> ExitStatus:
+    """What a task does: the action, its output (table or JSON), its exit status (SpecrigError escapes)."""
+    functions = {"apply": apply_patches, "status": patch_status, "revert": revert_patches}
+    try:
+        result = functions[action](host, **options)
+    except Findings as found:
+        if as_json:
+            print_json({**found.payload, "error": found.message})
+            return found.exit_status
+        if found.payload.get("patches"):
+            show(found.payload, host=host)
+        raise
+    if as_json:
+        print_json(result)
+    else:
+        show(result, host=host)
+    return ExitStatus.OK

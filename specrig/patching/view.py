@@ -1,0 +1,75 @@
+"""How people see the patch engine's results: the patches and their states, diffs, what was written."""
+from __future__ import annotations
+
+from rich.markup import escape
+from rich.syntax import Syntax
+from rich.table import Table
+
+from specrig.inventory import Host
+from specrig.ui import console
+
+STATE_STYLE = {"applied": "green", "pending": "yellow", "missing": "yellow", "not-applicable": "dim",
+               "conflict": "red"}
+
+
+def show(result: dict, *, host: Host) -> None:
+    if result["action"] == "revert":
+        _show_revert(result, host)
+        return
+    env = result["environment"]
+    packages = ", ".join(f"{name} {p['version']}" if p else f"{name} (not installed)"
+                         for name, p in result["facts"]["packages"].items())
+    console.print(f"[bold]{escape(host.name)}[/]: {escape(env['prefix'])} ({escape(packages)}, "
+                  f"platform {result['facts']['platform']})")
+    if result.get("patchset"):
+        console.print(f"patchset [bold]{escape(result['patchset']['name'])}[/]: "
+                      f"{escape(result['patchset']['description'])}")
+    elif result.get("patchset_problem"):
+        console.print(f"[yellow]{escape(result['patchset_problem'])}[/]")
+    if result.get("patches"):
+        table = Table(expand=True)
+        table.add_column("patch", no_wrap=True)
+        table.add_column("state", no_wrap=True)
+        table.add_column("what", ratio=1)
+        for patch in result["patches"]:
+            state = patch["state"]
+            note = patch["reason"] or ("applied now" if patch.get("applied_now") else
+                                       f"by specrig {patch['specrig_version']} at {patch['applied_at']}"
+                                       if patch.get("applied_at") else patch["by"] if state == "applied" else "")
+            where = patch["path"].rpartition("/")[2] + (f": {note}" if note else "")
+            table.add_row(escape(patch["id"]), f"[{STATE_STYLE.get(state, '')}]{state}[/]",
+                          f"{escape(patch['description'])}\n[dim]{escape(where)}[/]")
+        console.print(table)
+    for recorded in result.get("recorded", []):
+        if recorded["state"] != "intact":
+            console.print(f"[yellow]{escape(recorded['file'])}: {escape(recorded['state'])} "
+                          f"(patched by specrig: {escape(', '.join(recorded['patches']))})[/]")
+    if result.get("dry_run"):
+        for file in result["files"]:
+            if file["diff"]:
+                console.print(Syntax(file["diff"], "diff", word_wrap=True))
+        console.print("dry run: nothing was changed")
+    elif result["action"] == "apply" and "files" in result:  # absent when the run was refused
+        _show_applied(result)
+
+
+def _show_applied(result: dict) -> None:
+    written = result["bytes_written"]
+    changed = [f for f in result["files"] if f["bytes_written"]]
+    console.print(f"wrote {written} bytes to {len(changed)} file(s)" if written else "nothing to do: every "
+                  "applicable patch is already applied")
+    verification = result.get("verification")
+    if verification:
+        other = verification["other_drift"]
+        console.print("[green]verified[/]: verify-signatures reports none of the drift the patchset fixes"
+                      + (f"; {len(other)} other drift finding(s) remain (inv verify-signatures lists them)"
+                         if other else ""))
+
+
+def _show_revert(result: dict, host: Host) -> None:
+    if not result["files"]:
+        console.print(f"{host.name}: nothing to revert: no patch is recorded as applied by specrig")
+        return
+    for file in result["files"]:
+        console.print(f"{escape(file['path'])}: {escape(file['outcome'])} ({escape(', '.join(file['patches']))})")
+    console.print(f"{host.name}: wrote {result['bytes_written']} bytes")

@@ -1,0 +1,34 @@
+"""Preflight: the host's checks (remote/run/preflight.py) plus verify-signatures, before a launch."""
+from __future__ import annotations
+
+from specrig.drift.verify import verify_host
+from specrig.errors import CouldNotCheck
+from specrig.inventory import Host
+from specrig.run.settings import Request
+from specrig.transport import Remote
+
+PREFLIGHT_TIMEOUT_S = 120
+
+
+def preflight(remote: Remote, host: Host, request: Request) -> list[dict]:
+    """The host's checks plus verify-signatures, each {name, ok, detail, advice}."""
+    result = remote.call("preflight", {"workdir": host.workdir, "driver_args": request.driver_args},
+                         timeout=PREFLIGHT_TIMEOUT_S)
+    return [verify_check(remote, host, request.driver_args.get("model"))] + result["checks"]
+
+
+def verify_check(remote: Remote, host: Host, model: str | None) -> dict:
+    """verify-signatures as a preflight check: any finding of severity `drift` fails it."""
+    advice = (f"`inv verify-signatures --host {host.name}` lists it; "
+              f"`inv apply-patches --host {host.name}` fixes the known drift")
+    try:
+        report = verify_host(remote, model=model)
+    except CouldNotCheck as exc:
+        return {"name": "verify-signatures", "ok": False, "detail": f"could not check: {exc.one_line()}",
+                "advice": f"`inv doctor --host {host.name}` shows the host's packages"}
+    if not report.drift:
+        return {"name": "verify-signatures", "ok": True, "advice": None,
+                "detail": f"no drift ({len(report.findings)} note(s))"}
+    ids = sorted(report.ids)
+    return {"name": "verify-signatures", "ok": False, "advice": advice,
+            "detail": f"{len(report.drift)} drift finding(s): " + "; ".join(ids[:3]) + (" …" if len(ids) > 3 else "")}

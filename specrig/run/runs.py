@@ -1,0 +1,120 @@
+"""`inv extract`, `status`, `logs`, `stop`, `resume`: supervised extraction runs on a host.
+
+The host does the work (remote/run/runs.py, remote/run/supervisor.py); this side turns
+arguments and hosts.yaml's `extract:` defaults into the driver's arguments (settings.py),
+runs the preflight (preflight.py), launches, and shows what the host reports (view.py, live.py).
+"""
+from __future__ import annotations
+
+import time
+
+from specrig.contract import ACTIVE_STATES, SUCCEEDED
+from specrig.errors import Findings, UsageError
+from specrig.exit_status import ExitStatus
+from specrig.inventory import Host
+from specrig.run.preflight import preflight
+from specrig.run.settings import build_request
+from specrig.run.view import show_checks, show_run, show_runs, show_stop
+from specrig.transport import Remote, connect
+from specrig.ui import console, print_json
+
+RUN_TIMEOUT_S = 120
+
+
+def runs_call(remote: Remote, host: Host, action: str, args: dict, *, timeout: float = RUN_TIMEOUT_S) -> dict:
+    """One action of the host's `runs` command (launch, status, logs, stop, resume)."""
+    return remote.call("runs", {"action": action, "workdir": host.workdir, **args}, timeout=timeout)
+
+
+def extract(host: Host, given: dict, *, skip_preflight: bool, attach: bool, as_json: bool) -> int:
+    request = build_request(host, given)
+    with connect(host) as remote:
+        checks = [] if skip_preflight else preflight(remote, host, request)
+        failed = [c for c in checks if not c["ok"]]
+        if failed:
+            if as_json:
+                print_json({"launched": False, "preflight": checks})
+            else:
+                show_checks(checks)
+            raise Findings(f"{host.name}: preflight failed: {', '.join(c['name'] for c in failed)}; "
+                           f"nothing was launched", payload=checks,
+                           hint="fix what it says, or pass --skip-preflight to launch anyway")
+        if checks and not as_json:
+            show_checks(checks)
+        launched = runs_call(remote, host, "launch", {"host": host.name, "driver_args": request.driver_args,
+                                                      "env": request.env, "options": request.options})
+        if as_json:
+            print_json({"launched": True, "preflight": checks, **launched})
+            return ExitStatus.OK
+        console.print(f"launched run [bold]{launched['run_id']}[/] on {host.name} ({launched['path']})")
+        if not attach:
+            return ExitStatus.OK
+        return _attach(remote, host, launched["run_id"])
+
+
+def _attach(remote: Remote, host: Host, run_id: str) -> int:
+    from specrig.run.live import follow
+
+    final = follow(remote, host, run_id)
+    if final is None:
+        return ExitStatus.OK  # detached: the run goes on
+    return ExitStatus.OK if final["state"] == SUCCEEDED else ExitStatus.FINDINGS
+
+
+def status(host: Host, run_id: str | None, *, as_json: bool) -> int:
+    with connect(host) as remote:
+        result = runs_call(remote, host, "status", {"run": run_id})
+    if as_json:
+        print_json(result)
+        return ExitStatus.OK
+    if run_id:
+        show_run(result["runs"][0], log_tail=result.get("log_tail"))
+    else:
+        show_runs(result["runs"], host)
+    return ExitStatus.OK
+
+
+def logs(host: Host, run_id: str | None, *, follow: bool, lines: int) -> int:
+    if lines < 1:
+        raise UsageError(f"-n {lines!r}: give a positive number of lines")
+    with connect(host) as remote:
+        result = runs_call(remote, host, "logs", {"run": run_id, "lines": lines})
+        console.print(result["text"], markup=False, highlight=False, soft_wrap=True)
+        if not follow:
+            return ExitStatus.OK
+        offset, run_id = result["offset"], result["run_id"]
+        try:
+            while True:
+                time.sleep(1)
+                chunk = runs_call(remote, host, "logs", {"run": run_id, "offset": offset})
+                if chunk["text"]:
+                    console.out(chunk["text"], end="", highlight=False)
+                offset = chunk["offset"]
+                if chunk["state"] not in ACTIVE_STATES:
+                    console.print(f"\n(run {run_id} is {chunk['state']})", markup=False)
+                    return ExitStatus.OK
+        except KeyboardInterrupt:
+            console.print(f"\nstopped following; run {run_id} goes on")
+            return ExitStatus.OK
+
+
+def stop(host: Host, run_id: str | None, *, as_json: bool) -> int:
+    with connect(host) as remote:
+        result = runs_call(remote, host, "stop", {"run": run_id}, timeout=300)
+    if as_json:
+        print_json(result)
+    else:
+        show_stop(result)
+    return ExitStatus.OK if result["clean"] else ExitStatus.FINDINGS
+
+
+def resume(host: Host, run_id: str | None, *, attach: bool, as_json: bool) -> int:
+    with connect(host) as remote:
+        result = runs_call(remote, host, "resume", {"run": run_id})
+        if as_json:
+            print_json(result)
+            return ExitStatus.OK
+        console.print(f"resumed run [bold]{result['run_id']}[/] (was {result['resumed_from']})")
+        return _attach(remote, host, result["run_id"]) if attach else ExitStatus.OK
+
+

@@ -1,0 +1,117 @@
+"""What `inv extract` takes: one table of settings, mapped to the driver's arguments.
+
+The table is the one definition of each setting's name (on the command line and in hosts.yaml's
+`extract:`), its driver argument, its type and its help text; the task's help is built from it
+and the defaults come from the driver's own (remote/contract.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from specrig.contract import DRIVER_DEFAULTS, SUPERVISOR_DEFAULTS
+from specrig.errors import UsageError
+from specrig.inventory import Host
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One `inv extract` setting: its name here and in hosts.yaml, the driver's name, its type, its help."""
+
+    name: str
+    driver_key: str
+    kind: type
+    help: str
+    #: What happens without a value, where the driver's default (remote/contract.py) does not say it.
+    fallback: str | None = None
+
+    @property
+    def task_help(self) -> str:
+        """The task's help: what it is, then where its value comes from when not given."""
+        fallback = self.fallback if self.fallback is not None else DRIVER_DEFAULTS.get(self.driver_key)
+        return f"{self.help} (default: extract.{self.name}" + (f", else {fallback})" if fallback is not None else ")")
+
+
+#: What `inv extract` takes and hosts.yaml's `extract:` may hold, mapped to the driver's arguments.
+SETTINGS = {s.name: s for s in (
+    Setting("model", "model", str, "model directory on the host"),
+    Setting("data", "dataset", str, "dataset on the host: .json/.jsonl conversations, or sharegpt/ultrachat"),
+    Setting("out", "output_dir", str, "output directory on the host"),
+    Setting("tp", "tensor_parallel_size", int, "tensor-parallel size", "all visible GPUs"),
+    Setting("layers", "layer_ids", list, "layer ids to capture, comma-separated, e.g. 2,30,58,60",
+            "speculators' choice"),
+    Setting("batch_size", "batch_size", int, "samples per generate() call"),
+    Setting("max_len", "max_length", int, "tokens per sample"),
+    Setting("max_samples", "max_samples", int, "take at most this many conversations", "all"),
+    Setting("seed", "seed", int, "dataset shuffle seed"),
+    Setting("load_format", "load_format", str, "vLLM load format (dummy: random weights)", "the model's weights"),
+    Setting("gpu_memory_utilization", "gpu_memory_utilization", float, "fraction of GPU memory vLLM may take"),
+)}
+#: Supervision options hosts.yaml's `extract:` may also hold, typed by their defaults.
+OPTIONS = {name: type(default) for name, default in SUPERVISOR_DEFAULTS.items()}
+REQUIRED = ("model", "data", "out")
+
+
+def task_help(*names: str) -> dict[str, str]:
+    """Invoke's help= for the task parameters among SETTINGS."""
+    return {name: SETTINGS[name].task_help for name in names}
+
+
+def parse_layers(text: str | list) -> list[int]:
+    """`2,30,58,60` (or a YAML list) as a list of layer ids."""
+    items = text if isinstance(text, list) else [p for p in str(text).replace(" ", "").split(",") if p]
+    try:
+        layers = [int(item) for item in items]
+    except (TypeError, ValueError):
+        raise UsageError(f"--layers {text!r}: give layer ids separated by commas, e.g. 2,30,58,60") from None
+    if not layers or any(layer < 0 for layer in layers):
+        raise UsageError(f"--layers {text!r}: give non-negative layer ids, e.g. 2,30,58,60")
+    return layers
+
+
+def _coerce(name: str, value, kind: type, where: str):
+    if kind is list:
+        return parse_layers(value)
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        raise UsageError(f"{where} {value!r}: expected true or false")
+    try:
+        coerced = kind(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"{where} {value!r}: expected {kind.__name__}") from None
+    if kind in (int, float) and (isinstance(value, bool) or coerced <= 0) and name != "seed":
+        raise UsageError(f"{where} {value!r}: expected a positive number")
+    return coerced
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """A launch: the driver's arguments, the supervisor's options, the env of the job."""
+
+    driver_args: dict
+    options: dict
+    env: dict
+
+
+def build_request(host: Host, given: dict) -> Request:
+    """Command-line values over hosts.yaml's `extract:` defaults; every bad value named."""
+    defaults = dict(host.extract)
+    unknown = sorted(set(defaults) - set(SETTINGS) - set(OPTIONS))
+    if unknown:
+        raise UsageError(f"hosts.yaml: hosts.{host.name}.extract.{unknown[0]}: unknown key",
+                         hint=f"allowed: {', '.join([*SETTINGS, *OPTIONS])}")
+    driver_args, options = {}, {}
+    for name, setting in SETTINGS.items():
+        value, where = given.get(name), f"--{name.replace('_', '-')}"
+        if value is None:
+            value, where = defaults.get(name), f"hosts.yaml: hosts.{host.name}.extract.{name}"
+        if value is not None:
+            driver_args[setting.driver_key] = _coerce(name, value, setting.kind, where)
+    for name, kind in OPTIONS.items():
+        if name in defaults:
+            options[name] = _coerce(name, defaults[name], kind, f"hosts.yaml: hosts.{host.name}.extract.{name}")
+    for name in REQUIRED:
+        if SETTINGS[name].driver_key not in driver_args:
+            raise UsageError(f"no --{name} given and hosts.yaml has no hosts.{host.name}.extract.{name}",
+                             hint=f"pass --{name} or add it under `extract:` for {host.name}")
+    return Request(driver_args=driver_args, options=options, env=dict(host.env))

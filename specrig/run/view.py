@@ -1,0 +1,114 @@
+"""How people see runs: the runs table, one run in detail, its failures, the preflight checks."""
+from __future__ import annotations
+
+from rich.table import Table
+
+from specrig.inventory import Host
+from specrig.ui import console, gpu_table
+
+
+def show_checks(checks: list[dict]) -> None:
+    table = Table(title="preflight")
+    for column in ("check", "", "detail"):
+        table.add_column(column, overflow="fold")
+    for item in checks:
+        mark = "[green]ok[/]" if item["ok"] else "[bold red]FAIL[/]"
+        detail = item["detail"] + (f"\n[yellow]→ {item['advice']}[/]" if item.get("advice") else "")
+        table.add_row(item["name"], mark, detail)
+    console.print(table)
+
+
+STATE_STYLE = {"succeeded": "green", "running": "cyan", "starting": "cyan", "restarting": "yellow",
+               "stalled": "yellow", "failed": "bold red", "lost": "bold red", "stopped": "magenta"}
+
+
+def _progress(run: dict) -> str:
+    beat = run.get("heartbeat") or {}
+    done, total = beat.get("samples_done"), beat.get("samples_total")
+    if done is None:
+        return "-"
+    return f"{done}/{total}" if total else str(done)
+
+
+def show_runs(runs: list[dict], host: Host) -> None:
+    if not runs:
+        console.print(f"no runs on {host.name} yet")
+        return
+    table = Table(title=f"runs on {host.name}")
+    for column in ("run", "state", "phase", "samples", "attempts", "output", "last failure"):
+        table.add_column(column, overflow="fold")
+    for run in runs:
+        failure = run.get("last_failure") or {}
+        style = STATE_STYLE.get(run["state"], "")
+        table.add_row(run["run_id"], f"[{style}]{run['state']}[/]" if style else run["state"],
+                      (run.get("heartbeat") or {}).get("phase") or "-", _progress(run),
+                      str(len(run.get("attempts") or [])), run.get("out") or "-",
+                      failure["kind"] + (f" ({failure['callee']})" if failure.get("callee") else "")
+                      if failure else "")
+    console.print(table)
+
+
+def show_run(run: dict, *, log_tail: str | None = None) -> None:
+    grid = Table.grid(padding=(0, 2))
+    style = STATE_STYLE.get(run["state"], "")
+    grid.add_row("run", run["run_id"])
+    grid.add_row("state", f"[{style}]{run['state']}[/]" if style else run["state"])
+    beat = run.get("heartbeat") or {}
+    grid.add_row("phase", f"{beat.get('phase') or '-'}, {_progress(run)} samples"
+                          + (f", {beat['tokens_per_s']:.0f} tokens/s" if beat.get("tokens_per_s") else "")
+                          + (f", ETA {format_duration(beat['eta_s'])}" if beat.get("eta_s") else ""))
+    grid.add_row("output", run.get("out") or "-")
+    grid.add_row("attempts", f"{len(run.get('attempts') or [])} (restarts this supervisor: {run.get('restarts', 0)})")
+    for attempt in run.get("attempts") or []:
+        failure = attempt.get("failure")
+        if failure:
+            grid.add_row(f"  attempt {attempt['attempt']}", describe_failure(failure))
+    if run.get("stalled"):
+        grid.add_row("stalled", f"no progress for {run.get('seconds_since_progress')} s")
+    console.print(grid)
+    show_gpus(run.get("gpus"), run.get("gpu_apps") or [])
+    if log_tail:
+        console.rule("last log lines")
+        console.print(log_tail, markup=False, highlight=False, soft_wrap=True)
+
+
+def describe_failure(failure: dict) -> str:
+    text = f"[bold]{failure['kind']}[/]: {failure['explain']}"
+    if failure.get("callee"):
+        text += f"\n    callee: {failure['callee']}"
+    if failure.get("caller"):
+        text += f"\n    at: {failure['caller']}"
+    if failure.get("evidence"):
+        text += f"\n    log: {failure['evidence']}"
+    text += f"\n    [yellow]→ {failure['advice']}[/]"
+    text += "\n    " + ("restarted (retryable)" if failure.get("retryable") else "not restarted: it would repeat")
+    return text
+
+
+def show_gpus(gpus: dict | None, apps: list[dict]) -> None:
+    if gpus and gpus.get("available"):
+        console.print(gpu_table(gpus["gpus"], apps=apps, title="GPUs"))
+
+
+def format_duration(seconds: float) -> str:
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
+
+
+def show_stop(result: dict) -> None:
+    """What `inv stop` ended, and whether the GPUs let go of the run's memory."""
+    console.print(f"run {result['run_id']}: was {result['was']}, now {result['state']}; "
+                  f"{len(result['pids'])} process(es) of its group ended")
+    for proc in result["left"]:
+        console.print(f"[bold red]still alive:[/] pid {proc['pid']} ({proc['state']}) {proc['cmdline']}")
+    for app in result["gpu_memory_held"]:
+        console.print(f"[bold red]GPU memory still held:[/] pid {app['pid']} {app['memory_used_mib']:.0f} MiB "
+                      f"on {app['gpu_uuid']}")
+    for gpu in result["gpu_memory"]:
+        if gpu["held_by_run_mib"]:
+            verdict = "[bold red]NOT released[/]" if gpu["not_released"] else "released"
+            console.print(f"GPU {gpu['index']}: the run held {gpu['held_by_run_mib']:.0f} MiB: {verdict} "
+                          f"(used {gpu['used_before_mib']:.0f} → {gpu['used_after_mib']:.0f} MiB)")
+    if result["clean"]:
+        console.print("nothing of the run is left: no process of its group, no GPU memory held by it")

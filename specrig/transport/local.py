@@ -1,0 +1,58 @@
+"""`--host local`: the same bundle and entry.py as over SSH, run in a subprocess, no SSH."""
+from __future__ import annotations
+
+import io
+import shutil
+import subprocess
+import tarfile
+import uuid
+from pathlib import Path
+
+from specrig.errors import RemotePythonError, RemoteTimeout
+from specrig.inventory import Host
+from specrig.transport.base import CACHE, DEADLINE_GRACE_S, Remote
+from specrig.transport.bundle import Bundle
+
+
+class LocalRemote(Remote):
+    """`--host local`: the same bundle and entry.py as over SSH, run in a subprocess, no SSH."""
+
+    def __init__(self, host: Host, bundle: Bundle):
+        super().__init__(host)
+        self.bundle = bundle
+        self.cache = Path.home() / CACHE
+        self.bundle_path = self.cache / "bundles" / bundle.digest
+        self.uploaded = False
+
+    def _unpack_bundle(self) -> None:
+        if (self.bundle_path / ".complete").exists():
+            return
+        staging = self.bundle_path.parent / f".incoming-{uuid.uuid4().hex}"
+        staging.mkdir(parents=True)
+        with tarfile.open(fileobj=io.BytesIO(self.bundle.tar_bytes), mode="r:gz") as tar:
+            tar.extractall(staging, filter="data")
+        try:
+            staging.rename(self.bundle_path)
+        except OSError:  # another process unpacked the same bundle first
+            shutil.rmtree(staging, ignore_errors=True)
+        self.uploaded = True
+
+    def _run(self, body: bytes, timeout: float | None) -> tuple[int, str, str]:
+        self._unpack_bundle()
+        calls = self.cache / "calls"
+        calls.mkdir(parents=True, exist_ok=True)
+        call_file = calls / f"{uuid.uuid4().hex}.json"
+        call_file.write_bytes(body)
+        self.exec_count += 1
+        try:
+            # A new session: the deadline kills the call's process group, never us.
+            proc = subprocess.run([self.host.python, str(self.bundle_path / "remote" / "entry.py"), str(call_file)],
+                                  stdin=subprocess.DEVNULL, capture_output=True,
+                                  timeout=timeout + DEADLINE_GRACE_S if timeout else None, start_new_session=True)
+        except FileNotFoundError:
+            raise RemotePythonError(f"local python {self.host.python!r} not found") from None
+        except subprocess.TimeoutExpired:
+            raise RemoteTimeout(f"local: call exceeded {timeout:.0f} s") from None
+        finally:
+            call_file.unlink(missing_ok=True)
+        return proc.returncode, proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace")
