@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,42 @@ sys.path.insert(0, str(REPO / "remote"))  # remote/ modules are plain stdlib mod
 
 def lab_is_up() -> bool:
     return LAB_READY.exists()
+
+
+def pytest_collection_modifyitems(items):
+    """Markers from what a test needs, so that none is forgotten: `lab` for every test using the
+    `lab` fixture, `runnable` (and `slow`: they load models) for tests of modules importing
+    tests/runnable_env.py, which needs `inv lab.up --runnable`."""
+    for item in items:
+        if "lab" in getattr(item, "fixturenames", ()):
+            item.add_marker("lab")
+            module = getattr(item, "module", None)
+            if module is not None and "runnable_env_or_skip" in vars(module):
+                item.add_marker("runnable")
+                item.add_marker("slow")
+
+
+def find_python(version: str) -> Path | None:
+    """An interpreter of `version` ("3.9", "2.7"): $SPECRIG_TEST_PYTHON_<digits> (e.g.
+    SPECRIG_TEST_PYTHON_39), else `pythonX.Y` on PATH, else pyenv's versions; None if none."""
+    named = os.environ.get("SPECRIG_TEST_PYTHON_" + version.replace(".", ""))
+    candidates = [Path(named)] if named else []
+    on_path = shutil.which(f"python{version}")
+    if on_path:
+        candidates.append(Path(on_path))
+    pyenv = shutil.which("pyenv")
+    if pyenv:
+        root = subprocess.run([pyenv, "root"], capture_output=True, text=True).stdout.strip()
+        candidates += sorted(Path(root, "versions").glob(f"{version}.*/bin/python"), reverse=True)
+    for candidate in candidates:
+        # pyenv's shims exist for versions that are not active; ask the interpreter itself.
+        try:
+            answer = subprocess.run([str(candidate), "--version"], capture_output=True, text=True, timeout=30)
+        except OSError:
+            continue
+        if re.search(rf"Python {re.escape(version)}\.", answer.stdout + answer.stderr):
+            return candidate
+    return None
 
 
 @pytest.fixture(scope="session")

@@ -116,7 +116,7 @@ def test_smoke_without_a_model_says_how_to_give_one(runnable):
 
 
 def test_shrinking_keeps_the_architecture_and_every_per_layer_list():
-    import smoke
+    from run import smoke
 
     # A Kimi-K2.5-like wrapper: DeepSeek-V3 text model (MLA, MoE, quantized) inside a multimodal config.
     text = {"architectures": ["DeepseekV3ForCausalLM"], "num_hidden_layers": 61, "hidden_size": 7168,

@@ -156,11 +156,19 @@ def test_bad_patchsets_are_named(tmp_path, mutate, message):
         patchset.load_all(str(tmp_path))
 
 
-def test_the_shipped_patchset_is_valid():
-    import yaml
-    from patchenv import PATCHSET
-    from conftest import REPO
+def test_every_shipped_patchset_is_valid_as_the_host_loads_it(tmp_path):
+    """Every folder of patchsets/, through the bundle (YAML turned into JSON) and the engine's loader."""
+    import io
+    import tarfile
 
-    folder = REPO / "patchsets" / PATCHSET
-    loaded = patchset.Patchset(yaml.safe_load((folder / "patchset.yaml").read_text()), folder=str(folder))
-    assert all(patch.description and patch.edit.describe() for patch in loaded.patches)
+    from conftest import REPO
+    from specrig.transport.bundle import current_bundle
+
+    with tarfile.open(fileobj=io.BytesIO(current_bundle().tar_bytes), mode="r:gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    shipped = sorted(p.name for p in (REPO / "patchsets").iterdir() if (p / "patchset.yaml").is_file())
+    loaded = patchset.load_all(str(tmp_path / "patchsets"))
+    assert sorted(loaded) == shipped and len(shipped) >= 2
+    for name in shipped:
+        assert loaded[name].patches, name
+        assert all(patch.description and patch.edit.describe() for patch in loaded[name].patches), name

@@ -1,16 +1,15 @@
 """Everything in remote/ runs on the host's own Python, 3.9 and newer: check it with a real 3.9."""
 import dataclasses
 import subprocess
-from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, find_python
 from specrig.inventory import load_inventory
 from specrig.transport import connect
 
-PYTHON39 = Path("/root/.pyenv/versions/3.9.18/bin/python")
-needs39 = pytest.mark.skipif(not PYTHON39.exists(), reason="no Python 3.9 on this machine")
+PYTHON39 = find_python("3.9")
+needs39 = pytest.mark.skipif(PYTHON39 is None, reason="no Python 3.9 on this machine (set SPECRIG_TEST_PYTHON_39)")
 
 
 @needs39

@@ -263,9 +263,9 @@ def load_all(directory=PATCHSETS_DIR):
         found[name] = Patchset(data, folder=os.path.join(directory, name))
     if not found and any(os.path.isfile(os.path.join(directory, name, "patchset.yaml"))
                          for name in os.listdir(directory)):
-        # A source tree, not a bundle: only specrig/bundle.py turns the YAML into the JSON read here.
+        # A source tree, not a bundle: only specrig/transport/bundle.py turns the YAML into the JSON read here.
         raise NotABundle("%s holds patchset.yaml files but no patchset.json: the engine runs from a bundle "
-                         "(specrig/bundle.py converts them), not from the source tree" % directory)
+                         "(specrig/transport/bundle.py converts them), not from the source tree" % directory)
     return found
 
 

@@ -1,6 +1,6 @@
 """`inv apply-patches`, `inv patch-status`, `inv revert-patches`: the laptop half of the patch engine.
 
-The engine runs on the host (remote/patch.py); patchsets travel in the bundle
+The engine runs on the host (remote/patching/patch.py); patchsets travel in the bundle
 (patchsets/README.md documents the format). Here: one connection per task,
 typed failures, verification after applying, and output for people or scripts.
 

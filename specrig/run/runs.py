@@ -12,6 +12,7 @@ from specrig.contract import ACTIVE_STATES, SUCCEEDED
 from specrig.errors import Findings, UsageError
 from specrig.exit_status import ExitStatus
 from specrig.inventory import Host
+from specrig.run.live import follow
 from specrig.run.preflight import preflight
 from specrig.run.settings import build_request
 from specrig.run.view import show_checks, show_run, show_runs, show_stop
@@ -53,8 +54,6 @@ def extract(host: Host, given: dict, *, skip_preflight: bool, attach: bool, as_j
 
 
 def _attach(remote: Remote, host: Host, run_id: str) -> int:
-    from specrig.run.live import follow
-
     final = follow(remote, host, run_id)
     if final is None:
         return ExitStatus.OK  # detached: the run goes on

@@ -1,6 +1,6 @@
 """`inv smoke`: run the extraction driver on a shrunk, randomly weighted copy of the target model.
 
-The host does it (remote/smoke.py): the target's own config.json with a few layers and small
+The host does it (remote/run/smoke.py): the target's own config.json with a few layers and small
 dimensions, `load_format: dummy`, a few built-in conversations, through the very driver and code
 path `inv extract` uses. Every runtime drift (signature, behaviour, platform) shows in about a
 minute instead of after a full model load; the failure is named (exception, the speculators
