@@ -40,7 +40,8 @@ FIELDS = {f.name: f for f in (
     Field("workdir", (str,), "~/specrig", "where runs, logs and outputs live on the host"),
     Field("env", (dict,), {}, "variables for remote jobs (CUDA_VISIBLE_DEVICES, NCCL_*)"),
     Field("gpus", (int,), None, "number of GPUs the host has"),
-    Field("host_key_policy", (str,), "reject", "reject unknown host keys, or accept-new (record on first use)"),
+    Field("host_key_policy", (str,), None, "reject unknown host keys, or accept-new (record on first use); "
+          "default: ssh_config's StrictHostKeyChecking, else reject"),
     Field("extract", (dict,), {}, "defaults for `inv extract`: model, data, out, tp, layers, batch_size, ..."),
     Field("description", (str,), "", "free text shown by `inv hosts`"),
 )}
@@ -59,10 +60,11 @@ class Host:
     workdir: str = "~/specrig"
     env: dict = dataclasses.field(default_factory=dict)
     gpus: int | None = None
-    host_key_policy: str = "reject"
+    #: None: ssh_config's StrictHostKeyChecking decides, else unknown keys are refused.
+    host_key_policy: str | None = None
     extract: dict = dataclasses.field(default_factory=dict)
     description: str = ""
-    #: Project known_hosts file, beside hosts.yaml.
+    #: Project known_hosts file that goes with hosts.yaml (inventory.known_hosts_for).
     known_hosts: str | None = None
 
     @property

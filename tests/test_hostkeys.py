@@ -1,9 +1,20 @@
 """Host keys: unknown refused with the fingerprint and a hint, trust-host records, changed refused."""
+import json
 import subprocess
 
+import pytest
 
 from conftest import inv, lab_entry
 from specrig.exit_status import ExitStatus
+
+
+@pytest.fixture(autouse=True)
+def empty_home(tmp_path, monkeypatch):
+    """Only the project known_hosts counts here: no ~/.ssh/known_hosts or ssh_config of the user's."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("SPECRIG_SSH_CONFIG", raising=False)
 
 
 def lab_fingerprint() -> str:
@@ -48,3 +59,14 @@ def test_accept_new_records_on_first_use(lab, make_inventory):
     inventory = make_inventory({"hosts": {"lab": lab_entry(host_key_policy="accept-new")}})
     assert inv("doctor", "--host", "lab", "--json", inventory=inventory).returncode == 0
     assert "ssh-ed25519" in (inventory.parent / ".specrig" / "known_hosts").read_text()
+
+
+def test_trust_host_records_even_when_login_fails(lab, make_inventory, tmp_path):
+    """The key exchange comes before authentication: the key is recorded, the failure noted."""
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(tmp_path / "stranger")], check=True)
+    inventory = make_inventory({"hosts": {"lab": lab_entry(identity_file=str(tmp_path / "stranger"))}})
+    result = inv("trust-host", "--host", "lab", "--json", inventory=inventory)
+    assert result.returncode == 0, result.stderr
+    answer = json.loads(result.stdout)
+    assert answer["recorded"] and not answer["authenticated"] and answer["fingerprint"] == lab_fingerprint()
+    assert "[127.0.0.1]:2222 ssh-ed25519" in (inventory.parent / ".specrig" / "known_hosts").read_text()

@@ -4,6 +4,7 @@ from __future__ import annotations
 import functools
 
 import invoke
+from rich.markup import escape
 
 from specrig.errors import SpecrigError
 from specrig.exit_status import ExitStatus
@@ -18,7 +19,8 @@ def guarded(function):
         try:
             status = function(*args, **kwargs)
         except SpecrigError as exc:
-            errors.print(f"[bold red]error:[/] {exc.one_line()}", markup=True, soft_wrap=True)
+            # Escaped: `[host]:port` in a message is text, not rich markup.
+            errors.print(f"[bold red]error:[/] {escape(exc.one_line())}", markup=True, soft_wrap=True)
             if exc.detail:
                 errors.print(exc.detail.rstrip(), markup=False, soft_wrap=True)
             raise invoke.Exit(code=int(exc.exit_status)) from None

@@ -41,16 +41,9 @@ def doctor(c, host, json=False):
 def trust_host(c, host, json=False):
     """Show a host's key fingerprint and record it in the project known_hosts (a changed key is refused)."""
     from specrig.transport.trust import trust_host as trust
-    from specrig.ui import console, print_json
+    from specrig.ui.trust import show_trust
 
-    result = trust(load_inventory().host(host))
-    if json:
-        print_json(result)
-    elif result["recorded"]:
-        console.print(f"recorded {result.get('key_type', '')} {result.get('fingerprint', '')} for {host} "
-                      f"in {result['known_hosts']}")
-    else:
-        console.print(f"{host} is already trusted: {result['key_type']} {result['fingerprint']}")
+    show_trust(trust(load_inventory().host(host)), as_json=json)
 
 
 @task(help={"runnable": "also build the CPU vLLM environment that can run the extraction (~5 min, 8 GB)"})

@@ -148,22 +148,35 @@ def _fabric_connection(host: Host):
     config = fabric.Config(runtime_ssh_path=os.environ.get("SPECRIG_SSH_CONFIG") or None)
     connection = fabric.Connection(host.hostname or host.name, user=host.user, port=host.port, config=config,
                                    connect_timeout=CONNECT_TIMEOUT_S, connect_kwargs=connect_kwargs)
-    hostkeys.install(connection.client, known_hosts=host.known_hosts, policy=host.host_key_policy)
-    if isinstance(connection.gateway, fabric.Connection):
-        hostkeys.install(connection.gateway.client, known_hosts=host.known_hosts, policy=host.host_key_policy)
-    return connection
+    # Every ProxyJump hop is an SSH connection of its own: each one's key is verified, against the
+    # files and StrictHostKeyChecking of its own ssh_config entry.
+    checks, hop = [], connection
+    while isinstance(hop, fabric.Connection):
+        checks.append(hostkeys.install(hop, known_hosts=host.known_hosts, policy=host.host_key_policy,
+                                       trust_name=host.name))
+        hop = hop.gateway
+    return connection, checks
 
 
-def open_ssh(host: Host):
-    """An open Fabric connection with host keys verified and keepalive on; typed errors otherwise."""
-    connection = _fabric_connection(host)
+def open_ssh(host: Host, *, host_keys: list | None = None):
+    """An open Fabric connection with host keys verified and keepalive on; typed errors otherwise.
+
+    `host_keys`, when given, receives each hop's HostKeyCheck (the host's first, then its
+    gateways) before connecting, so that a caller sees what was recorded even when
+    authentication then fails (trust-host).
+    """
+    connection, checks = _fabric_connection(host)
+    if host_keys is not None:
+        host_keys.extend(checks)
     target = f"{host.name} ({connection.user}@{connection.host}:{connection.port})"
     try:
         connection.open()
     except SpecrigError:
         raise
     except paramiko.BadHostKeyException as exc:
-        raise hostkeys.changed_key_error(target, exc, host.known_hosts) from None
+        # A gateway's refusal surfaces here too: name the hop whose key changed.
+        check = next((c for c in checks if c.holder(exc.expected_key)), checks[0])
+        raise check.changed(target if check is checks[0] else f"gateway {check.name} of {host.name}", exc) from None
     except paramiko.AuthenticationException as exc:
         raise AuthFailed(f"{target}: authentication failed: {exc}",
                          hint="check `user` and `identity_file` in hosts.yaml, or your ssh-agent") from None

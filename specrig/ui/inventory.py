@@ -18,6 +18,13 @@ def show_inventory(inventory: Inventory, *, as_json: bool) -> None:
     for host in inventory:
         groups = ", ".join(g for g, members in inventory.groups.items() if host.name in members)
         table.add_row(host.name, host.describe(), host.python, host.workdir,
-                      str(host.gpus) if host.gpus is not None else "-", host.host_key_policy, groups,
+                      str(host.gpus) if host.gpus is not None else "-", _policy(host), groups,
                       host.description)
     console.print(table)
+
+
+def _policy(host) -> str:
+    if host.is_local:
+        return "-"
+    # None: ssh_config's StrictHostKeyChecking decides, and unknown keys are refused without it.
+    return host.host_key_policy or "ssh_config"
