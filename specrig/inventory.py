@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from specrig.errors import InventoryError
+from specrig.paths import checkout_dir, config_dir
 from specrig.yamlfile import parse_yaml
 
 LOCAL = "local"
@@ -108,25 +109,80 @@ class Inventory:
         return iter(self.hosts.values())
 
 
-def default_path() -> Path:
-    """$SPECRIG_HOSTS, else hosts.yaml in the current directory, else the project's own."""
+#: The file named by `specrig --hosts FILE` (set by specrig.cli.program through use_hosts_file):
+#: first in the lookup order. A module setting rather than an environment variable, so that a
+#: missing file's error can say which of the two named it.
+_hosts_flag: Path | None = None
+
+
+def use_hosts_file(path: str | os.PathLike | None) -> None:
+    """Make `path` this process's inventory, ahead of $SPECRIG_HOSTS (`specrig --hosts FILE`)."""
+    global _hosts_flag
+    _hosts_flag = Path(os.path.expanduser(path)).absolute() if path else None
+
+
+def user_inventory() -> Path:
+    """The user-level inventory: ~/.config/specrig/hosts.yaml (or under $XDG_CONFIG_HOME)."""
+    return config_dir() / "hosts.yaml"
+
+
+def locate() -> tuple[Path, str | None]:
+    """The inventory to read and what named it ('--hosts', 'SPECRIG_HOSTS', or None when found).
+
+    Order: `specrig --hosts FILE`, $SPECRIG_HOSTS, ./hosts.yaml, ~/.config/specrig/hosts.yaml, and
+    last, only when specrig runs from a source checkout, the checkout's own hosts.yaml (so that
+    `inv` works from any directory of a clone, as it always has). A file named by --hosts or
+    SPECRIG_HOSTS is used even if missing (load_inventory then says so); the others only if they exist.
+    """
+    if _hosts_flag:
+        return _hosts_flag, "--hosts"
     if os.environ.get("SPECRIG_HOSTS"):
-        return Path(os.environ["SPECRIG_HOSTS"])
-    here = Path.cwd() / "hosts.yaml"
-    return here if here.exists() else Path(__file__).resolve().parent.parent / "hosts.yaml"
+        return Path(os.path.expanduser(os.environ["SPECRIG_HOSTS"])), "SPECRIG_HOSTS"
+    places = [Path.cwd() / "hosts.yaml", user_inventory()]
+    checkout = checkout_dir()
+    if checkout:
+        places.append(checkout / "hosts.yaml")
+    for place in places:
+        if place.is_file():
+            return place, None
+    raise InventoryError(
+        f"no inventory: none of {', '.join(map(str, places))} exists, and neither --hosts nor SPECRIG_HOSTS is set",
+        hint=f"create ./hosts.yaml or {user_inventory()} as the README's hosts.yaml section shows, "
+             "or name one with `specrig --hosts FILE` or SPECRIG_HOSTS=FILE")
+
+
+def default_path() -> Path:
+    """The inventory load_inventory() reads when given no path (see locate for the order)."""
+    return locate()[0]
 
 
 def load_inventory(path: str | os.PathLike | None = None) -> Inventory:
-    path = Path(path) if path else default_path()
+    named_by = None
+    if path:
+        path = Path(path)
+    else:
+        path, named_by = locate()
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise InventoryError(f"{path}: inventory file not found",
-                             hint="create it (see the README's hosts.yaml section) or set SPECRIG_HOSTS") from None
+        fix = {"--hosts": "named by --hosts: check the path",
+               "SPECRIG_HOSTS": "named by SPECRIG_HOSTS: fix or unset it"}.get(
+                   named_by, "create it (the README's hosts.yaml section)")
+        raise InventoryError(f"{path}: inventory file not found", hint=fix) from None
     except OSError as exc:
         raise InventoryError(f"{path}: cannot read inventory: {exc.strerror}") from None
     data = parse_yaml(text, path=path, error=InventoryError)
     return parse_inventory(data if data is not None else {}, path=path)
+
+
+def known_hosts_for(inventory_path: Path) -> Path:
+    """The project known_hosts that goes with an inventory: `.specrig/known_hosts` beside it, or,
+    for the user-level inventory's directory (~/.config/specrig), `known_hosts` in that directory
+    (a hidden `.specrig/` inside specrig's own config directory would only be noise)."""
+    directory = inventory_path.resolve().parent
+    if directory == config_dir().resolve():
+        return directory / "known_hosts"
+    return directory / ".specrig" / "known_hosts"
 
 
 def parse_inventory(data: Any, *, path: Path) -> Inventory:
@@ -142,7 +198,7 @@ def parse_inventory(data: Any, *, path: Path) -> Inventory:
     raw_hosts = data.get("hosts") or {}
     if not isinstance(raw_hosts, dict):
         raise fail("hosts", f"expected a mapping of host names, got {raw_hosts!r:.60}")
-    known_hosts = str(path.resolve().parent / ".specrig" / "known_hosts")
+    known_hosts = str(known_hosts_for(path))
     hosts = {}
     for name, entry in raw_hosts.items():
         if not isinstance(name, str) or not name or name == LOCAL:

@@ -1,10 +1,10 @@
 """An installed (non-editable) copy carries remote/ and patchsets/ and runs the same primitive."""
+from __future__ import annotations
+
 import json
 import subprocess
-import sys
-import venv
 
-from conftest import REPO
+from test_wheel import install_once
 
 PROGRAM = """
 import json, sys
@@ -17,19 +17,15 @@ print(json.dumps({"remote_dir": str(remote_dir()), "patchsets": str(patchsets_di
 """
 
 
-def test_wheel_install_runs_doctor_locally(tmp_path):
-    wheels = tmp_path / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "-w",
-                    str(wheels), str(REPO)], check=True, capture_output=True, cwd=tmp_path)
-    env_dir = tmp_path / "venv"
-    venv.create(env_dir, with_pip=True)
-    python = env_dir / "bin" / "python"
-    subprocess.run([str(python), "-m", "pip", "install", "--quiet", *wheels.glob("*.whl")], check=True,
-                   capture_output=True)
+def test_wheel_install_runs_doctor_locally(tmp_path_factory, tmp_path):
+    # The same wheel and venv as tests/test_wheel.py (built once a session).
+    installed = install_once(tmp_path_factory)
     script = tmp_path / "program.py"
     script.write_text(PROGRAM)
-    out = subprocess.run([str(python), str(script)], check=True, capture_output=True, text=True, cwd=tmp_path).stdout
+    out = subprocess.run([str(installed.python), str(script)], check=True, capture_output=True, text=True,
+                         cwd=tmp_path, env=installed.env()).stdout
     result = json.loads(out)
+    assert result["remote_dir"].startswith(str(installed.venv))
     assert "site-packages/specrig/_data/remote" in result["remote_dir"]
     assert result["patchsets"].endswith("_data/patchsets")
-    assert result["python"]["executable"].startswith(str(env_dir))
+    assert result["python"]["executable"].startswith(str(installed.venv))

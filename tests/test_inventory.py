@@ -1,6 +1,10 @@
-"""hosts.yaml validation: each problem is one line naming the file, the key and the bad value; exit 2."""
+"""hosts.yaml validation: each problem is one line naming the file, the key and the bad value; exit 2.
+And where the inventory is found: --hosts, $SPECRIG_HOSTS, ./hosts.yaml, ~/.config/specrig/hosts.yaml."""
+from pathlib import Path
+
 import pytest
 
+import specrig.inventory as inventory_module
 from conftest import REPO, inv
 from specrig.errors import InventoryError
 from specrig.exit_status import ExitStatus
@@ -59,7 +63,7 @@ def test_unknown_host_names_the_choices():
 def test_shipped_inventory_defaults_and_groups():
     inventory = load_inventory(REPO / "hosts.yaml")
     lab = inventory.host("lab")
-    assert (lab.port, lab.user, lab.host_key_policy) == (2222, "specrig", "reject")
+    assert (lab.port, lab.user, lab.host_key_policy) == (2222, "specrig", None)
     assert lab.identity_file == str(REPO / ".lab" / "client_key")
     assert [h.name for h in inventory.select("lab-shells")] == ["lab", "lab-bash", "lab-dash"]
     blackwell = inventory.host("blackwell01")
@@ -70,3 +74,97 @@ def test_shipped_inventory_defaults_and_groups():
 def test_hosts_json_lists_every_host():
     result = inv("hosts", "--json")
     assert result.returncode == 0 and '"blackwell01"' in result.stdout
+
+
+# ---- where the inventory is found: --hosts, $SPECRIG_HOSTS, ./hosts.yaml, ~/.config/specrig ----
+
+ONE_HOST = "hosts:\n  h: {}\n"
+
+
+@pytest.fixture
+def lookup(tmp_path, monkeypatch):
+    """An empty current directory and config directory, no SPECRIG_HOSTS, no --hosts, and specrig
+    running as an installed copy (no checkout to fall back on). Returns (cwd, config dir)."""
+    cwd, config = tmp_path / "cwd", tmp_path / "config"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(config))
+    monkeypatch.delenv("SPECRIG_HOSTS", raising=False)
+    monkeypatch.setattr(inventory_module, "checkout_dir", lambda: None)
+    yield cwd, config / "specrig"
+    inventory_module.use_hosts_file(None)
+
+
+def write(path: Path, text: str = ONE_HOST) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_nothing_found_names_every_place_looked_at(lookup):
+    cwd, config = lookup
+    with pytest.raises(InventoryError) as caught:
+        load_inventory()
+    line = caught.value.one_line()
+    assert "\n" not in line
+    for place in (str(cwd / "hosts.yaml"), str(config / "hosts.yaml"), "--hosts", "SPECRIG_HOSTS", "create"):
+        assert place in line
+
+
+def test_user_level_inventory_has_its_known_hosts_in_the_config_dir(lookup):
+    _, config = lookup
+    write(config / "hosts.yaml")
+    found = load_inventory()
+    assert found.path == config / "hosts.yaml"
+    assert found.host("h").known_hosts == str(config / "known_hosts")
+
+
+def test_current_directory_comes_before_the_user_level(lookup):
+    cwd, config = lookup
+    write(config / "hosts.yaml", "hosts:\n  user-level: {}\n")
+    write(cwd / "hosts.yaml")
+    found = load_inventory()
+    assert found.path == cwd / "hosts.yaml"
+    assert found.host("h").known_hosts == str(cwd / ".specrig" / "known_hosts")
+
+
+def test_variable_comes_before_the_current_directory(lookup, tmp_path, monkeypatch):
+    cwd, _ = lookup
+    write(cwd / "hosts.yaml", "hosts:\n  here: {}\n")
+    named = write(tmp_path / "team" / "hosts.yaml")
+    monkeypatch.setenv("SPECRIG_HOSTS", str(named))
+    found = load_inventory()
+    assert found.path == named and found.host("h").known_hosts == str(named.parent / ".specrig" / "known_hosts")
+
+
+def test_flag_comes_before_the_variable(lookup, tmp_path, monkeypatch):
+    flagged = write(tmp_path / "flag" / "hosts.yaml")
+    monkeypatch.setenv("SPECRIG_HOSTS", str(write(tmp_path / "team" / "hosts.yaml", "hosts:\n  team: {}\n")))
+    inventory_module.use_hosts_file(flagged)
+    assert load_inventory().path == flagged
+
+
+@pytest.mark.parametrize("named_by", ["--hosts", "SPECRIG_HOSTS"])
+def test_a_named_file_that_is_missing_is_an_error_not_a_fallback(lookup, tmp_path, monkeypatch, named_by):
+    cwd, _ = lookup
+    write(cwd / "hosts.yaml")  # present, but never a fallback for a file the user named
+    missing = tmp_path / "nope.yaml"
+    if named_by == "--hosts":
+        inventory_module.use_hosts_file(missing)
+    else:
+        monkeypatch.setenv("SPECRIG_HOSTS", str(missing))
+    with pytest.raises(InventoryError) as caught:
+        load_inventory()
+    line = caught.value.one_line()
+    assert str(missing) in line and "inventory file not found" in line and named_by in line
+    assert caught.value.exit_status == ExitStatus.USAGE
+
+
+def test_a_checkout_falls_back_on_its_own_inventory(lookup, monkeypatch):
+    # `inv` from any directory of a clone (Invoke finds tasks.py upward) reads the clone's hosts.yaml.
+    monkeypatch.setattr(inventory_module, "checkout_dir", lambda: REPO)
+    assert load_inventory().path == REPO / "hosts.yaml"
+
+
+def test_shipped_inventory_keeps_its_known_hosts_beside_it():
+    assert load_inventory(REPO / "hosts.yaml").host("lab").known_hosts == str(REPO / ".specrig" / "known_hosts")
