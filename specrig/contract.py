@@ -1,4 +1,4 @@
-"""The contracts shared with the host side: remote/contract.py, loaded from its file.
+"""The contracts shared with the host side: remote/contract.py (and remote/versions.py), loaded from their files.
 
 remote/ is not a package of the laptop side (it runs on the host's own Python, from the bundle),
 so the one definition is read from where the bundle takes it: a checkout's remote/ or an
@@ -19,6 +19,10 @@ def _load_host_module(name: str):
 
 
 _contract = _load_host_module("contract")
+#: The one PEP 440 parser (remote/versions.py), for versions the user gives on this side.
+_versions = _load_host_module("versions")
+Version = _versions.Version
+InvalidVersion = _versions.InvalidVersion
 
 SENTINEL: str = _contract.SENTINEL
 ACTIVE_STATES: tuple[str, ...] = _contract.ACTIVE_STATES

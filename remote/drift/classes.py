@@ -1,7 +1,10 @@
 """Classes read from source: bases across modules, MRO, class and instance members."""
-import ast
+from __future__ import annotations
 
-from drift.refs import ClassRef, ExternalRef, FunctionRef, MaybeRef, MissingRef, UnknownRef, ValueRef
+import ast
+from dataclasses import dataclass
+
+from drift.refs import ClassRef, ExternalRef, FunctionRef, MaybeRef, MissingRef, Ref, UnknownRef, ValueRef
 
 #: Bases that add no attributes a caller could use and take no constructor arguments.
 INERT_BASES = frozenset({
@@ -12,32 +15,35 @@ INERT_BASES = frozenset({
 INERT_METACLASSES = frozenset({"abc.ABCMeta", "builtins.type"})
 
 
+@dataclass(frozen=True)
 class ClassInfo:
-    """Resolved bases and the linearized MRO of one class.
+    """The linearized MRO of one class, and its metaclass."""
 
-    `mro` lists ClassRefs of readable classes and ExternalRef/UnknownRef for bases
-    that cannot be read; `opaque` are the latter (inert ones left out).
-    """
-
-    def __init__(self, index, cls):
-        self.cls = cls
-        self.bases = []
-        for base in cls.node.bases:
-            ref = index.resolve_in(cls.module, base) if _is_name_chain(base) else UnknownRef("<base>", "computed base")
-            if isinstance(ref, ExternalRef) and ref.dotted in INERT_BASES:
-                continue
-            self.bases.append(ref)
-        self.metaclass = None
-        for keyword in cls.node.keywords:
-            if keyword.arg == "metaclass":
-                ref = index.resolve_in(cls.module, keyword.value) if _is_name_chain(keyword.value) else None
-                if not (isinstance(ref, ExternalRef) and ref.dotted in INERT_METACLASSES):
-                    self.metaclass = ref or UnknownRef("<metaclass>", "computed metaclass")
-        self.mro = [cls] + _merge([_mro_of(index, base) for base in self.bases] + [list(self.bases)])
-        self.opaque = [entry for entry in self.mro if not isinstance(entry, ClassRef)]
+    #: The class first, then ClassRefs of readable classes and ExternalRef/UnknownRef for bases
+    #: that cannot be read (inert ones left out).
+    mro: list[Ref]
+    #: A metaclass that may change construction or attribute lookup, else None.
+    metaclass: Ref | None = None
 
     def classes(self):
         return [entry for entry in self.mro if isinstance(entry, ClassRef)]
+
+
+def _read_class_info(index, cls):
+    bases = []
+    for base in cls.node.bases:
+        ref = index.resolve_in(cls.module, base) if _is_name_chain(base) else UnknownRef("<base>", "computed base")
+        if isinstance(ref, ExternalRef) and ref.dotted in INERT_BASES:
+            continue
+        bases.append(ref)
+    metaclass = None
+    for keyword in cls.node.keywords:
+        if keyword.arg == "metaclass":
+            ref = index.resolve_in(cls.module, keyword.value) if _is_name_chain(keyword.value) else None
+            if not (isinstance(ref, ExternalRef) and ref.dotted in INERT_METACLASSES):
+                metaclass = ref or UnknownRef("<metaclass>", "computed metaclass")
+    return ClassInfo(mro=[cls] + _merge([_mro_of(index, base) for base in bases] + [list(bases)]),
+                     metaclass=metaclass)
 
 
 def _is_name_chain(expr):
@@ -86,20 +92,8 @@ def info(index, cls):
     key = id(cls.node)
     if key not in cache:
         cache[key] = None  # a class inheriting from itself through a cycle sees no bases
-        cache[key] = ClassInfo(index, cls)
-    return cache[key] or _Bare(cls)
-
-
-class _Bare:
-    def __init__(self, cls):
-        self.cls = cls
-        self.bases = []
-        self.metaclass = None
-        self.mro = [cls]
-        self.opaque = []
-
-    def classes(self):
-        return [self.cls]
+        cache[key] = _read_class_info(index, cls)
+    return cache[key] or ClassInfo(mro=[cls])
 
 
 def body_statements(body):

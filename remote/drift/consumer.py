@@ -5,58 +5,61 @@ a name bound by an import, a local or `self.<attr>` assigned exactly from a
 provider constructor call (`self.scheduler = Scheduler(...)`). Anything else
 is unknown and never reported on.
 """
+from __future__ import annotations
+
 import ast
+from dataclasses import dataclass
 
 from drift.classes import instance_member
-from drift.refs import ClassRef, ExternalRef, FunctionRef, ModuleRef
+from drift.refs import ClassRef, ExternalRef, FunctionRef, ModuleRef, Ref
 from drift.symbols import absolute_module, assignment_targets
 
 
+@dataclass(frozen=True)
 class Instance:
     """An object certainly of provider class `cls`."""
 
-    def __init__(self, cls):
-        self.cls = cls
+    cls: ClassRef
 
 
+@dataclass(frozen=True)
 class BoundMethod:
     """`instance.method`: calls bind the method's first parameter."""
 
-    def __init__(self, function, cls):
-        self.function = function
-        self.cls = cls
+    function: FunctionRef
+    cls: ClassRef
 
 
+@dataclass(frozen=True)
 class SelfOf:
     """`self` inside a method of the consumer's class `node`."""
 
-    def __init__(self, node):
-        self.node = node
+    node: ast.ClassDef
 
 
+@dataclass(frozen=True)
 class ImportUse:
-    def __init__(self, node, dotted, ref, guarded):
-        self.node = node
-        #: What the statement imports: "pkg.mod" or "pkg.mod.name".
-        self.dotted = dotted
-        self.ref = ref
-        #: Inside `try: ... except ImportError` or `if TYPE_CHECKING:`: absence is handled.
-        self.guarded = guarded
+    node: ast.Import | ast.ImportFrom
+    #: What the statement imports: "pkg.mod" or "pkg.mod.name".
+    dotted: str
+    ref: Ref
+    #: Inside `try: ... except ImportError` or `if TYPE_CHECKING:`: absence is handled.
+    guarded: bool
 
 
+@dataclass(frozen=True)
 class CallUse:
-    def __init__(self, node, target):
-        self.node = node
-        #: A provider Ref (function, class), a BoundMethod, or an ExternalRef.
-        self.target = target
+    node: ast.Call
+    #: A provider Ref (function, class), a BoundMethod, or an ExternalRef.
+    target: Ref | BoundMethod
 
 
+@dataclass(frozen=True)
 class AttributeUse:
-    def __init__(self, node, base, ref):
-        self.node = node
-        #: The value the attribute is read from (ModuleRef, ClassRef or Instance).
-        self.base = base
-        self.ref = ref
+    node: ast.Attribute
+    #: The value the attribute is read from (ModuleRef, ClassRef or Instance).
+    base: Ref | Instance
+    ref: Ref
 
 
 #: What an `except` clause catching these names also catches.

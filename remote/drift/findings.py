@@ -2,15 +2,30 @@
 
 The JSON shape and the id format are documented in docs/findings.md.
 """
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from drift.source import Module
+
+if TYPE_CHECKING:
+    from drift.rules import Rule  # rules builds findings: imported for the annotation only
+    from drift.signatures import Parameter
 
 
+@dataclass(frozen=True)
 class Location:
     """A line range of a module's file: `text` is what `sed -n START,ENDp` prints."""
 
-    def __init__(self, module, start, end=None):
-        self.module = module
-        self.start = start
-        self.end = end if end is not None else start
+    module: Module
+    start: int
+    #: Last line; a single line when not given.
+    end: int | None = None
+
+    def __post_init__(self):
+        if self.end is None:
+            object.__setattr__(self, "end", self.start)  # frozen: the one way to complete a field
 
     def as_consumer(self):
         return {"module": self.module.name, "file": self.module.relpath, "line": self.start,
@@ -21,23 +36,29 @@ class Location:
                 "text": self.module.text(self.start, self.end)}
 
 
+@dataclass(frozen=True)
 class Finding:
+    """A kind of drift at one consumer location. Subclasses set `kind`, `severity` and explain().
+
+    Python 3.9 dataclasses have no kw_only, so a field a subclass adds after the defaulted ones
+    here needs a default too; every caller passes it.
+    """
+
     kind = None
     severity = "drift"
 
-    def __init__(self, *, consumer, callee, detail=None, provider=None, parameters=None, fix=None):
-        #: Location in the consumer's source (a single line).
-        self.consumer = consumer
-        #: Dotted path of the provider object involved (where it is defined).
-        self.callee = callee
-        #: What is wrong with it: a keyword, a parameter, an attribute, an interface.
-        self.detail = detail
-        #: Location of the provider's declaration (signature, field, class header) or None.
-        self.provider = provider
-        #: The callee's parameters (list of Parameter) for signature kinds.
-        self.parameters = parameters
-        #: {"summary", "patch"} for catalogued behaviour changes.
-        self.fix = fix
+    #: Location in the consumer's source (a single line).
+    consumer: Location
+    #: Dotted path of the provider object involved (where it is defined).
+    callee: str
+    #: What is wrong with it: a keyword, a parameter, an attribute, an interface.
+    detail: str | None = None
+    #: Location of the provider's declaration (signature, field, class header) or None.
+    provider: Location | None = None
+    #: The callee's parameters for signature kinds.
+    parameters: list[Parameter] | None = None
+    #: {"summary", "patch"} for catalogued behaviour changes.
+    fix: dict | None = None
 
     @property
     def id(self):
@@ -129,13 +150,14 @@ class MissingAttribute(Finding):
         return "%s has no attribute or method %r." % (self.short_callee, self.detail)
 
 
+@dataclass(frozen=True)
 class ModelInterface(Finding):
     kind = "model-interface"
 
-    def __init__(self, *, missing_members, checked_by, **kwargs):
-        super().__init__(**kwargs)
-        self.missing_members = missing_members
-        self.checked_by = checked_by
+    #: The interface's members the class lacks.
+    missing_members: list[str] | None = None
+    #: The check the worker extension runs: "supports_eagle3()".
+    checked_by: str | None = None
 
     def explain(self):
         return "%s does not implement %s (%s false; it lacks %s), so the worker extension refuses the model." % (
@@ -151,27 +173,26 @@ class ModelAttribute(Finding):
         return "The worker extension uses %r on %s, which does not define it." % (attr or self.detail, where)
 
 
+@dataclass(frozen=True)
 class TrustRemoteCode(Finding):
     kind = "trust-remote-code"
 
-    def __init__(self, *, loaded, display, **kwargs):
-        super().__init__(**kwargs)
-        #: Which files of the model directory declare custom code.
-        self.loaded = loaded
-        #: How people call the loader: "AutoTokenizer.from_pretrained", "ModelConfig".
-        self.display = display
+    #: Which files of the model directory declare custom code.
+    loaded: str | None = None
+    #: How people call the loader: "AutoTokenizer.from_pretrained", "ModelConfig".
+    display: str | None = None
 
     def explain(self):
         return ("The model directory ships custom code (auto_map in %s); %s() without trust_remote_code=True "
                 "refuses to load it." % (self.loaded, self.display))
 
 
+@dataclass(frozen=True)
 class Behaviour(Finding):
     kind = "behaviour"
 
-    def __init__(self, *, rule, **kwargs):
-        super().__init__(**kwargs)
-        self.rule = rule
+    #: The catalogue entry that fired.
+    rule: Rule | None = None
 
     @property
     def id(self):

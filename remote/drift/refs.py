@@ -1,4 +1,10 @@
 """What a name in the provider refers to, and how sure the analysis is of it."""
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+from drift.source import Module
 
 
 class Ref:
@@ -8,22 +14,23 @@ class Ref:
     exists = True
 
 
+@dataclass(frozen=True)
 class ModuleRef(Ref):
-    def __init__(self, name):
-        self.name = name
+    name: str
 
     @property
     def dotted(self):
         return self.name
 
 
+# eq=False: the __eq__/__hash__ below, by definition node, are kept by subclasses that add fields too.
+@dataclass(frozen=True, eq=False)
 class DefRef(Ref):
     """A class or function defined in the provider's source."""
 
-    def __init__(self, module, node, qualname):
-        self.module = module
-        self.node = node
-        self.qualname = qualname
+    module: Module
+    node: ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef
+    qualname: str
 
     @property
     def dotted(self):
@@ -40,51 +47,51 @@ class ClassRef(DefRef):
     pass
 
 
+@dataclass(frozen=True, eq=False)
 class FunctionRef(DefRef):
-    def __init__(self, module, node, qualname, owner=None):
-        super().__init__(module, node, qualname)
-        #: The ClassRef whose body defines this function, for methods.
-        self.owner = owner
+    #: The ClassRef whose body defines this function, for methods.
+    owner: ClassRef | None = None
 
 
+@dataclass(frozen=True)
 class ValueRef(Ref):
     """A module or class attribute bound to some value whose type is not tracked."""
 
-    def __init__(self, module, node, dotted):
-        self.module = module
-        self.node = node
-        self.dotted = dotted
+    module: Module
+    #: The statement binding it (or a `setattr(self, "name", ...)` call).
+    node: ast.AST
+    dotted: str
 
 
+@dataclass(frozen=True)
 class ExternalRef(Ref):
     """Something outside the packages being read (torch, typing, ...): exists, not inspected."""
 
-    def __init__(self, dotted):
-        self.dotted = dotted
+    dotted: str
 
 
+@dataclass(frozen=True)
 class MaybeRef(Ref):
     """Not defined anywhere readable, but a module-level __getattr__ may provide it."""
 
     exists = None
 
-    def __init__(self, module, dotted):
-        self.module = module
-        self.dotted = dotted
+    module: Module
+    dotted: str
 
 
+@dataclass(frozen=True)
 class MissingRef(Ref):
     exists = False
 
-    def __init__(self, dotted):
-        self.dotted = dotted
+    dotted: str
 
 
+@dataclass(frozen=True)
 class UnknownRef(Ref):
     """The analysis cannot tell (unparsable module, dynamic construction)."""
 
     exists = None
 
-    def __init__(self, dotted, reason):
-        self.dotted = dotted
-        self.reason = reason
+    dotted: str
+    reason: str

@@ -8,31 +8,43 @@ shows the new one, never on a version number alone.
 To add a rule: append a RULES entry; write a detector class only when none of
 the existing ones can express the check.
 """
+from __future__ import annotations
+
 import ast
+from dataclasses import dataclass
+from typing import Callable
 
 from drift import findings as F
 from drift.classes import class_member, instance_member
-from drift.consumer import BoundMethod
+from drift.consumer import BoundMethod, ConsumerModule
 from drift.model_interface import _opaque_lacks as model_base_lacks
 from drift.symbols import ClassRef, ExternalRef, FunctionRef, MissingRef, ValueRef
 
 
+@dataclass(frozen=True)
 class Rule:
-    def __init__(self, *, id, title, explanation, detector, fix_summary, patch):
-        self.id = id
-        self.title = title
-        self.explanation = explanation
-        self.detector = detector
-        self.fix = {"summary": fix_summary, "patch": patch}
+    id: str
+    title: str
+    explanation: str
+    #: Called with the Analysis: the Hits where the consumer relies on the old behaviour.
+    detector: Callable
+    fix_summary: str
+    #: A unified diff of the consumer's source.
+    patch: str
+
+    @property
+    def fix(self):
+        """The finding's `fix` (docs/findings.md)."""
+        return {"summary": self.fix_summary, "patch": self.patch}
 
 
+@dataclass(frozen=True)
 class Hit:
-    """Where a rule fired: the consumer's node, the provider function showing the new behaviour."""
+    """Where a rule fired: the consumer's node, the provider definition showing the new behaviour."""
 
-    def __init__(self, consumer, node, provider_function):
-        self.consumer = consumer
-        self.node = node
-        self.provider_function = provider_function
+    consumer: ConsumerModule
+    node: ast.AST
+    provider_ref: FunctionRef | ValueRef
 
 
 def _method_calls(analysis, method):
@@ -47,6 +59,7 @@ def _enclosing_functions(tree):
     return [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
 
 
+@dataclass(frozen=True)
 class ReplyUnwrapped:
     """A call whose result the consumer indexes with [0], where the provider now returns the single reply.
 
@@ -54,9 +67,8 @@ class ReplyUnwrapped:
     Consumer side: `name = receiver.method(..., <keyword>=...)` then `name[0]` in the same function.
     """
 
-    def __init__(self, *, method, keyword):
-        self.method = method
-        self.keyword = keyword
+    method: str
+    keyword: str
 
     def __call__(self, analysis):
         hits = []
@@ -98,6 +110,7 @@ def _assigned_name(function, call):
     return None
 
 
+@dataclass(frozen=True)
 class FollowUpCallRequired:
     """The provider split one step into two calls; the consumer makes only the first.
 
@@ -105,9 +118,8 @@ class FollowUpCallRequired:
     `method` on that receiver and never calls `follow_up` anywhere in the module.
     """
 
-    def __init__(self, *, method, follow_up):
-        self.method = method
-        self.follow_up = follow_up
+    method: str
+    follow_up: str
 
     def __call__(self, analysis):
         hits = []
@@ -122,6 +134,7 @@ class FollowUpCallRequired:
         return hits
 
 
+@dataclass(frozen=True)
 class DefaultNowOn:
     """A constructor call leaving a field to its default, where the provider's default turned it on.
 
@@ -129,9 +142,9 @@ class DefaultNowOn:
     a call of that class passes no `field` keyword (nor `**kwargs`, which might carry it).
     """
 
-    def __init__(self, *, cls, field):
-        self.cls = cls
-        self.field = field
+    #: The class's name (as defined, not where it is imported from).
+    cls: str
+    field: str
 
     def __call__(self, analysis):
         hits = []
@@ -152,6 +165,7 @@ def _defaults_to_true(node):
     return isinstance(value, ast.Constant) and value.value is True
 
 
+@dataclass(frozen=True)
 class SelfMethodRenamed:
     """A function bound onto a provider module at run time calls `self.<old>`, which the provider renamed.
 
@@ -162,10 +176,10 @@ class SelfMethodRenamed:
     (`model-attribute:...`).
     """
 
-    def __init__(self, *, old, new, witness):
-        self.old = old
-        self.new = new
-        self.witness = witness
+    old: str
+    new: str
+    #: Dotted path of the provider class.
+    witness: str
 
     def __call__(self, analysis):
         witness = analysis.provider.resolve_dotted(self.witness)
@@ -192,6 +206,7 @@ class SelfMethodRenamed:
         return hits
 
 
+@dataclass(frozen=True)
 class CudaCallOnCpuBuild:
     """The consumer calls a CUDA-only torch function, and the provider is a CPU build of vLLM.
 
@@ -200,9 +215,10 @@ class CudaCallOnCpuBuild:
     `function` (e.g. torch.cuda.mem_get_info), which raises without an NVIDIA driver.
     """
 
-    def __init__(self, *, function, witness):
-        self.function = function
-        self.witness = witness
+    #: Dotted path of the torch function.
+    function: str
+    #: Dotted path of the provider function.
+    witness: str
 
     def __call__(self, analysis):
         distribution = analysis.provider_distribution
@@ -216,6 +232,7 @@ class CudaCallOnCpuBuild:
                 if isinstance(use.target, ExternalRef) and use.target.dotted == self.function]
 
 
+@dataclass(frozen=True)
 class PriorCallRequired:
     """The provider's function now reads state that another call must set first; the consumer never makes it.
 
@@ -223,10 +240,10 @@ class PriorCallRequired:
     calls `function` and never mentions `.<required>` anywhere in the module.
     """
 
-    def __init__(self, *, function, reads, required):
-        self.function = function
-        self.reads = reads
-        self.required = required
+    #: The provider function's name.
+    function: str
+    reads: str
+    required: str
 
     def __call__(self, analysis):
         hits = []
@@ -365,8 +382,8 @@ RULES = [
 def check_rules(analysis, rules=None):
     for rule in RULES if rules is None else rules:
         for hit in rule.detector(analysis):
-            function = hit.provider_function
-            start, end = function.module.span(function.node)
+            ref = hit.provider_ref
+            start, end = ref.module.span(ref.node)
             analysis.add(F.Behaviour(consumer=F.Location(hit.consumer.module, hit.node.lineno),
-                                     callee=function.dotted, detail=rule.id, rule=rule,
-                                     provider=F.Location(function.module, start, end), fix=rule.fix))
+                                     callee=ref.dotted, detail=rule.id, rule=rule,
+                                     provider=F.Location(ref.module, start, end), fix=rule.fix))

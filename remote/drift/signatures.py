@@ -8,10 +8,14 @@ InitVar kept, `field(init=False)` left out, `kw_only`, `KW_ONLY`, defaults from
 Class decorators count as dataclass makers when they are `dataclass` itself or
 a function marked `@dataclass_transform` / calling `dataclass` (vLLM's `@config`).
 """
+from __future__ import annotations
+
 import ast
+from dataclasses import dataclass, replace
 
 from drift.classes import body_statements, info, own_member
 from drift.refs import ClassRef, ExternalRef, FunctionRef
+from drift.source import Module
 
 POSITIONAL_ONLY = "positional-only"
 POSITIONAL_OR_KEYWORD = "positional-or-keyword"
@@ -47,15 +51,16 @@ class Unchecked(Exception):
         self.reason = reason
 
 
+@dataclass(frozen=True)
 class Parameter:
-    def __init__(self, name, kind, default, *, module=None, node=None):
-        self.name = name
-        self.kind = kind
-        #: Source text of the default, None when the parameter is required.
-        self.default = default
-        #: Where it is declared (a dataclass field's statement), for pointing at it.
-        self.module = module
-        self.node = node
+    name: str
+    #: POSITIONAL_ONLY, POSITIONAL_OR_KEYWORD, VAR_POSITIONAL, KEYWORD_ONLY or VAR_KEYWORD.
+    kind: str
+    #: Source text of the default, None when the parameter is required.
+    default: str | None
+    #: Where it is declared (a dataclass field's statement), for pointing at it.
+    module: Module | None = None
+    node: ast.AST | None = None
 
     @property
     def required(self):
@@ -65,24 +70,25 @@ class Parameter:
         return {"name": self.name, "kind": self.kind, "default": self.default}
 
 
+@dataclass(frozen=True)
 class Signature:
     """The parameters a callable accepts, with where its declaration is in the provider's source."""
 
-    def __init__(self, *, callee, parameters, module, node, origin):
-        self.callee = callee
-        self.parameters = parameters
-        self.module = module
-        self.node = node
-        #: "function", "method", "constructor", "dataclass" or "object" (no __init__ anywhere).
-        self.origin = origin
+    #: Dotted path of the callable (for a constructor: the class called).
+    callee: str
+    parameters: list[Parameter]
+    module: Module
+    #: The `def` or, for a synthesized `__init__`, the class.
+    node: ast.AST
+    #: "function", "method", "constructor", "dataclass", "struct" or "object" (no __init__ anywhere).
+    origin: str
 
     def without_first(self):
         """The signature as seen through an instance or class: the first parameter is bound."""
         parameters = list(self.parameters)
         if parameters and parameters[0].kind in (POSITIONAL_ONLY, POSITIONAL_OR_KEYWORD):
             parameters = parameters[1:]
-        return Signature(callee=self.callee, parameters=parameters, module=self.module, node=self.node,
-                         origin=self.origin)
+        return replace(self, parameters=parameters)
 
     def parameter(self, name):
         for parameter in self.parameters:
@@ -175,11 +181,13 @@ def _is_dataclass_maker(index, function):
     return maker, specifiers
 
 
+@dataclass(frozen=True)
 class DataclassOptions:
-    def __init__(self, *, init=True, kw_only=False, specifiers=frozenset()):
-        self.init = init
-        self.kw_only = kw_only
-        self.specifiers = FIELD_SPECIFIERS | set(specifiers)
+    """What a dataclass maker's decorator says: its init= and kw_only= flags, the calls that declare fields."""
+
+    init: bool = True
+    kw_only: bool = False
+    specifiers: frozenset = FIELD_SPECIFIERS
 
 
 def dataclass_options(index, cls):
@@ -204,11 +212,12 @@ def dataclass_options(index, cls):
             raise Unchecked("%s is decorated with %s, which may replace its constructor"
                             % (cls.dotted, ast.unparse(decorator)))
         if maker:
-            options = DataclassOptions(specifiers=specifiers)
+            flags = {}
             if isinstance(decorator, ast.Call):
                 for keyword in decorator.keywords:
                     if keyword.arg in ("init", "kw_only") and isinstance(keyword.value, ast.Constant):
-                        setattr(options, keyword.arg, bool(keyword.value.value))
+                        flags[keyword.arg] = bool(keyword.value.value)
+            options = DataclassOptions(specifiers=FIELD_SPECIFIERS | specifiers, **flags)
     return options
 
 
@@ -324,30 +333,28 @@ def constructor_signature(index, cls):
         options = dataclass_options(index, entry)
         if init is not None and isinstance(init, (ast.FunctionDef, ast.AsyncFunctionDef)):
             method = FunctionRef(entry.module, init, entry.qualname + ".__init__", owner=entry)
-            signature = function_signature(index, method, origin="constructor").without_first()
-            signature.callee = cls.dotted
-            return signature
+            return replace(function_signature(index, method, origin="constructor").without_first(), callee=cls.dotted)
         if init is not None:
             raise Unchecked("%s.__init__ is not a plain method" % entry.dotted)
         if own_member(entry, "__new__") is not None:
             raise Unchecked("%s defines __new__" % entry.dotted)
         if options is not None and options.init:
-            signature = dataclass_signature(index, entry, options)
-            signature.callee = cls.dotted
-            return signature
+            return replace(dataclass_signature(index, entry, options), callee=cls.dotted)
     return Signature(callee=cls.dotted, parameters=[], module=cls.module, node=cls.node, origin="object")
 
 
+@dataclass(frozen=True)
 class Problem:
     """One way a call does not fit a signature."""
 
-    def __init__(self, kind, detail, node, parameter=None):
-        self.kind = kind
-        self.detail = detail
-        #: The consumer's AST node to point at (the keyword, or the call).
-        self.node = node
-        #: The callee's Parameter involved, when there is one.
-        self.parameter = parameter
+    #: A finding kind of drift.findings.SIGNATURE_KINDS.
+    kind: str
+    #: The finding's detail: the keyword, the parameter, the number of positional arguments given.
+    detail: str
+    #: The consumer's AST node to point at (the keyword, or the call).
+    node: ast.AST
+    #: The callee's Parameter involved, when there is one.
+    parameter: Parameter | None = None
 
 
 def bind(signature, call):

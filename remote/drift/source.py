@@ -1,25 +1,33 @@
 """Python source of installed packages, read lazily: a module is parsed the first time it is asked for."""
+from __future__ import annotations
+
 import ast
 import os
 import tokenize
+from dataclasses import dataclass, field
 
 #: Extension-module suffixes: such a module exists but has no source to read.
 COMPILED_SUFFIXES = (".so", ".pyd")
-#: Written by the wheel unpacker (specrig.compat) beside the unpacked .py files: the
+#: Written by the wheel unpacker (specrig.drift.compat) beside the unpacked .py files: the
 #: compiled modules of the wheel, one dotted name a line, since their files were not unpacked.
 COMPILED_MANIFEST = ".specrig-compiled-modules"
 
 
+# eq=False: a module is the one object its SourceTree parsed for a file; equal means the same object,
+# not the same hundreds of lines.
+@dataclass(frozen=True, eq=False)
 class Module:
     """One parsed module: its dotted name, file, AST and lines."""
 
-    def __init__(self, *, name, path, relpath, is_package, tree, lines):
-        self.name = name
-        self.path = path
-        self.relpath = relpath
-        self.is_package = is_package
-        self.tree = tree
-        self.lines = lines
+    name: str
+    path: str
+    #: `path` relative to the tree's root: what findings show.
+    relpath: str
+    is_package: bool
+    #: None when this interpreter cannot parse the file (newer syntax).
+    tree: ast.Module | None = field(repr=False)
+    #: The file's lines, each with its newline.
+    lines: list[str] = field(repr=False)
 
     @property
     def package(self):

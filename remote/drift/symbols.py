@@ -5,23 +5,26 @@ assignments, imports (relative ones too), `from m import *` (with and without
 `__all__`), package `__init__` re-export chains, and, as a last resort, a
 module-level `__getattr__` that *may* provide any name.
 """
+from __future__ import annotations
+
 import ast
+from dataclasses import dataclass
 
 from drift.classes import class_member
 from drift.refs import (ClassRef, ExternalRef, FunctionRef, MaybeRef, MissingRef, ModuleRef, UnknownRef,
                         ValueRef)
 
 
+@dataclass(frozen=True)
 class Binding:
     """One top-level statement binding a name: `kind` is def, module, from, value."""
 
-    def __init__(self, kind, node, target=None, conditional=False):
-        self.kind = kind
-        self.node = node
-        #: module dotted name (kind "module"), (module, name) (kind "from"), value node (kind "value").
-        self.target = target
-        #: Bound in an `except` handler: a fallback, not the normal binding.
-        self.conditional = conditional
+    kind: str
+    node: ast.stmt
+    #: module dotted name (kind "module"), (module, name) (kind "from"), value node (kind "value").
+    target: str | tuple[str, str] | ast.expr | None = None
+    #: Bound in an `except` handler: a fallback, not the normal binding.
+    conditional: bool = False
 
 
 def absolute_module(package, level, module):

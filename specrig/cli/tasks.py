@@ -159,7 +159,8 @@ namespace.add_task(smoke_task)
 @guarded
 def verify_signatures(c, host, model=None, json=False, show_source=False):
     """Find where the host's speculators drifted from its vLLM, statically (exit 1: drift, 2: could not check)."""
-    from specrig.drift.verify import show, verify
+    from specrig.drift.verify import verify
+    from specrig.drift.view import show
 
     report = verify(load_inventory().host(host), model=model)
     show(report, as_json=json, show_source=show_source)
@@ -176,12 +177,12 @@ def verify_signatures(c, host, model=None, json=False, show_source=False):
 def check_compat(c, speculators, vllm, model_config=None, matrix=False, json=False, show_source=False):
     """Drift between released wheels (downloaded once, .py only), no host (exit 1: drift, 2: could not check)."""
     from specrig.drift import compat
-    from specrig.drift.verify import show
+    from specrig.drift.view import show, show_matrix
 
     if matrix:
         result = compat.matrix(compat.split_versions(speculators, "speculators"), compat.split_versions(vllm, "vllm"),
                                model_config=model_config)
-        compat.show_matrix(result, as_json=json)
+        show_matrix(result, as_json=json)
         return 1 if any(n for row in result["cells"].values() for n in row.values()) else 0
     report = compat.check_compat(speculators, vllm, model_config=model_config)
     show(report, as_json=json, show_source=show_source)

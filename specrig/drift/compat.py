@@ -17,12 +17,12 @@ import zipfile
 from pathlib import Path
 
 from specrig.drift.verify import VERIFY_TIMEOUT_S, Report
+from specrig.contract import InvalidVersion, Version
 from specrig.errors import CouldNotCheck, UsageError
 from specrig.inventory import LOCAL, Host
 from specrig.transport import connect
 
 WHEEL_CACHE = Path("~/.cache/specrig/wheels").expanduser()
-VERSION = re.compile(r"^[0-9][0-9A-Za-z.+!_-]*$")
 #: Written by drift.source.SourceTree's reader: the dotted names of the wheel's compiled modules.
 COMPILED_MANIFEST = ".specrig-compiled-modules"
 COMPILED_SUFFIXES = (".so", ".pyd")
@@ -34,8 +34,10 @@ def _normalized(name: str) -> str:
 
 
 def check_version(name: str, version: str) -> str:
-    if not VERSION.match(version or ""):
-        raise UsageError(f"invalid {name} version {version!r}", hint="give a release such as 0.16.0")
+    try:
+        Version(version or "")
+    except InvalidVersion:
+        raise UsageError(f"invalid {name} version {version!r}", hint="give a release such as 0.16.0") from None
     return version
 
 
@@ -144,23 +146,3 @@ def matrix(speculators_versions: list[str], vllm_versions: list[str], *, model_c
             ids[spec][vllm] = sorted(report.ids)
     return {"rows": speculators_versions, "columns": vllm_versions, "cells": cells, "ids": ids}
 
-
-def show_matrix(result: dict, *, as_json: bool) -> None:
-    from rich.table import Table
-
-    from specrig.ui import console, print_json
-
-    if as_json:
-        print_json(result)
-        return
-    table = Table(title="drift findings (rows: speculators, columns: vLLM)")
-    table.add_column("speculators")
-    for vllm in result["columns"]:
-        table.add_column(vllm, justify="right")
-    for spec in result["rows"]:
-        row = [spec]
-        for vllm in result["columns"]:
-            count = result["cells"][spec][vllm]
-            row.append(f"[{'red' if count else 'green'}]{count}[/]")
-        table.add_row(*row)
-    console.print(table)
