@@ -26,6 +26,8 @@ class SpecrigError(Exception):
 
 
 class UsageError(SpecrigError):
+    """Bad input (an argument, hosts.yaml, a patchset): nothing on any host was changed."""
+
     exit_status = ExitStatus.USAGE
 
 
@@ -49,28 +51,38 @@ class Findings(SpecrigError):
 
 
 class ConnectionFailed(SpecrigError):
+    """The host could not be reached: refused, timed out, unknown name, not an SSH server."""
+
     exit_status = ExitStatus.CONNECTION
 
 
 class AuthFailed(SpecrigError):
+    """SSH authentication failed: the user, the key or the agent."""
+
     exit_status = ExitStatus.AUTH
 
 
 class HostKeyError(SpecrigError):
+    """The host's key is not one specrig may trust."""
+
     exit_status = ExitStatus.HOST_KEY
 
 
 class HostKeyUnknown(HostKeyError):
+    """No known_hosts file holds a key for the host, and the policy is to refuse it."""
+
     def __init__(self, message: str, *, fingerprint: str, **kwargs):
         super().__init__(message, **kwargs)
         self.fingerprint = fingerprint
 
 
 class HostKeyChanged(HostKeyError):
-    pass
+    """The host's key differs from the one recorded: refused, always."""
 
 
 class RemotePythonError(SpecrigError):
+    """The host's Python is missing, not runnable, or older than 3.9."""
+
     exit_status = ExitStatus.REMOTE_PYTHON
 
 
@@ -81,8 +93,12 @@ class RemoteScriptError(SpecrigError):
 
 
 class RemoteTimeout(SpecrigError):
+    """A remote call exceeded its deadline; the remote process was ended."""
+
     exit_status = ExitStatus.TIMEOUT
 
 
 class Locked(SpecrigError):
+    """Another client holds the lock: applying patches, or writing the same output."""
+
     exit_status = ExitStatus.LOCKED
