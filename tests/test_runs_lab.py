@@ -272,6 +272,22 @@ def test_api_drift_is_shown_with_its_callee_and_advice_and_not_restarted(clean_e
     assert "not restarted: it would repeat" in shown.stdout
 
 
+def test_tp_2_on_a_cpu_host_with_one_numa_node_is_told_by_the_workers_traceback_and_not_restarted(
+        runnable, dataset, out):
+    """Every vLLM CPU worker fails at start-up (it binds to a NUMA node of its own, and the lab has
+    one); the driver's exception only points at them and its log ends with resource_tracker warnings."""
+    launched = inv(*extract_args(dataset, out, "--tp", "2", "--max-samples", "4", "--skip-preflight", "--detach"))
+    assert launched.returncode == 0, launched.stderr
+    run = wait_for("the run to start", lambda: run_writing(out), interval=0.5)
+    final = wait_for("the run to fail", lambda: finished(run["run_id"]))
+    assert final["state"] == "failed" and len(final["attempts"]) == 1, "the model must not be loaded again"
+    failure = final["last_failure"]
+    assert (failure["kind"], failure["rule"], failure["retryable"]) == ("bad-config", "cpu-numa-binding", False)
+    assert failure["evidence"].startswith("AssertionError: Not enough allowed NUMA nodes to bind threads of 2")
+    assert "VLLM_CPU_OMP_THREADS_BIND" in failure["advice"] and "lab-cpu" in failure["advice"]
+    assert final["attempts"][0]["samples_written"] == 0
+
+
 # -- the analysis-only lab venv: a real failure, no runnable environment needed -------------------
 
 def test_a_failure_that_would_repeat_is_classified_and_not_restarted(lab):

@@ -1,6 +1,7 @@
 """The supervisor's mechanics on real processes, through the `local` host (remote/entry.py in a
 subprocess, as `--host local` runs it): the stall watchdog, a prompt that would wait forever,
-stop. The job is tests/programs/job_tree.py, which keeps running but stops making progress."""
+the retry policy, stop. The job is tests/programs/job_tree.py, which keeps running but stops making
+progress, or fails the same way in every attempt, with or without writing samples first."""
 from __future__ import annotations
 
 import json
@@ -74,6 +75,38 @@ def test_a_process_waiting_on_a_trust_remote_code_prompt_is_ended_and_not_restar
     failure = run["last_failure"]
     assert failure["kind"] == "trust-remote-code" and not failure["retryable"]
     assert "no progress for" in failure["explain"] and "apply-patches" in failure["advice"]
+
+
+def test_a_failure_repeated_without_a_new_sample_is_not_restarted_a_third_time(local, tmp_path):
+    """An unknown, retryable failure; the same twice (only the pid in its message differs) and no
+    sample written: the second attempt ends the run, though restarts are left."""
+    host, _ = local
+    run_id = launch(local, tmp_path, {"fail_after": 0, "fail_with": "basic_ios::clear: iostream error",
+                                      "write_samples": True}, max_restarts=3)
+    run = wait_state(local, run_id, ("failed",))
+    first, second = run["attempts"]
+    assert first["failure"]["kind"] == second["failure"]["kind"] == "unknown"
+    assert first["failure"]["retryable"] is True and second["failure"]["retryable"] is False
+    assert first["failure"]["evidence"] != second["failure"]["evidence"]  # other pids
+    assert first["failure"]["signature"] == second["failure"]["signature"]
+    assert first["samples_written"] == second["samples_written"] == 0
+    assert second["failure"]["repeats_attempt"] == 1 and run["restarts"] == 1
+    assert "the same failure as attempt 1, with no new sample since" in run["last_failure"]["explain"]
+    assert "a restart would fail the same way" in run["last_failure"]["advice"]
+    log = (Path(host.workdir) / "runs" / run_id / "driver.log").read_text()
+    assert "attempt 1: unknown (the driver failed with exit status 1); restarting" in log
+    assert "attempt 2: unknown (" in log and "; the same failure twice with no new sample: not restarting" in log
+
+
+def test_a_failure_after_new_samples_is_restarted_until_the_restarts_are_spent(local, tmp_path):
+    run_id = launch(local, tmp_path, {"fail_after": 1, "fail_with": "basic_ios::clear: iostream error",
+                                      "write_samples": True}, max_restarts=2)
+    run = wait_state(local, run_id, ("failed",))
+    assert [a["samples_written"] for a in run["attempts"]] == [1, 1, 1]
+    assert [a["failure"]["kind"] for a in run["attempts"]] == ["unknown"] * 3
+    assert len({a["failure"]["signature"] for a in run["attempts"]}) == 1
+    assert run["restarts"] == 2 and "repeats_attempt" not in run["last_failure"]
+    assert sorted(os.listdir(tmp_path / "out")) == ["data_0.pt", "data_1.pt", "data_2.pt"]
 
 
 def test_a_lost_run_whose_driver_outlived_its_supervisor_is_resumed_with_one_driver(local, tmp_path):

@@ -10,7 +10,6 @@ Two or more generate() calls are made, since some drift only fails the second on
 """
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -34,9 +33,6 @@ SHRUNK = {"num_hidden_layers": 8, "hidden_size": 128, "intermediate_size": 256, 
           "qk_nope_head_dim": 32, "qk_rope_head_dim": 32, "v_head_dim": 32}
 #: Dummy weights cannot be quantized checkpoints of another shape (None: the driver removes the key).
 DROPPED = ("quantization_config",)
-WORKER_PREFIX = re.compile(r"^\(\w+ pid=\d+\) (?:(?:ERROR|WARNING|INFO) \S+ \S+ \[[^\]]*\] )?", re.MULTILINE)
-FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)\n(?P<code>.*)$',
-                   re.MULTILINE)
 CONVERSATIONS = [
     [("human", "What does a draft model do in speculative decoding?"),
      ("gpt", "It proposes several tokens cheaply; the target model verifies them in one pass.")],
@@ -82,40 +78,24 @@ def _shrink(config):
 
 def name_failure(log_text, exit_status):
     """What failed, for people: the exception, the speculators call that raised it, the classifier's kind."""
-    text = WORKER_PREFIX.sub("", log_text)
-    verdict = classify.classify(text, exit_status)
-    blocks = text.split(classify.TRACEBACK)
-    driver_tb = blocks[-1] if len(blocks) > 1 else ""
-    # A worker's failure reaches the driver as "Worker failed with error ..."; the root cause is in
-    # the worker's own traceback, printed before it.
-    root_tb = blocks[-2] if "Worker failed" in driver_tb and len(blocks) > 2 else driver_tb
-    # The speculators line that made the failing call: in the worker's traceback, else in the driver's.
-    frames = [f for tb in (root_tb, driver_tb) for f in FRAME.finditer(tb) if "/speculators/" in f.group("file")]
-    frames = [f for f in frames if f.string is root_tb] or frames
-    exception = _exception_line(root_tb) or _exception_line(driver_tb) or verdict["evidence"]
+    verdict = classify.classify(log_text, exit_status)
+    root, last_chain = classify.root_cause(log_text)
+    # The speculators line that made the failing call: in the root cause (a worker's traceback when
+    # the driver's only points at it), else in the driver's.
+    frame = classify.consumer_frame([t["text"] for t in (root, last_chain) if t], ["/speculators/"])
+    # Named by the last exception of the root cause's chain, which says what the failing call was
+    # doing: PydanticUndefinedAnnotation rather than the NameError in pydantic's internals beneath it.
+    chain = last_chain if root is not None and root["start"] == last_chain["start"] else root
+    exception = (chain and classify.exception_line(chain["text"])) or verdict["evidence"]
     where = None
-    if frames:
-        frame = frames[-1]
+    if frame:
         short = frame.group("file").split("/site-packages/")[-1]
-        where = "%s:%s in %s: %s" % (short, frame.group("line"), frame.group("function"), frame.group("code").strip())
+        where = "%s:%s in %s: %s" % (short, frame.group("line"), frame.group("function"),
+                                     (frame.group("code") or "").strip())
     # The traceback(s) worth reading: from the root cause's to the end, library noise before it cut.
-    start = text.rfind(classify.TRACEBACK + root_tb) if root_tb else -1
+    text = classify.without_log_prefixes(log_text)
     return {"kind": verdict["kind"], "exception": exception, "where": where, "explain": verdict["explain"],
-            "exit_status": exit_status, "traceback": text[start:][-8000:] if start >= 0 else text[-4000:]}
-
-
-def _exception_line(traceback_text):
-    """The exception a traceback ends with: the first unindented line after its last frame."""
-    frames = list(FRAME.finditer(traceback_text))
-    rest = traceback_text[frames[-1].end():] if frames else traceback_text
-    lines = [line for line in rest.splitlines() if line.strip() and not line[0].isspace()]
-    if not lines:
-        return None
-    if "ValidationError" not in lines[0]:
-        return lines[0]
-    # pydantic names the field on the next lines: keep them, they name the missing argument.
-    following = rest[rest.find(lines[0]) + len(lines[0]):].strip().splitlines()[:2]
-    return " ".join([lines[0]] + [f.strip() for f in following if f.strip() and "errors.pydantic.dev" not in f])
+            "exit_status": exit_status, "traceback": text[root["start"]:][-8000:] if root else text[-4000:]}
 
 
 def run(args):

@@ -7,12 +7,15 @@ session of its own, and:
 
 - samples the driver's heartbeat and the GPUs into status.json every second or so;
 - on a failed attempt, classifies the failure (classify.py), records it, and restarts
-  with resume after a backoff if it is retryable and restarts are left;
+  with resume after a backoff if it is retryable and restarts are left, unless the attempt wrote
+  no sample and failed exactly as the attempt before it did (same signature): a failure that
+  repeats without progress would repeat again, and every attempt loads the model anew;
 - marks the run stalled when no new phase, sample or output file came for
   `stall_timeout_s`, and restarts it if `stall_restart` is set;
 - on SIGTERM (inv stop) ends the driver's whole session: SIGTERM, grace, SIGKILL.
 """
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -35,6 +38,8 @@ OUTPUT_COUNT_EVERY_S = 15
 LOG_TAIL_BYTES = 256 * 1024
 #: How long to wait for the GPUs to free the memory of an attempt's ended processes.
 GPU_RELEASE_S = 30
+#: The driver's sample files (extract_driver.py: data_{i}.pt, each renamed into place when written).
+SAMPLE_FILE = re.compile(r"data_\d+\.pt")
 
 
 class Supervisor:
@@ -66,6 +71,8 @@ class Supervisor:
                 attempt.update(ended_at=rundir.now_iso(), lost=True)
         self.stop_signal = None
         self.last_telemetry = 0.0
+        #: This supervisor's previous attempt's failure: a failure repeated without progress ends the run.
+        self.previous_failure = None
 
     # -- status ---------------------------------------------------------------------------------
 
@@ -132,6 +139,7 @@ class Supervisor:
         env.update({str(k): str(v) for k, v in (self.record.get("env") or {}).items()})
         env["PYTHONUNBUFFERED"] = "1"
         program = self.record.get("driver_program") or self.run.file(os.path.join("code", "run", "extract_driver.py"))
+        samples_before = _sample_files(self.record.get("out"))
         argv = [self.record["python"], program, self.run.file("driver-args.json")]
         try:
             with open(log_path, "ab") as log:
@@ -148,6 +156,8 @@ class Supervisor:
                   gpu_apps=[])
         exit_status, stall = self.watch(driver, job, log_offset)
         entry.update(self.end_job(driver, job), ended_at=rundir.now_iso(), exit_status=exit_status)
+        # New files and files rewritten in place alike: each sample is renamed into place, a new inode.
+        entry["samples_written"] = len(_sample_files(self.record.get("out")).items() - samples_before.items())
         if self.stop_signal or (self.run.stop_requested() and exit_status != 0):
             entry["stopped"] = True
             self.log_marker("attempt %d: stopped (%s)" % (number, self.stop_signal or "stop requested"))
@@ -160,17 +170,28 @@ class Supervisor:
                                              host=self.record.get("host") or "the host")
         failure["attempt"] = number
         entry["failure"] = failure
+        previous, self.previous_failure = self.previous_failure, failure
+        repeated = (failure["retryable"] and previous is not None and not entry["samples_written"]
+                    and previous["signature"] == failure["signature"])
+        if repeated:
+            failure.update(retryable=False, repeats_attempt=previous["attempt"])
+            failure["explain"] += "; the same failure as attempt %d, with no new sample since" % previous["attempt"]
+            failure["advice"] += "; a restart would fail the same way, so there was none: `inv resume` once the " \
+                                 "cause is fixed"
         retry = failure["retryable"] and self.status["restarts"] < self.options["max_restarts"]
-        self.log_marker("attempt %d: %s (%s)%s" % (number, failure["kind"], failure["explain"],
-                                                    "; restarting" if retry else "; not restarting"))
+        failure["restarted"] = retry
+        verdict = ("the same failure twice with no new sample: not restarting" if repeated
+                   else "restarting" if retry else "not restarting")
+        self.log_marker("attempt %d: %s (%s); %s" % (number, failure["kind"], failure["explain"], verdict))
         self.save(last_failure=failure, driver_pid=None)
         if retry:
             return {"state": "retry"}
         return {"state": "failed", "failure": failure}
 
     def not_started(self, number, argv, exc):
-        failure = {"kind": "driver-not-started", "retryable": False, "exit_status": None, "signal": None,
-                   "callee": None, "caller": None, "evidence": "%s: %s" % (type(exc).__name__, exc), "attempt": number,
+        failure = {"kind": "driver-not-started", "rule": None, "retryable": False, "exit_status": None,
+                   "signal": None, "callee": None, "caller": None, "evidence": "%s: %s" % (type(exc).__name__, exc),
+                   "attempt": number,
                    "explain": "the driver could not be started: %s" % exc,
                    "advice": "check `python` of the host in hosts.yaml (`inv doctor`); %s" % " ".join(argv[:2])}
         self.status["attempts"].append({"attempt": number, "started_at": rundir.now_iso(), "pid": None,
@@ -239,11 +260,13 @@ class Supervisor:
         if not known["retryable"]:
             known["explain"] += " (no progress for %.0f s)" % quiet
             return known
-        return {"kind": "stalled", "retryable": True, "exit_status": None, "signal": None, "callee": None,
-                "caller": None, "evidence": None,
-                "explain": "no new phase, sample or output file for %.0f s" % quiet,
-                "advice": "see `inv logs`; raise stall_timeout_s (or load_timeout_s while loading) in hosts.yaml's "
-                          "extract: if the driver is merely slow"}
+        stalled = {"kind": "stalled", "rule": None, "retryable": True, "exit_status": None, "signal": None,
+                   "callee": None, "caller": None, "evidence": None,
+                   "explain": "no new phase, sample or output file for %.0f s" % quiet,
+                   "advice": "see `inv logs`; raise stall_timeout_s (or load_timeout_s while loading) in hosts.yaml's "
+                             "extract: if the driver is merely slow"}
+        stalled["signature"] = classify.signature(stalled)
+        return stalled
 
     @staticmethod
     def _attempt_log(path, offset):
@@ -260,6 +283,15 @@ class Supervisor:
         self.save(state=outcome["state"], driver_pid=None, stalled=False)
         atomic.write_json(self.run.file("exit.json"), record)
         return 0
+
+
+def _sample_files(path):
+    """{name: inode} of the sample files in the output directory ({} when there is none yet)."""
+    try:
+        with os.scandir(os.path.expanduser(path)) as entries:
+            return {entry.name: entry.inode() for entry in entries if SAMPLE_FILE.fullmatch(entry.name)}
+    except (OSError, TypeError):
+        return {}
 
 
 def _entries(path):

@@ -1,6 +1,7 @@
 """How people see runs: the runs table, one run in detail, its failures, the preflight checks."""
 from __future__ import annotations
 
+from rich.markup import escape
 from rich.table import Table
 
 from specrig.inventory import Host
@@ -43,7 +44,7 @@ def show_runs(runs: list[dict], host: Host) -> None:
         table.add_row(run["run_id"], f"[{style}]{run['state']}[/]" if style else run["state"],
                       (run.get("heartbeat") or {}).get("phase") or "-", _progress(run),
                       str(len(run.get("attempts") or [])), run.get("out") or "-",
-                      failure["kind"] + (f" ({failure['callee']})" if failure.get("callee") else "")
+                      escape(failure["kind"] + (f" ({failure['callee']})" if failure.get("callee") else ""))
                       if failure else "")
     console.print(table)
 
@@ -73,16 +74,25 @@ def show_run(run: dict, *, log_tail: str | None = None) -> None:
 
 
 def describe_failure(failure: dict) -> str:
-    text = f"[bold]{failure['kind']}[/]: {failure['explain']}"
-    if failure.get("callee"):
-        text += f"\n    callee: {failure['callee']}"
-    if failure.get("caller"):
-        text += f"\n    at: {failure['caller']}"
-    if failure.get("evidence"):
-        text += f"\n    log: {failure['evidence']}"
-    text += f"\n    [yellow]→ {failure['advice']}[/]"
-    text += "\n    " + ("restarted (retryable)" if failure.get("retryable") else "not restarted: it would repeat")
-    return text
+    """A classified failure as rich markup: kind and rule, why, where, the log line, advice, verdict.
+    What came from the host is escaped: a log line's `[enforce fail at …]` is text, not markup."""
+    rule = f" [dim]({escape(failure['rule'])})[/]" if failure.get("rule") else ""
+    text = f"[bold]{escape(failure['kind'])}[/]{rule}: {escape(failure['explain'])}"
+    for label, key in (("callee", "callee"), ("at", "caller"), ("log", "evidence")):
+        if failure.get(key):
+            text += f"\n    {label}: {escape(str(failure[key]))}"
+    text += f"\n    [yellow]→ {escape(failure['advice'])}[/]"
+    return text + "\n    " + _restart_verdict(failure)
+
+
+def _restart_verdict(failure: dict) -> str:
+    # `restarted` is recorded by supervisors since the retry policy; older runs have only `retryable`.
+    restarted = failure.get("restarted", failure.get("retryable"))
+    if restarted:
+        return "restarted (retryable)"
+    if failure.get("retryable"):
+        return "not restarted: the restarts are used up"
+    return "not restarted: it would repeat"
 
 
 def show_gpus(gpus: dict | None, apps: list[dict]) -> None:

@@ -4,11 +4,16 @@
     python job_tree.py --child I GIB IGNORE_TERM OWN_SESSION
 
 args.json: {"heartbeat": path, "children": int, "gpu_gib": float (0: no GPU), "ignore_term": bool,
-            "own_session": bool, "samples": int, "stall_after": int|null, "say_on_stall": str|null}. Each child allocates `gpu_gib` GiB on GPU I (torch) when asked, like
+            "own_session": bool, "samples": int, "stall_after": int|null, "say_on_stall": str|null,
+            "output_dir": path, "write_samples": bool, "fail_after": int|null, "fail_with": str}.
+Each child allocates `gpu_gib` GiB on GPU I (torch) when asked, like
 vLLM's tensor-parallel workers, which hold GPU memory while the parent does not; one child ignores
 SIGTERM when `ignore_term` is set, so that a stop needs SIGKILL; child 1 calls setsid() when
 `own_session` is set. The parent counts one "sample" a
 second into the heartbeat and, once every child is set up, writes their pids to <heartbeat>.children.
+With `write_samples` each sample is also a file, output_dir/data_{i}.pt, numbered on from those
+already there (as the driver resumes). With `fail_after` the parent raises RuntimeError(fail_with,
+its pid) after that many samples of the attempt: the same failure in every attempt.
 """
 import json
 import os
@@ -49,6 +54,10 @@ def parent(path):
         json.dump([kid.pid for kid in kids], handle)
     total, done = args.get("samples", 10**6), 0
     while done < total:
+        if done == args.get("fail_after"):
+            for kid in kids:
+                kid.kill()
+            raise RuntimeError("%s (pid %d)" % (args.get("fail_with") or "failed", os.getpid()))
         if done == args.get("stall_after"):
             # Stuck: alive, heartbeat rewritten, no progress (a hung collective, a prompt waiting on stdin).
             sys.stdout.write(args.get("say_on_stall") or "")
@@ -58,10 +67,22 @@ def parent(path):
                 time.sleep(1)
         write_beat(args["heartbeat"], done, total)
         time.sleep(1)
+        if args.get("write_samples"):
+            write_sample(args["output_dir"])
         done += 1
     for kid in kids:
         kid.kill()
     return 0
+
+
+def write_sample(output_dir):
+    """The next data_{i}.pt, written to a temporary name and renamed into place as the driver does."""
+    os.makedirs(output_dir, exist_ok=True)
+    index = sum(1 for name in os.listdir(output_dir) if name.startswith("data_") and name.endswith(".pt"))
+    path = os.path.join(output_dir, "data_%d.pt" % index)
+    with open(path + ".tmp", "wb") as handle:
+        handle.write(b"sample %d" % index)
+    os.replace(path + ".tmp", path)
 
 
 def write_beat(path, done, total):
