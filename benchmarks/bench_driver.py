@@ -5,11 +5,12 @@
    that only calls `generator.generate()` and keeps nothing. Compared: the extraction phase
    (driver: heartbeat phase "extracting" until "done", writes included; bare: the loop) and the
    whole process (start to exit, model load included).
-2. Write rate: the driver's own sample writer (OutputDir: torch.save to a temporary name, rename,
-   writes_in_flight in the background) on samples shaped like an 8B target's (4 layers x 2048
-   tokens x 4096 hidden, bf16: 64 MiB each), against `dd bs=1M` of the same bytes into the same
-   directory, in interleaved rounds (the machine is shared: both see the same load); the ratio is
-   the median of the rounds' ratios. Neither syncs: both measure the path to the page cache.
+2. Write rate: the driver's own sample writer (OutputDir of remote/run/driver/output.py: torch.save
+   to a temporary name, rename, writes_in_flight in the background) on samples shaped like an 8B
+   target's (4 layers x 2048 tokens x 4096 hidden, bf16: 64 MiB each), against `dd bs=1M` of the
+   same bytes into the same directory, in interleaved rounds (the machine is shared: both see the
+   same load); the ratio is the median of the rounds' ratios. Neither syncs: both measure the path
+   to the page cache.
 
 Needs the runnable lab env (`inv lab.up --runnable`, patched: `inv apply-patches --host lab-cpu`).
 
@@ -65,8 +66,8 @@ def writes(directory, rounds):
     the same bytes into the same directory: interleaved, so both see the same load on a shared machine."""
     import torch
 
-    sys.path.insert(0, str(REPO / "remote"))
-    from extract_driver import OutputDir
+    sys.path.insert(0, str(REPO / "remote"))  # as the driver's program sets it
+    from run.driver.output import OutputDir
 
     directory = Path(directory)
     samples = [{"input_ids": torch.zeros(TOKENS, dtype=torch.long),

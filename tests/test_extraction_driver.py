@@ -1,8 +1,11 @@
-"""The extraction driver through real vLLM on the CPU: correctness, heartbeat, resume after kill -9, refusals."""
+"""The extraction driver through real vLLM on the CPU: correctness, heartbeat, resume after kill -9,
+a full disk, refusals."""
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -123,6 +126,100 @@ def _session_of(pid):
             return int(handle.read().rsplit(")", 1)[1].split()[3])
     except (OSError, IndexError, ValueError):
         return None
+
+
+@pytest.fixture
+def tiny_filesystem(tmp_path):
+    """A 3 MiB tmpfs: room for the preprocessing cache and about a dozen of the tiny model's samples."""
+    mount = tmp_path / "tiny-fs"
+    mount.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", str(mount)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.strip()}")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=True)
+
+
+DISK_FULL = re.compile(r"^extract_driver: disk full: (?P<dir>\S+): (?P<free>[\d.]+ \w+) free, "
+                       r"a sample needs about (?P<need>[\d.]+ \w+); (?P<error>\w+): .+$", re.MULTILINE)
+
+
+def _bytes(size):
+    number, unit = size.split()
+    return float(number) * 1024 ** ["B", "KiB", "MiB", "GiB", "TiB"].index(unit)
+
+
+def test_a_full_disk_is_named_with_its_figures_and_the_samples_written_stay_whole(runnable, tiny_filesystem,
+                                                                                  tmp_path):
+    out = tiny_filesystem / "out"
+    args = runnable.driver_args(out, max_samples=64, batch_size=2)  # ~200 KiB a sample: 64 are far beyond 3 MiB
+
+    assert runnable.run_driver(args, tmp_path) == 1
+    log = (tmp_path / "driver.log").read_text()
+    named = list(DISK_FULL.finditer(log))
+    assert len(named) == 1, log[-4000:]
+    found = named[0]
+    assert found["dir"] == str(out) and _bytes(found["free"]) < _bytes(found["need"]), found[0]
+    # The line is the whole report: no traceback for the classifier to read instead.
+    assert "Traceback (most recent call last)" not in log, log[-4000:]
+    beat = json.loads((out / "heartbeat.json").read_text())
+    assert beat["phase"] == "failed" and beat["last_error"] == found[0][len("extract_driver: "):]
+
+    names = sorted(p.name for p in out.iterdir())
+    assert not [n for n in names if "tmp" in n], names  # nothing half-written left behind
+    written = samples_in(out)
+    assert 0 < len(written) < 64
+    report = runnable.run_program("hidden_states_reference.py", str(out), str(runnable.model))
+    assert report["samples"] == len(written) and report["bad_shapes"] == []
+    assert max(report["max_abs_diff"].values()) < TOLERANCE, report
+
+    # With room again, the same arguments carry on from the samples kept.
+    subprocess.run(["mount", "-o", "remount,size=64m", str(tiny_filesystem)], check=True)
+    assert runnable.run_driver(args, tmp_path) == 0, (tmp_path / "driver.log").read_text()[-4000:]
+    assert samples_in(out) == sorted(f"data_{i}.pt" for i in range(64))
+
+
+@pytest.mark.parametrize("free, need, error, full", [
+    (100_000, 219_000, RuntimeError("basic_ios::clear: iostream error"), True),  # torch.save: no errno
+    (10 * 2**30, 219_000, RuntimeError("basic_ios::clear: iostream error"), False),  # room: something else
+    (10 * 2**30, 219_000, OSError(errno.ENOSPC, "No space left on device"), True),  # the errno says it
+    (10 * 2**30, 219_000, OSError(errno.EIO, "Input/output error"), False),
+])
+def test_disk_full_is_decided_by_the_free_space_or_the_errno(free, need, error, full):
+    from run.driver.output import disk_full_error
+
+    named = disk_full_error("/out", free, need, error)
+    assert (named is not None) == full
+    if full:
+        assert str(named).startswith("/out: ") and f"; {type(error).__name__}: {error}" in str(named)
+
+
+def test_disk_full_figures_are_human_sizes():
+    from run.driver.output import disk_full_error
+
+    named = disk_full_error("/out", 0, 219_136, RuntimeError("basic_ios::clear: iostream error"))
+    assert str(named) == ("/out: 0 B free, a sample needs about 214.0 KiB; "
+                          "RuntimeError: basic_ios::clear: iostream error")
+
+
+def test_the_last_heartbeat_lands_on_a_full_disk(tiny_filesystem):
+    from run.driver.heartbeat import Heartbeat
+    from run.driver.output import free_bytes
+
+    heartbeat = Heartbeat(str(tiny_filesystem / "heartbeat.json"))
+    heartbeat.start()
+    with pytest.raises(OSError) as filled, open(tiny_filesystem / "filler", "wb") as filler:
+        while True:
+            filler.write(b"x" * 4096)
+            filler.flush()
+    assert filled.value.errno == errno.ENOSPC and free_bytes(str(tiny_filesystem)) == 0
+
+    heartbeat.update(phase="writing")  # no room for write_json's temporary: the run goes on
+    heartbeat.fail("disk full: test")
+
+    assert json.loads((tiny_filesystem / "heartbeat.json").read_text())["last_error"] == "disk full: test"
+    assert sorted(p.name for p in tiny_filesystem.iterdir()) == ["filler", "heartbeat.json"]
 
 
 def test_resume_refuses_other_settings(runnable, tmp_path):

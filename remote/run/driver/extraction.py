@@ -1,0 +1,107 @@
+"""The run: preprocessing, the resume settings, data_config.json, and the generate/write loop."""
+import json
+import os
+
+import atomic
+from run.driver.arguments import Refused
+from run.driver.model import derived_model_dir, make_generator
+from run.driver.output import OutputDir, sample_is_whole
+
+#: Settings that must be equal for a resume to continue the same sequence of samples.
+RESUME_KEYS = ("model", "dataset", "layer_ids", "max_length", "seed", "max_samples", "load_format", "hf_overrides")
+
+
+def extract(args, heartbeat):
+    output = OutputDir(args["output_dir"], args["writes_in_flight"])
+    output.lock()
+    previous_layers = check_resumable(args)
+    output.remove_temporaries()
+    if os.environ.get("VLLM_CPU_KVCACHE_SPACE") is None:
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(args["cpu_kvcache_space_gib"])  # read by CPU vLLM only
+
+    from speculators.data_generation.preprocessing import load_and_preprocess_dataset
+
+    model_dir = derived_model_dir(args)
+    dataset, _ = load_and_preprocess_dataset(
+        target_model_path=model_dir, train_data_path=args["dataset"], seq_length=args["max_length"],
+        build_dataset_num_proc=args["preprocess_procs"], seed=args["seed"], max_samples=args["max_samples"],
+        # Not *.pt: speculators' training takes every file under output_dir ending in "pt" for a sample.
+        token_freq_path=os.path.join(args["output_dir"], "token_freq.torch"),
+        cache_dir=os.path.join(args["output_dir"], ".cache"))
+    total = len(dataset)
+    if previous_layers and output.first_missing(total, len(previous_layers)) == total:
+        # A finished run started again: nothing to extract, no model to load.
+        heartbeat.begin_extraction(total, total)
+        heartbeat.update(phase="done", samples_done=total, eta_s=0)
+        return total
+    generator = make_generator(args, model_dir)
+    layers = len(generator.layer_ids)
+    write_data_config(args, generator, total)
+
+    start = output.first_missing(total, layers)
+    heartbeat.begin_extraction(start, total)
+    heartbeat.update(phase="extracting")
+    for first in range(start, total, args["batch_size"]):
+        indices = list(range(first, min(first + args["batch_size"], total)))
+        rows = [dataset[i] for i in indices]
+        results = generator.generate([row["input_ids"].tolist() for row in rows])
+        if len(results) != len(rows):
+            raise RuntimeError("generate() returned %d results for %d sequences" % (len(results), len(rows)))
+        for index, row, result in zip(indices, rows, results):
+            sample = whole_sample(index, row, result, layers)
+            output.submit(index, sample, lambda s: heartbeat.sample_written(s["input_ids"].shape[0]))
+    heartbeat.update(phase="writing")
+    output.drain()
+    # Done before the generator goes: its __del__ shuts vLLM's workers down, which takes seconds.
+    heartbeat.update(phase="done", samples_done=total, eta_s=0)
+    return total
+
+
+def whole_sample(index, row, result, layers):
+    """The saved record; refuses a result whose shapes say the states belong elsewhere."""
+    sample = {"input_ids": result["input_ids"], "hidden_states": result["hidden_states"],
+              "loss_mask": row["loss_mask"][: result["input_ids"].shape[0]].clone()}
+    if result["input_ids"].tolist() != row["input_ids"].tolist():
+        raise RuntimeError("sample %d: generate() returned other input_ids than it was given" % index)
+    if not sample_is_whole(sample, layers):
+        raise RuntimeError("sample %d: %d tokens but hidden states of shapes %s for %d layers" % (
+            index, result["input_ids"].shape[0], [tuple(h.shape) for h in result["hidden_states"]], layers))
+    return sample
+
+
+def write_data_config(args, generator, num_samples):
+    from speculators.data_generation.config_generator import DataGenerationConfig
+
+    config = DataGenerationConfig.from_generator(
+        generator=generator, train_data_path=args["dataset"], seq_length=args["max_length"],
+        cache_dir=os.path.join(args["output_dir"], ".cache"), num_samples=num_samples,
+        max_samples=args["max_samples"], seed=args["seed"]).to_dict()
+    config["specrig"] = resume_settings(args, generator.layer_ids)
+    atomic.write_json(os.path.join(args["output_dir"], "data_config.json"), config)
+
+
+def resume_settings(args, layer_ids):
+    settings = {key: args[key] for key in RESUME_KEYS}
+    settings["layer_ids"] = list(layer_ids)
+    return settings
+
+
+def check_resumable(args):
+    """Refuse to continue an output directory started with other settings; else the layers it
+    captured (None for a new directory)."""
+    path = os.path.join(args["output_dir"], "data_config.json")
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as handle:
+        previous = json.load(handle).get("specrig") or {}
+    wanted = {key: args[key] for key in RESUME_KEYS}
+    differing = sorted(key for key in RESUME_KEYS
+                       if key != "layer_ids" and previous.get(key) != wanted[key])
+    if args["layer_ids"] is not None and previous.get("layer_ids") != args["layer_ids"]:
+        differing.append("layer_ids")
+    if differing:
+        raise Refused("output_dir=%r holds samples made with other settings (%s: %s); use a new output_dir "
+                      "or the same settings" % (args["output_dir"], ", ".join(differing),
+                                               ", ".join("%r != %r" % (previous.get(k), wanted[k])
+                                                         for k in differing)))
+    return previous.get("layer_ids")
