@@ -27,7 +27,17 @@ APP_FIELDS = (
     ("gpu_uuid", "gpu_uuid", str),
     ("used_gpu_memory", "memory_used_mib", float),
 )
+#: The compute capability ("9.0", "10.0"), asked for apart from GPU_FIELDS: nvidia-smi of drivers
+#: older than 510 refuses the field, and the whole query with it.
+CAP_FIELDS = (
+    ("index", "index", int),
+    ("uuid", "uuid", str),
+    ("name", "name", str),
+    ("compute_cap", "compute_cap", str),
+)
 UNITS = (" MiB", " %", " W", " MHz")
+#: The reason given when the host has no nvidia-smi (no NVIDIA GPU, or no driver).
+NOT_FOUND = "nvidia-smi not found on PATH"
 
 
 def _value(text, kind):
@@ -70,7 +80,7 @@ def parse_csv(text, fields, columns=None):
 def _query(flag, fields, timeout):
     exe = shutil.which("nvidia-smi")
     if exe is None:
-        return None, "nvidia-smi not found on PATH"
+        return None, NOT_FOUND
     argv = [exe, "%s=%s" % (flag, ",".join(query for query, _, _ in fields)), "--format=csv"]
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
@@ -84,6 +94,15 @@ def _query(flag, fields, timeout):
 def gpus(timeout=15):
     """{"available": bool, "gpus": [...], "reason": str|None}."""
     rows, reason = _query("--query-gpu", GPU_FIELDS, timeout)
+    return {"available": rows is not None, "gpus": rows or [], "reason": reason}
+
+
+def compute_caps(timeout=15):
+    """{"available": bool, "gpus": [{index, uuid, name, compute_cap}], "reason": str|None}.
+
+    Reads no GPU memory and makes no CUDA context: nvidia-smi answers from the driver.
+    """
+    rows, reason = _query("--query-gpu", CAP_FIELDS, timeout)
     return {"available": rows is not None, "gpus": rows or [], "reason": reason}
 
 

@@ -73,3 +73,29 @@ def test_the_human_table_agrees_with_the_csv(fixtures):
     for gpu in rows:
         assert f"{gpu['memory_used_mib']:.0f}MiB / {gpu['memory_total_mib']:.0f}MiB" in table
     assert "571      C   python3" in table and "572      C   python3" in table
+
+
+# -- the tensor-parallel check's capture (tests/programs/gpu_check_tp.py on 2x H200, 2026-11-30) --------
+
+TP = H200X2.parent / "h200x2-tp"
+TP_UUIDS = ["GPU-ebb0d8ad-354c-0c85-414f-67689156434e", "GPU-7251c3cc-143b-27a0-9151-7bdbbf954522"]
+
+
+def test_compute_capability_is_read_apart_from_the_other_fields():
+    rows = telemetry.parse_csv((TP / "query_compute_cap.csv").read_text(), telemetry.CAP_FIELDS)
+    assert rows == [{"index": 0, "uuid": TP_UUIDS[0], "name": "NVIDIA H200", "compute_cap": "9.0"},
+                    {"index": 1, "uuid": TP_UUIDS[1], "name": "NVIDIA H200", "compute_cap": "9.0"}]
+    # Not one of GPU_FIELDS: nvidia-smi of drivers older than 510 refuses the field, and the whole query.
+    assert "compute_cap" not in [query for query, _, _ in telemetry.GPU_FIELDS]
+
+
+def test_two_nccl_workers_under_load():
+    gpus = telemetry.parse_csv((TP / "query_gpu_load.csv").read_text(), telemetry.GPU_FIELDS)
+    apps = telemetry.parse_csv((TP / "query_apps_load.csv").read_text(), telemetry.APP_FIELDS)
+    assert [(g["memory_used_mib"], g["utilization_pct"], g["power_w"]) for g in gpus] == [
+        (9715, 91, 247.23), (9715, 92, 248.42)]
+    per_gpu = telemetry.with_processes(gpus, apps)
+    assert [[(p["pid"], p["memory_used_mib"]) for p in g["processes"]] for g in per_gpu] == [[(965, 9706)],
+                                                                                            [(966, 9706)]]
+    table = (TP / "nvsmi_load.txt").read_text()
+    assert "9715MiB / 143771MiB" in table and "965      C   /opt/torch/.venv/bin/python3" in table

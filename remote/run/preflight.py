@@ -8,10 +8,14 @@ Every check runs (one failing does not hide the others) and none changes anythin
 """
 import json
 import os
+import re
 import shutil
+import subprocess
+import sys
 
 import contract
 import pkgmeta
+import procs
 import telemetry
 from run import runs
 
@@ -22,6 +26,10 @@ DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4,
 CHARS_PER_TOKEN = 4
 DISK_MARGIN = 1.1
 HUB_DATASETS = ("sharegpt", "ultrachat")
+#: The helper that reads torch's build in a process of its own (remote/run/torch_arch.py).
+TORCH_ARCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_arch.py")
+#: Importing torch from a cold network disk can take a while; the laptop gives the whole preflight 120 s.
+TORCH_ARCH_TIMEOUT_S = 60
 
 
 def check(name, ok, detail, advice=None):
@@ -42,6 +50,7 @@ def run(args):
     samples, dataset_check = dataset(driver.get("dataset"), driver.get("max_samples"), driver.get("max_length"))
     checks.append(dataset_check)
     checks.append(gpus(driver.get("tensor_parallel_size")))
+    checks.append(torch_arch(driver.get("tensor_parallel_size")))
     estimate = output_estimate(config, driver, samples)
     checks.append(disk(driver.get("output_dir"), estimate))
     checks.append(reorder_hazard(driver.get("batch_size") or contract.DRIVER_DEFAULTS["batch_size"], driver.get("max_length") or contract.DRIVER_DEFAULTS["max_length"]))
@@ -133,7 +142,7 @@ def dataset(path, max_samples, max_length):
     except (OSError, ValueError) as exc:
         return [], check("dataset", False, "cannot read %s: %s" % (path, exc),
                          "give a local .json or .jsonl file of conversations")
-    tokens = [min(length // CHARS_PER_TOKEN + 1, max_length or DRIVER_MAX_LENGTH) for length in lengths]
+    tokens = [min(length // CHARS_PER_TOKEN + 1, max_length or contract.DRIVER_DEFAULTS["max_length"]) for length in lengths]
     return tokens, check("dataset", bool(tokens), "%s: %d conversations, about %d tokens" % (
         path, len(tokens), sum(tokens)), "the dataset holds no conversations")
 
@@ -154,14 +163,47 @@ def _sample_lengths(path, max_samples):
 
 
 def _visible(gpu_rows, visible):
-    """The GPUs CUDA_VISIBLE_DEVICES (indices or uuids; None: all) lets the job see, in its order."""
+    """The GPUs CUDA_VISIBLE_DEVICES (None: all) lets the job see, in its order: cuda:0 is the first.
+
+    Entries are nvidia-smi indices, UUIDs or unique UUID prefixes ("GPU-95e8d11f"). As CUDA does, the
+    list ends at the first entry that names no GPU, or one named before: "0,7,1" on two GPUs is GPU 0.
+    """
     if visible is None:
         return gpu_rows
-    wanted = [item.strip() for item in visible.split(",") if item.strip()]
-    by_name = {}
-    for gpu in gpu_rows:
-        by_name[str(gpu["index"])] = by_name[gpu["uuid"]] = gpu
-    return [by_name[item] for item in wanted if item in by_name]
+    shown = []
+    for item in visible.split(","):
+        item = item.strip()
+        if item.isdigit():
+            found = [gpu for gpu in gpu_rows if gpu["index"] == int(item)]
+        else:
+            found = [gpu for gpu in gpu_rows if item and (gpu["uuid"] or "").startswith(item)]
+        if len(found) != 1 or found[0] in shown:
+            break
+        shown.append(found[0])
+    return shown
+
+
+def _process(app):
+    """'pid 1234 (python3 hold.py, 8200 MiB)': the command line from /proc where this user may read it.
+
+    In a container nvidia-smi may give the host's pids: the command line counts only when it runs
+    the program nvidia-smi names, else that name is shown."""
+    name = app.get("process_name") or "?"
+    words = procs.cmdline(app["pid"]).split()
+    if not words or os.path.basename(words[0]) != os.path.basename(name):
+        words = [name]
+    command = " ".join(os.path.basename(word) if word.startswith("/") else word for word in words)
+    if len(command) > 60:
+        command = command[:57] + "..."
+    memory = app.get("memory_used_mib")
+    return "pid %s (%s%s)" % (app["pid"], command, ", %.0f MiB" % memory if memory is not None else "")
+
+
+def _free(rows):
+    free = ["%.0f" % (g["memory_free_mib"] or 0) for g in rows]
+    if len(free) > 1 and len(set(free)) == 1:
+        return "%s MiB free on each" % free[0]
+    return "%s MiB free" % " / ".join(free)
 
 
 def gpus(tp):
@@ -179,15 +221,166 @@ def gpu_check(tp, seen, apps, visible):
     need = tp or len(rows)
     # vLLM takes the first `tp` visible GPUs.
     busy = [g for g in telemetry.with_processes(rows[:need], apps) if g["processes"]]
-    detail = "%d visible, %s MiB free%s" % (
-        len(rows), " / ".join("%.0f" % (g["memory_free_mib"] or 0) for g in rows),
-        "; in use: " + ", ".join("GPU %s by pid %s" % (g["index"], ", ".join(str(p["pid"]) for p in g["processes"]))
-                                 for g in busy) if busy else "")
+    detail = "%d visible, %s" % (len(rows), _free(rows))
+    if visible is not None:
+        detail += "; CUDA_VISIBLE_DEVICES=%s: %s" % (visible, ", ".join(
+            "cuda:%d is GPU %s" % (position, gpu["index"]) for position, gpu in enumerate(rows)) or "no GPU")
+    if busy:
+        detail += "; in use: " + "; ".join("GPU %s by %s" % (g["index"], ", ".join(_process(p) for p in g["processes"]))
+                                          for g in busy)
     if len(rows) < need:
         return check("gpus", False, detail, "tensor-parallel size %d needs %d GPUs; CUDA_VISIBLE_DEVICES=%s shows %d"
                      % (need, need, visible, len(rows)))
     return check("gpus", not busy, detail,
                  "other processes hold GPU memory; stop them or pick free GPUs with CUDA_VISIBLE_DEVICES in hosts.yaml")
+
+
+# -- torch's build against the GPUs' compute capability ----------------------------------------------------
+
+def torch_arch(tp):
+    """torch in this environment has kernels the visible GPUs can run (read from the build and nvidia-smi)."""
+    caps = telemetry.compute_caps(timeout=15)
+    if not caps["available"] and caps["reason"] == telemetry.NOT_FOUND:
+        return check("torch-arch", True, "no NVIDIA GPUs: nothing to match torch's build against")
+    rows = _visible(caps["gpus"], os.environ.get("CUDA_VISIBLE_DEVICES"))
+    build = torch_build() if caps["available"] and rows else None
+    return torch_arch_check(build, caps, rows[:tp or len(rows)])
+
+
+def torch_build(python=None, timeout=TORCH_ARCH_TIMEOUT_S):
+    """What remote/run/torch_arch.py prints: the torch build of `python` (default: this one, the host's)."""
+    try:
+        proc = subprocess.run([python or sys.executable, TORCH_ARCH], capture_output=True, text=True,
+                              timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return {"installed": None, "error": "importing torch took longer than %d s" % timeout}
+    except OSError as exc:
+        return {"installed": None, "error": "cannot run %s: %s" % (python or sys.executable, exc)}
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        said = (proc.stderr or proc.stdout).strip().splitlines()
+        return {"installed": None, "error": "torch_arch.py exited with %s: %s" % (proc.returncode,
+                                                                                 said[-1] if said else "no output")}
+    return json.loads(lines[-1])
+
+
+ARCH = re.compile(r"(sm|compute)_(\d+)([af]?)")
+
+
+def _capability(text):
+    """'9.0' -> (9, 0); None when nvidia-smi gave none."""
+    match = re.fullmatch(r"\s*(\d+)\.(\d+)\s*", text or "")
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def arch_runs_on(arch, capability):
+    """Whether code built for `arch` (sm_90, sm_90a, compute_90) runs on a GPU of `capability` (9, 0).
+
+    Machine code (sm_XY) runs on X.Y and on later minor versions of the same major (sm_80 on 8.6),
+    never across majors; 'a' (arch-specific) code only on X.Y itself, 'f' (family) code as sm_XY.
+    PTX (compute_XY) is compiled by the driver for X.Y and every later GPU.
+    """
+    match = ARCH.fullmatch(arch)
+    if not match:
+        return False
+    number = int(match.group(2))
+    built = (number // 10, number % 10)
+    if match.group(3) == "a":
+        return built == capability
+    if match.group(1) == "compute" and not match.group(3):
+        return built <= capability
+    return built[0] == capability[0] and built[1] <= capability[1]
+
+
+def _sm(capability):
+    return "sm_%d%d" % capability
+
+
+def _indices(indices):
+    """[0, 1, 2, 3] -> '0-3'; [0, 2] -> '0, 2'."""
+    if len(indices) > 2 and indices == list(range(indices[0], indices[-1] + 1)):
+        return "%d-%d" % (indices[0], indices[-1])
+    return ", ".join(str(index) for index in indices)
+
+
+def _gpu_groups(rows):
+    """'GPU 0 (NVIDIA B200) is sm_100', 'GPUs 0-7 (NVIDIA H200) are sm_90': GPUs grouped by name and capability."""
+    groups = {}
+    for gpu in rows:
+        groups.setdefault((gpu.get("name") or "?", _capability(gpu.get("compute_cap"))), []).append(gpu["index"])
+    return "; ".join("GPU%s %s (%s) %s %s" % ("s" if len(indices) > 1 else "", _indices(indices), name,
+                                               "are" if len(indices) > 1 else "is", _sm(cap) if cap else "of unknown capability")
+                     for (name, cap), indices in groups.items())
+
+
+def _build_for(capability):
+    """The advice: which torch build has kernels for a GPU of `capability`."""
+    if capability[0] >= 10:
+        cuda, wheel = ("13.0", "cu130") if capability[0] == 11 else ("12.8", "cu128")
+        return ("install a torch build for CUDA %s+ (%s), e.g. `pip install torch --index-url "
+                "https://download.pytorch.org/whl/%s`" % (cuda, wheel, wheel))
+    if capability < (7, 5):
+        return ("install a torch build that still has kernels for %s: CUDA 13 builds dropped it; a CUDA 12 build "
+                "(e.g. cu126) has them" % _sm(capability))
+    return ("install a torch build for CUDA 11.8+ (cu118 or newer), e.g. `pip install torch --index-url "
+            "https://download.pytorch.org/whl/cu128`")
+
+
+def _describe_build(build):
+    arch = build.get("arch_list") or []
+    machine = [a for a in arch if a.startswith("sm_")]
+    ptx = [a for a in arch if a.startswith("compute_")]
+    return "torch %s (CUDA %s) has kernels for %s%s" % (
+        build.get("version"), build.get("cuda"), ", ".join(machine) or "no GPU",
+        " and PTX for %s" % ", ".join(ptx) if ptx else "")
+
+
+def torch_arch_check(build, caps, rows):
+    """The check from torch_arch.py's answer (`build`), nvidia-smi's compute capabilities (`caps`) and
+    the GPUs the job will use (`rows`, each with compute_cap)."""
+    name = "torch-arch"
+    if not caps["available"]:
+        return check(name, True, "compute capability unknown (%s): not checked" % caps["reason"])
+    if not rows:
+        return check(name, True, "no GPU visible to the job (CUDA_VISIBLE_DEVICES): nothing to match")
+    caps_known = [_capability(gpu.get("compute_cap")) for gpu in rows if _capability(gpu.get("compute_cap"))]
+    newest = max(caps_known) if caps_known else (9, 0)
+    gpus_text = _gpu_groups(rows)
+    if build is None or build.get("installed") is None:
+        return check(name, False, "cannot read torch's build: %s" % ((build or {}).get("error") or "no answer"),
+                     "check that torch imports in the host's python (hosts.yaml `python`)")
+    if not build["installed"]:
+        return check(name, False, "torch is not installed in this environment (%s); %s" % (sys.executable, gpus_text),
+                     _build_for(newest))
+    if build.get("error"):
+        return check(name, False, "torch is installed but does not import: %s" % build["error"],
+                     "reinstall torch in the host's environment; " + _build_for(newest))
+    if build.get("hip"):
+        return check(name, False, "torch %s is a ROCm build (HIP %s), but %s: NVIDIA GPUs"
+                     % (build.get("version"), build["hip"], gpus_text), _build_for(newest))
+    if not build.get("cuda"):
+        return check(name, False, "torch %s is a CPU-only build, but %s: it would not use them"
+                     % (build.get("version"), gpus_text), _build_for(newest))
+    arch = build.get("arch_list") or []
+    if not arch:
+        return check(name, True, "torch %s (CUDA %s) names no GPU architectures: not checked; %s"
+                     % (build.get("version"), build["cuda"], gpus_text))
+    bad, through_ptx = [], []
+    for gpu in rows:
+        cap = _capability(gpu.get("compute_cap"))
+        if cap is None:
+            continue
+        if not any(arch_runs_on(a, cap) for a in arch):
+            bad.append(gpu)
+        elif not any(arch_runs_on(a, cap) for a in arch if a.startswith("sm_")):
+            through_ptx.append(gpu)
+    if bad:
+        return check(name, False, "%s but %s: it fails at the first kernel with 'no kernel image is available'"
+                     % (_describe_build(build), _gpu_groups(bad)),
+                     _build_for(max(_capability(gpu["compute_cap"]) for gpu in bad)))
+    return check(name, True, "%s; %s%s" % (_describe_build(build), gpus_text,
+                                           " (GPU %s only through PTX, compiled by the driver at the first start)"
+                                           % _indices([g["index"] for g in through_ptx]) if through_ptx else ""))
 
 
 def output_estimate(config, driver, samples):

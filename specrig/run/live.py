@@ -78,7 +78,7 @@ def render(run: dict, tail: str, progress: Progress, bar) -> Panel:
         parts.append(Text.from_markup("last failure: " + describe_failure(failure)))
     gpus = (run.get("gpus") or {}).get("gpus") or []
     if gpus:
-        table = gpu_table(gpus, box=None, padding=(0, 1))
+        table = gpu_table(gpus, apps=run.get("gpu_apps") or [], box=None, padding=(0, 1))
         parts.append(table)
     parts.append(Text(tail, style="dim", overflow="ellipsis", no_wrap=True))
     return Panel(Group(*parts), title=f"run {run['run_id']}", subtitle="Ctrl-C detaches (the run goes on)")

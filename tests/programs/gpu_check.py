@@ -14,48 +14,15 @@ Writes <out-dir>/gpu-check.json and the raw nvidia-smi output under load.
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "remote"))
+from host_calls import REPO, call, nvidia_smi, wait_for  # puts remote/ on sys.path
+
 import procs  # noqa: E402  (remote/ is stdlib only; a zombie is not alive)
-SENTINEL = "@@SPECRIG-RESULT@@"
 GIB_PER_CHILD = 16
-
-
-def call(command, args, timeout=180):
-    handle, path = tempfile.mkstemp(suffix=".json")
-    with os.fdopen(handle, "w") as out:
-        json.dump({"command": command, "args": args, "env": {}, "timeout_s": timeout}, out)
-    proc = subprocess.run([sys.executable, str(REPO / "remote" / "entry.py"), path], capture_output=True,
-                          text=True, start_new_session=True, timeout=timeout + 10)
-    os.unlink(path)
-    line = [l for l in proc.stdout.splitlines() if l.startswith(SENTINEL)][-1]
-    reply = json.loads(line[len(SENTINEL):])
-    if not reply["ok"]:
-        raise RuntimeError("%s failed: %s" % (command, reply["error"]))
-    return reply["result"]
-
-
-def wait_for(what, predicate, timeout=180):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(1)
-    raise RuntimeError("timed out waiting for " + what)
-
-
-def nvidia_smi(*query):
-    try:
-        return subprocess.run(["nvidia-smi", *query], capture_output=True, text=True).stdout
-    except FileNotFoundError:
-        return "nvidia-smi not found\n"
 
 
 def main(out):
