@@ -208,7 +208,9 @@ def engine_bundle() -> Path:
     bundle = current_bundle()
     root = lab_home() / ".cache" / "specrig-test" / "bundles" / bundle.digest
     for old in root.parent.glob("*") if root.parent.exists() else []:
-        if old.name != bundle.digest:  # bundles of code since changed
+        # Bundles of code since changed, once no run can still be using them: a suite running
+        # beside this one (another checkout, another version) has a bundle of its own here.
+        if old.name != bundle.digest and time.time() - old.stat().st_mtime > STALE_ENV_S:
             shutil.rmtree(old, ignore_errors=True)
     if not (root / ".complete").exists():
         staging = root.with_name(root.name + f".{uuid.uuid4().hex[:8]}")

@@ -3,6 +3,7 @@ import json
 import socket
 import threading
 import time
+import uuid
 
 import pytest
 
@@ -89,7 +90,7 @@ def test_expected_failure_is_typed(lab):
 
 
 def test_timeout_ends_the_remote_process(lab):
-    pid_file = ".cache/specrig/probe.pid"
+    pid_file = f".cache/specrig/probe-{uuid.uuid4().hex[:8]}.pid"  # suites may run side by side
     with connect(lab.host("lab")) as remote:
         with pytest.raises(RemoteTimeout, match="deadline"):
             remote.call("probe", {"sleep": 60, "pid_file": pid_file}, timeout=2)

@@ -159,13 +159,22 @@ def sshd_serving(client_pid: int, port: int = 2222) -> set[int]:
     return _pids_holding(server_inodes) - {client_pid}
 
 
+def interruptible() -> None:
+    """Ctrl-C reaches the client as it reaches a user's: a suite started in the background by a
+    non-interactive shell ignores SIGINT, and its children would inherit that."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def kill_client(client: subprocess.Popen) -> None:
     client.kill()
 
 
 def kill_serving_sshd(client: subprocess.Popen) -> None:
     for pid in sshd_serving(client.pid):
-        os.kill(pid, signal.SIGKILL)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # the privileged sshd and its session child: killing one may end the other first
 
 
 @pytest.mark.parametrize("drop", [kill_client, kill_serving_sshd], ids=["client killed", "serving sshd killed"])
@@ -215,7 +224,8 @@ def test_kill_9_of_the_driver_is_recorded_and_resumed_with_every_sample_once(run
 
 def test_ctrl_c_detaches_stop_leaves_no_process_of_the_run_and_resume_completes_it(runnable, dataset, out):
     client = subprocess.Popen([sys.executable, "-m", "invoke", "-r", str(REPO), *extract_args(dataset, out)],
-                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=interruptible)
     try:
         run = wait_for("the run to extract", lambda: extracting(out, 2))
         client.send_signal(signal.SIGINT)
