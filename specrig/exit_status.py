@@ -1,5 +1,8 @@
 """The exit codes of every specrig task, documented in the README."""
+from __future__ import annotations
+
 import enum
+from typing import Iterable
 
 
 class ExitStatus(enum.IntEnum):
@@ -24,3 +27,21 @@ class ExitStatus(enum.IntEnum):
     LOCKED = 9
     #: Interrupted by the user (Ctrl-C).
     INTERRUPTED = 130
+
+
+#: Most serious first: a task on many hosts exits with the first of these that any host came to
+#: (README, "Exit codes"). An interruption leaves every host's answer in doubt. Then what a person
+#: must act on before anything else: a host key that may mean an attack, then hosts specrig could
+#: not use at all (authentication, reach, their Python), then a failure of the work itself (a
+#: script error, a deadline), a check that could not run on the host, another client holding the
+#: lock (trying again later is enough), and last a check that ran and found something.
+SEVERITY: tuple[ExitStatus, ...] = (
+    ExitStatus.INTERRUPTED, ExitStatus.HOST_KEY, ExitStatus.AUTH, ExitStatus.CONNECTION, ExitStatus.REMOTE_PYTHON,
+    ExitStatus.REMOTE_ERROR, ExitStatus.TIMEOUT, ExitStatus.USAGE, ExitStatus.LOCKED, ExitStatus.FINDINGS,
+    ExitStatus.OK,
+)
+
+
+def most_serious(statuses: Iterable[ExitStatus]) -> ExitStatus:
+    """The status a task on many hosts exits with: OK only when every host's is OK (or there were none)."""
+    return min(statuses, key=SEVERITY.index, default=ExitStatus.OK)

@@ -8,10 +8,13 @@ from invoke import Collection, task
 
 from specrig import lab as lab_host
 from specrig.cli.guard import guarded
+from specrig.exit_status import ExitStatus
+from specrig.fleet import DEFAULT_PARALLEL, PARALLEL_VARIABLE, fleet_hosts, run_task
 from specrig.run.settings import task_help
 from specrig.inventory import load_inventory
 
-HOST_HELP = "host name from hosts.yaml, or 'local' for this machine without SSH"
+HOST_HELP = ("host name from hosts.yaml, or 'local' for this machine without SSH; or several: a group, 'all', "
+             f"or a comma list (in parallel, ${PARALLEL_VARIABLE} at once, default {DEFAULT_PARALLEL})")
 JSON_HELP = "print JSON for scripts instead of tables"
 
 
@@ -31,8 +34,13 @@ def hosts(c, json=False):
 def doctor(c, host, json=False):
     """Check a host: reachability, login shell, python, speculators/vllm/torch/transformers, GPUs, disk."""
     from specrig.doctor import doctor as run_doctor, show
+    from specrig.ui.fleet import doctor_figures
 
-    target = load_inventory().host(host)
+    inventory = load_inventory()
+    targets = fleet_hosts(inventory, host)
+    if targets:
+        return run_task("doctor", targets, run_doctor, as_json=json, figures=doctor_figures)
+    target = inventory.host(host)
     show(run_doctor(target), as_json=json, host=target)
 
 
@@ -77,11 +85,17 @@ RUN_HELP = "run id (default: the newest run; `inv status --host H` lists them)"
 def extract(c, host, model=None, data=None, out=None, tp=None, layers=None, batch_size=None, max_len=None,
             max_samples=None, skip_preflight=False, detach=False, json=False):
     """Preflight, launch the supervised extraction on a host, and show it live (Ctrl-C detaches; the run goes on)."""
+    from specrig.errors import UsageError
     from specrig.run.runs import extract as run_extract
 
+    inventory = load_inventory()
+    targets = fleet_hosts(inventory, host)
+    if targets and len(targets) > 1:
+        raise UsageError(f"--host {host!r} names {len(targets)} hosts: an extraction split over several hosts "
+                         f"is not built yet", hint="pass one host")
     given = {"model": model, "data": data, "out": out, "tp": tp, "layers": layers, "batch_size": batch_size,
              "max_len": max_len, "max_samples": max_samples}
-    return run_extract(load_inventory().host(host), given, skip_preflight=skip_preflight,
+    return run_extract(targets[0] if targets else inventory.host(host), given, skip_preflight=skip_preflight,
                        attach=not (detach or json), as_json=json)
 
 
@@ -89,28 +103,54 @@ def extract(c, host, model=None, data=None, out=None, tp=None, layers=None, batc
 @guarded
 def status(c, host, run=None, json=False):
     """Runs on a host: state, progress, attempts and classified failures, GPUs."""
-    from specrig.run.runs import status as run_status
+    from specrig.run.runs import run_status, status as show_status
+    from specrig.ui.fleet import status_figures
 
-    return run_status(load_inventory().host(host), run, as_json=json)
+    inventory = load_inventory()
+    targets = fleet_hosts(inventory, host)
+    if targets:
+        return run_task("status", targets, lambda target: run_status(target, run), as_json=json,
+                        figures=status_figures)
+    return show_status(inventory.host(host), run, as_json=json)
 
 
 @task(help={"host": HOST_HELP, "run": RUN_HELP, "follow": "keep printing new lines until the run ends (Ctrl-C stops)",
             "n": "how many of the last lines to print (default 50)"})
 @guarded
 def logs(c, host, run=None, follow=False, n=50):
-    """The driver's log of a run (every attempt, with the supervisor's markers)."""
-    from specrig.run.runs import logs as run_logs
+    """The driver's log of a run (every attempt, with the supervisor's markers); several hosts' lines prefixed."""
+    from specrig.run.runs import log_lines, logs as show_logs, stream_logs
+    from specrig.ui.fleet import PrefixedLines, logs_figures
 
-    return run_logs(load_inventory().host(host), run, follow=follow, lines=int(n))
+    inventory = load_inventory()
+    targets = fleet_hosts(inventory, host)
+    if not targets:
+        return show_logs(inventory.host(host), run, follow=follow, lines=int(n))
+    lines = log_lines(int(n))
+    prefixed = PrefixedLines([target.name for target in targets])
+
+    def host_logs(target):
+        with prefixed.writer(target.name) as write:
+            return stream_logs(target, run, follow=follow, lines=lines, write=write)
+
+    return run_task("logs", targets, host_logs, as_json=False, figures=logs_figures,
+                    detach_note="stopped following; the runs go on" if follow else None,
+                    parallel=len(targets) if follow else None)
 
 
 @task(help={"host": HOST_HELP, "run": "run id (default: the newest active run)", "json": JSON_HELP})
 @guarded
 def stop(c, host, run=None, json=False):
     """Stop a run: SIGTERM to its whole process group, a grace period, SIGKILL; report anything left."""
-    from specrig.run.runs import stop as run_stop
+    from specrig.run.runs import stop as show_stop, stop_run
+    from specrig.ui.fleet import stop_figures
 
-    return run_stop(load_inventory().host(host), run, as_json=json)
+    inventory = load_inventory()
+    targets = fleet_hosts(inventory, host)
+    if targets:
+        return run_task("stop", targets, lambda target: stop_run(target, run), as_json=json, figures=stop_figures,
+                        judge=lambda result: ExitStatus.OK if result["clean"] else ExitStatus.FINDINGS)
+    return show_stop(inventory.host(host), run, as_json=json)
 
 
 @task(help={"host": HOST_HELP, "run": RUN_HELP, "detach": "return at once instead of showing the live view",
@@ -118,9 +158,28 @@ def stop(c, host, run=None, json=False):
 @guarded
 def resume(c, host, run=None, detach=False, json=False):
     """Restart a failed, stopped or lost run; the driver continues from the first missing sample."""
-    from specrig.run.runs import resume as run_resume
+    from specrig.contract import SUCCEEDED
+    from specrig.run.runs import resume as show_resume, resume_and_watch
+    from specrig.ui.fleet import RunsBoard, resume_figures
 
-    return run_resume(load_inventory().host(host), run, attach=not (detach or json), as_json=json)
+    inventory = load_inventory()
+    targets = fleet_hosts(inventory, host)
+    attach = not (detach or json)
+    if not targets:
+        return show_resume(inventory.host(host), run, attach=attach, as_json=json)
+    board = RunsBoard([target.name for target in targets]) if attach else None
+
+    def resume_host(target):
+        return resume_and_watch(target, run, on_update=(lambda state: board.update(target.name, state))
+                                if board else None)
+
+    def judge(result):
+        return ExitStatus.OK if "final" not in result or result["final"]["state"] == SUCCEEDED else ExitStatus.FINDINGS
+
+    return run_task("resume", targets, resume_host, as_json=json, figures=resume_figures, judge=judge, board=board,
+                    detach_note=f"detached; the runs go on. `inv status --host {host}` shows them, "
+                                f"`inv stop --host {host}` stops them." if attach else None,
+                    parallel=len(targets) if attach else None)
 
 
 for _task in (extract, status, logs, stop, resume):
@@ -138,8 +197,14 @@ def smoke_task(c, host, model=None, samples=6, json=False):
     """Run the extraction driver on the target's config shrunk (few layers, small dims, dummy weights): drift in a minute."""
     from specrig.errors import Findings
     from specrig.run.smoke import show, show_failure, smoke
+    from specrig.ui.fleet import smoke_figures
 
-    target = load_inventory().host(host)
+    inventory = load_inventory()
+    targets = fleet_hosts(inventory, host)
+    if targets:
+        return run_task("smoke", targets, lambda target: smoke(target, model=model, samples=int(samples)),
+                        as_json=json, figures=smoke_figures)
+    target = inventory.host(host)
     try:
         result = smoke(target, model=model, samples=int(samples))
     except Findings as failure:
@@ -161,8 +226,15 @@ def verify_signatures(c, host, model=None, json=False, show_source=False):
     """Find where the host's speculators drifted from its vLLM, statically (exit 1: drift, 2: could not check)."""
     from specrig.drift.verify import verify
     from specrig.drift.view import show
+    from specrig.ui.fleet import verify_figures
 
-    report = verify(load_inventory().host(host), model=model)
+    inventory = load_inventory()
+    targets = fleet_hosts(inventory, host)
+    if targets:
+        return run_task("verify-signatures", targets, lambda target: verify(target, model=model).data, as_json=json,
+                        figures=verify_figures,
+                        judge=lambda data: ExitStatus.FINDINGS if data["counts"]["drift"] else ExitStatus.OK)
+    report = verify(inventory.host(host), model=model)
     show(report, as_json=json, show_source=show_source)
     return report.exit_status
 
@@ -198,6 +270,22 @@ namespace.add_task(check_compat)
 PATCHSET_HELP = "patchset name (a folder of patchsets/); default: the one whose ranges match the host's versions"
 
 
+def _patch_task(action: str, host: str, *, as_json: bool, **options) -> ExitStatus:
+    """apply-patches, patch-status, revert-patches: on one host as the engine shows it, or on many."""
+    from specrig.patching import engine
+    from specrig.ui.fleet import patches_figures
+
+    inventory = load_inventory()
+    targets = fleet_hosts(inventory, host)
+    if not targets:
+        return engine.run_task(action, inventory.host(host), as_json=as_json, **options)
+    title, function = {"apply": ("apply-patches", engine.apply_patches),
+                       "status": ("patch-status", engine.patch_status),
+                       "revert": ("revert-patches", engine.revert_patches)}[action]
+    return run_task(title, targets, lambda target: function(target, **options), as_json=as_json,
+                    figures=patches_figures)
+
+
 @task(name="apply-patches", help={
     "host": HOST_HELP, "patchset": PATCHSET_HELP, "json": JSON_HELP,
     "dry_run": "print the unified diffs and change nothing",
@@ -205,19 +293,14 @@ PATCHSET_HELP = "patchset name (a folder of patchsets/); default: the one whose 
 @guarded
 def apply_patches(c, host, patchset=None, dry_run=False, model=None, json=False):
     """Apply the patchset matching the host's speculators/vLLM, then verify the drift it fixes is gone."""
-    from specrig.patching.engine import run_task
-
-    return run_task("apply", load_inventory().host(host), as_json=json, patchset=patchset, dry_run=dry_run,
-                    model=model)
+    return _patch_task("apply", host, as_json=json, patchset=patchset, dry_run=dry_run, model=model)
 
 
 @task(name="patch-status", help={"host": HOST_HELP, "patchset": PATCHSET_HELP, "json": JSON_HELP})
 @guarded
 def patch_status(c, host, patchset=None, json=False):
     """Each patch's state on the host: pending, applied, not-applicable, conflict, or missing (file replaced)."""
-    from specrig.patching.engine import run_task
-
-    return run_task("status", load_inventory().host(host), as_json=json, patchset=patchset)
+    return _patch_task("status", host, as_json=json, patchset=patchset)
 
 
 @task(name="revert-patches", help={
@@ -226,9 +309,7 @@ def patch_status(c, host, patchset=None, json=False):
 @guarded
 def revert_patches(c, host, patch=None, force=False, json=False):
     """Restore the original bytes of the files specrig patched (refused if a file changed since, unless --force)."""
-    from specrig.patching.engine import run_task
-
-    return run_task("revert", load_inventory().host(host), as_json=json, patch=patch, force=force)
+    return _patch_task("revert", host, as_json=json, patch=patch, force=force)
 
 
 namespace.add_task(apply_patches)

@@ -7,12 +7,13 @@ runs the preflight (preflight.py), launches, and shows what the host reports (vi
 from __future__ import annotations
 
 import time
+from typing import Callable, Iterator
 
 from specrig.contract import ACTIVE_STATES, SUCCEEDED
 from specrig.errors import Findings, UsageError
 from specrig.exit_status import ExitStatus
 from specrig.inventory import Host
-from specrig.run.live import follow
+from specrig.run.live import POLL_S, follow
 from specrig.run.preflight import preflight
 from specrig.run.settings import build_request
 from specrig.run.view import show_checks, show_run, show_runs, show_stop
@@ -60,9 +61,14 @@ def _attach(remote: Remote, host: Host, run_id: str) -> int:
     return ExitStatus.OK if final["state"] == SUCCEEDED else ExitStatus.FINDINGS
 
 
-def status(host: Host, run_id: str | None, *, as_json: bool) -> int:
+def run_status(host: Host, run_id: str | None) -> dict:
+    """The host's runs (or one run, with its log's last lines), on a connection of its own."""
     with connect(host) as remote:
-        result = runs_call(remote, host, "status", {"run": run_id})
+        return runs_call(remote, host, "status", {"run": run_id})
+
+
+def status(host: Host, run_id: str | None, *, as_json: bool) -> int:
+    result = run_status(host, run_id)
     if as_json:
         print_json(result)
         return ExitStatus.OK
@@ -73,33 +79,68 @@ def status(host: Host, run_id: str | None, *, as_json: bool) -> int:
     return ExitStatus.OK
 
 
-def logs(host: Host, run_id: str | None, *, follow: bool, lines: int) -> int:
+def log_lines(lines: int) -> int:
+    """`inv logs -n`: a positive number of lines (checked before any host is reached)."""
     if lines < 1:
         raise UsageError(f"-n {lines!r}: give a positive number of lines")
+    return lines
+
+
+def new_log_text(remote: Remote, host: Host, run_id: str, offset: int) -> Iterator[dict]:
+    """The log's new text each second from byte `offset` ({text, offset, state}), until the run
+    is no longer active: the last chunk's state says how it ended."""
+    while True:
+        time.sleep(1)
+        chunk = runs_call(remote, host, "logs", {"run": run_id, "offset": offset})
+        yield chunk
+        if chunk["state"] not in ACTIVE_STATES:
+            return
+        offset = chunk["offset"]
+
+
+def logs(host: Host, run_id: str | None, *, follow: bool, lines: int) -> int:
+    log_lines(lines)
     with connect(host) as remote:
         result = runs_call(remote, host, "logs", {"run": run_id, "lines": lines})
         console.print(result["text"], markup=False, highlight=False, soft_wrap=True)
         if not follow:
             return ExitStatus.OK
-        offset, run_id = result["offset"], result["run_id"]
+        run_id = result["run_id"]
         try:
-            while True:
-                time.sleep(1)
-                chunk = runs_call(remote, host, "logs", {"run": run_id, "offset": offset})
+            for chunk in new_log_text(remote, host, run_id, result["offset"]):
                 if chunk["text"]:
                     console.out(chunk["text"], end="", highlight=False)
-                offset = chunk["offset"]
-                if chunk["state"] not in ACTIVE_STATES:
-                    console.print(f"\n(run {run_id} is {chunk['state']})", markup=False)
-                    return ExitStatus.OK
+            console.print(f"\n(run {run_id} is {chunk['state']})", markup=False)
+            return ExitStatus.OK
         except KeyboardInterrupt:
             console.print(f"\nstopped following; run {run_id} goes on")
             return ExitStatus.OK
 
 
-def stop(host: Host, run_id: str | None, *, as_json: bool) -> int:
+def stream_logs(host: Host, run_id: str | None, *, follow: bool, lines: int,
+                write: Callable[[str], None]) -> dict:
+    """`logs` of one host among many: its text goes to `write` (the fleet view prefixes whole lines
+    with the host), and {run_id, state} comes back."""
     with connect(host) as remote:
-        result = runs_call(remote, host, "stop", {"run": run_id}, timeout=300)
+        result = runs_call(remote, host, "logs", {"run": run_id, "lines": lines})
+        if result["text"]:
+            write(result["text"] + "\n")  # the last lines come without their final line end
+        state = result["state"]
+        if follow:
+            for chunk in new_log_text(remote, host, result["run_id"], result["offset"]):
+                write(chunk["text"])
+                state = chunk["state"]
+    return {"run_id": result["run_id"], "state": state}
+
+
+def stop_run(host: Host, run_id: str | None) -> dict:
+    """Stop a run (the newest active one by default) and report what is left of it."""
+    with connect(host) as remote:
+        return runs_call(remote, host, "stop", {"run": run_id}, timeout=300)
+
+
+def stop(host: Host, run_id: str | None, *, as_json: bool) -> int:
+    result = stop_run(host, run_id)
     if as_json:
         print_json(result)
     else:
@@ -117,3 +158,16 @@ def resume(host: Host, run_id: str | None, *, attach: bool, as_json: bool) -> in
         return _attach(remote, host, result["run_id"]) if attach else ExitStatus.OK
 
 
+def resume_and_watch(host: Host, run_id: str | None, *, on_update: Callable[[dict], None] | None) -> dict:
+    """`resume` of one host among many. With on_update, the run is followed on the same connection
+    until it ends, each status handed to on_update (a fleet's live board); `final` is its last."""
+    with connect(host) as remote:
+        resumed = runs_call(remote, host, "resume", {"run": run_id})
+        if on_update is None:
+            return resumed
+        while True:
+            run = runs_call(remote, host, "status", {"run": resumed["run_id"], "lines": 1})["runs"][0]
+            on_update(run)
+            if run["state"] not in ACTIVE_STATES:
+                return {**resumed, "final": run}
+            time.sleep(POLL_S)

@@ -59,5 +59,17 @@ class Bundle:
 
 
 def current_bundle() -> Bundle:
-    """The bundle of the code as it is now (rebuilt per task: files may have changed)."""
+    """The bundle of the code as it is now: built again only when a file changed (by path, size and
+    mtime), so the hosts of one task share it instead of each hashing every file again."""
+    return _bundle_of(_signature(remote_dir(), patchsets_dir()))
+
+
+def _signature(*tops: Path) -> tuple:
+    return tuple((str(path), stat.st_size, stat.st_mtime_ns) for top in tops for path in sorted(top.rglob("*"))
+                 if path.is_file() and not SKIP_PARTS & set(path.parts) and path.suffix != ".pyc"
+                 for stat in (path.stat(),))
+
+
+@functools.lru_cache(maxsize=1)
+def _bundle_of(signature: tuple) -> Bundle:
     return Bundle(bundle_files(remote_dir(), patchsets_dir()))
