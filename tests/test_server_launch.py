@@ -192,7 +192,7 @@ CASES = [
 ]
 
 
-def test_same_argv_as_the_repo_script(tmp_path):
+def test_same_argv_as_the_repo_script(lab, tmp_path):  # `lab`: its venvs have transformers
     script, python = _script(tmp_path), _transformers_python()
     if script is None or python is None:
         pytest.skip("needs speculators' scripts/launch_vllm.py and a Python with transformers "

@@ -246,7 +246,7 @@ def test_scan_speed(tmp_path):
 # -- against the real library, where the lab has it -------------------------------------------------------
 
 @pytest.mark.skipif(not os.access(LAB_MODEL, os.R_OK), reason="the lab's tiny model is not there (inv lab.up --runnable)")
-def test_lab_model_written_by_safetensors_parses():
+def test_lab_model_written_by_safetensors_parses(lab):
     header = outputs.read_header(str(LAB_MODEL))
     assert header["tensors"] and all(t["end"] <= header["file_size"] for t in header["tensors"].values())
     for tensor in header["tensors"].values():
@@ -275,7 +275,7 @@ def _python_with(modules: str) -> Path | None:
     return None
 
 
-def test_files_written_by_safetensors_torch(tmp_path):
+def test_files_written_by_safetensors_torch(lab, tmp_path):  # `lab`: its venvs have torch
     """What the connector calls (safetensors.torch.save_file of hidden_states and token_ids)."""
     python = _python_with("torch, safetensors")
     if python is None:
