@@ -54,11 +54,13 @@ def trust_host(c, host, json=False):
     show_trust(trust(load_inventory().host(host)), as_json=json)
 
 
-@task(help={"runnable": "also build the CPU vLLM environment that can run the extraction (~5 min, 8 GB)"})
+@task(help={"runnable": "also build the CPU vLLM environment that can run the extraction (~5 min, 8 GB)",
+            "hosts": "also N fleet hosts lab-1 ... lab-N (group lab-fleet): each its own sshd and host key on "
+                     "127.0.1.n:2222, sharing the lab's environments; hosts.yaml names 3, .lab/fleet.yaml all N"})
 @guarded
-def up(c, runnable=False):
+def up(c, runnable=False, hosts=0):
     """Build the lab host on this machine (root): sshd on 127.0.0.1, zsh/bash/dash users, remote venvs."""
-    lab_host.up(runnable=runnable)
+    lab_host.up(runnable=runnable, hosts=int(hosts))
 
 
 @task

@@ -4,6 +4,13 @@ and a remote venv holding real speculators and vLLM releases.
 Everything lives under STATE (sshd config, host keys, pid, wheel cache) and the lab
 users' homes; the system sshd and its config are never touched. `up` is idempotent:
 each step checks whether its work is done before doing it.
+
+The fleet (`up(hosts=N)`): N more lab hosts, `lab-1` ... `lab-N`, each its own sshd on its own
+loopback address (127.0.1.n:2222; Linux routes all of 127/8 to lo) with its own config, host key
+and pid under STATE/fleet/<n>/, so that one can be stopped or re-keyed while the others work. They
+log in as the same users, so they share the environments in ~specrig; each has its own workdir.
+hosts.yaml names the first FLEET_SHIPPED of them (group `lab-fleet`); fleet_inventory(), written by
+every `up(hosts=N)` beside the client key (.lab/fleet.yaml), names all N.
 """
 from __future__ import annotations
 
@@ -14,10 +21,12 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
 import paramiko
+import yaml
 
 from specrig.errors import UsageError
 from specrig.transport.hostkeys import known_hosts_name, record
@@ -33,6 +42,16 @@ APT_PACKAGES = ("openssh-server", "zsh", "python3-venv")
 #: The releases the analysis-only venv holds: the pair where the drift was first met.
 ANALYSIS_PACKAGES = ("speculators==0.3.0", "vllm==0.16.0")
 SYSTEM_PYTHON = "/usr/bin/python3"
+#: The fleet: host n listens on FLEET_PREFIX + n, port FLEET_PORT; its files are under FLEET / str(n).
+FLEET = STATE / "fleet"
+FLEET_READY = FLEET / "READY"
+FLEET_PREFIX = "127.0.1."
+FLEET_PORT = 2222
+#: `--hosts` goes up to FLEET_MAX; the addresses above it are left to tests' private hosts.
+FLEET_MAX = 199
+FLEET_GROUP = "lab-fleet"
+#: How many fleet hosts hosts.yaml names (lab-1 ... lab-3, group lab-fleet): `inv lab.up --hosts 3`.
+FLEET_SHIPPED = 3
 
 
 def _sh(*argv: str, user: str | None = None, **kwargs) -> subprocess.CompletedProcess:
@@ -55,9 +74,12 @@ def lab_host() -> Host:
     return load_inventory().host("lab")
 
 
-def up(*, runnable: bool = False, log=print) -> None:
-    """Build the lab host (idempotent)."""
+def up(*, runnable: bool = False, hosts: int = 0, log=print) -> None:
+    """Build the lab host (idempotent); with `hosts`, also fleet hosts 1 ... hosts (up_fleet)."""
     _require_root("lab.up")
+    if not 0 <= hosts <= FLEET_MAX:
+        raise UsageError(f"lab.up --hosts {hosts}: give a number of hosts from 1 to {FLEET_MAX} "
+                         "(one loopback address each)")
     host = lab_host()
     STATE.mkdir(parents=True, exist_ok=True)
     os.chmod(STATE, 0o755)
@@ -76,14 +98,23 @@ def up(*, runnable: bool = False, log=print) -> None:
         for recipe in RECIPES:
             build_runnable_env(user=MAIN_USER, home=Path(pwd.getpwnam(MAIN_USER).pw_dir), python=SYSTEM_PYTHON,
                                log=log, recipe=recipe)
-    READY.write_text("runnable\n" if runnable else "analysis\n")
+    # A later `up` without --runnable leaves the runnable environments in place: READY says so still.
+    was_runnable = READY.exists() and READY.read_text() == "runnable\n"
+    READY.write_text("runnable\n" if runnable or was_runnable else "analysis\n")
     log(f"lab is up: ssh -p {host.port} -i {client_key} {MAIN_USER}@127.0.0.1 (inv doctor --host lab)")
+    if hosts:
+        up_fleet(hosts, log=log)
 
 
 def down(*, log=print) -> None:
     """Remove what `up` made: the sshd, the users and their homes, keys and known_hosts lines."""
     _require_root("lab.down")
     host = lab_host()
+    for number in fleet_numbers():
+        remove_fleet_host(number, known_hosts=host.known_hosts, log=log)
+    if host.identity_file:
+        fleet_inventory(host).unlink(missing_ok=True)
+        shutil.rmtree(fleet_inventory(host).parent / ".specrig", ignore_errors=True)
     _stop_sshd(log)
     for user in USERS:
         if _user_exists(user):
@@ -146,12 +177,12 @@ def _ensure_user(user: str, shell: str, public_key: str, log) -> None:
     os.chmod(authorized, 0o600)
 
 
-def _sshd_config(port: int) -> str:
+def _sshd_config(port: int, *, address: str = "127.0.0.1", state: Path = STATE) -> str:
     return "\n".join([
         f"Port {port}",
-        "ListenAddress 127.0.0.1",
-        f"HostKey {STATE / 'ssh_host_ed25519_key'}",
-        f"PidFile {STATE / 'sshd.pid'}",
+        f"ListenAddress {address}",
+        f"HostKey {state / 'ssh_host_ed25519_key'}",
+        f"PidFile {state / 'sshd.pid'}",
         "AuthorizedKeysFile .ssh/authorized_keys",
         "PubkeyAuthentication yes",
         "PasswordAuthentication no",
@@ -167,64 +198,266 @@ def _sshd_config(port: int) -> str:
     ])
 
 
-def _sshd_pid() -> int | None:
+def _sshd_pid(state: Path = STATE) -> int | None:
     try:
-        pid = int((STATE / "sshd.pid").read_text())
-        os.kill(pid, 0)
-        return pid
+        pid = int((state / "sshd.pid").read_text())
     except (OSError, ValueError):
         return None
+    return pid if _running(pid) else None
 
 
-def _ensure_sshd(port: int, log) -> None:
-    _ensure_key(STATE / "ssh_host_ed25519_key", comment="specrig-lab-host")
-    config = STATE / "sshd_config"
-    wanted = _sshd_config(port)
+def _ensure_sshd(port: int, log, *, address: str = "127.0.0.1", state: Path = STATE) -> None:
+    _ensure_key(state / "ssh_host_ed25519_key", comment="specrig-lab-host")
+    config = state / "sshd_config"
+    wanted = _sshd_config(port, address=address, state=state)
     changed = not config.exists() or config.read_text() != wanted
     config.write_text(wanted)
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
     _sh(SSHD, "-t", "-f", str(config))
-    pid = _sshd_pid()
+    pid = _sshd_pid(state)
     if pid and changed:
         os.kill(pid, signal.SIGHUP)  # re-read the config
     if not pid:
-        _sh(SSHD, "-f", str(config), "-E", str(STATE / "sshd.log"))
-        log(f"started sshd on 127.0.0.1:{port}")
-    _wait_listening(port)
+        _sh(SSHD, "-f", str(config), "-E", str(state / "sshd.log"))
+        log(f"started sshd on {address}:{port}")
+    _wait_listening(port, address=address, state=state)
 
 
-def _wait_listening(port: int, timeout: float = 10) -> None:
+def _wait_listening(port: int, timeout: float = 10, *, address: str = "127.0.0.1", state: Path = STATE) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
+            with socket.create_connection((address, port), timeout=1):
                 return
         except OSError:
             time.sleep(0.1)
-    raise UsageError(f"lab sshd is not listening on 127.0.0.1:{port}; see {STATE / 'sshd.log'}")
+    raise UsageError(f"lab sshd is not listening on {address}:{port}; see {state / 'sshd.log'}")
 
 
-def _stop_sshd(log) -> None:
-    pid = _sshd_pid()
-    if pid:
-        os.kill(pid, signal.SIGTERM)
-        log(f"stopped sshd (pid {pid})")
+def _stop_sshd(log, *, state: Path = STATE, timeout: float = 10) -> None:
+    """Stop the sshd whose pid file is under `state` and wait until it is gone (its port closed)."""
+    pid = _sshd_pid(state)
+    if not pid:
+        return
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _running(pid):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            break
+        time.sleep(0.02)
+    (state / "sshd.pid").unlink(missing_ok=True)
+    log(f"stopped sshd (pid {pid})")
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` still runs: a daemon's exit leaves a zombie until init reaps it, at its own pace."""
+    try:
+        os.kill(pid, 0)
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _known_hosts_lines(path: Path) -> list[str]:
+    if not path.exists():
+        return []
+    return [line if line.endswith("\n") else line + "\n" for line in path.read_text().splitlines(keepends=True)]
+
+
+def _write_known_hosts(path: Path, lines: list[str]) -> None:
+    _replace_file(path, "".join(lines), mode=0o600)
+
+
+def _replace_file(path: Path, text: str, *, mode: int = 0o644) -> None:
+    """Replace a file at once: a suite reading it meanwhile sees the old or the new, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(handle, "w", encoding="utf-8") as out:
+        out.write(text)
+    os.chmod(temporary, mode)
+    os.replace(temporary, path)
+
+
+def _forget_names(known_hosts: str | os.PathLike, names: set[str]) -> None:
+    path = Path(known_hosts)
+    lines = _known_hosts_lines(path)
+    kept = [line for line in lines if line.split(" ", 1)[0] not in names]
+    if kept != lines:
+        _write_known_hosts(path, kept)
 
 
 def _forget_host_key(host: Host) -> None:
-    path = Path(host.known_hosts)
-    if path.exists():
-        name = known_hosts_name(host.hostname, host.port)
-        kept = [line for line in path.read_text().splitlines(keepends=True) if line.split(" ", 1)[0] != name]
-        path.write_text("".join(kept))
+    _forget_names(host.known_hosts, {known_hosts_name(host.hostname, host.port)})
+
+
+def _public_key(state: Path) -> paramiko.PKey:
+    key_type, key_b64 = (state / "ssh_host_ed25519_key.pub").read_text().split()[:2]
+    return paramiko.PKey.from_type_string(key_type, base64.b64decode(key_b64))
+
+
+def _set_known_host(known_hosts: str | os.PathLike, name: str, state: Path) -> None:
+    """`name` (known_hosts spelling) holds exactly the key of the sshd under `state`. Left alone when it
+    already does, so that running `up` again never takes a key away from a suite using the lab."""
+    key = _public_key(state)
+    line = f"{name} {key.get_name()} {key.get_base64()}\n"
+    path = Path(known_hosts)
+    text = path.read_text() if path.exists() else ""
+    lines = _known_hosts_lines(path)
+    if [entry for entry in lines if entry.split(" ", 1)[0] == name] == [line]:
+        return
+    if text.endswith("\n") or not text:
+        if not any(entry.split(" ", 1)[0] == name for entry in lines):
+            record(str(path), name, key)  # an append: nothing else in the file moves
+            return
+    _write_known_hosts(path, [entry for entry in lines if entry.split(" ", 1)[0] != name] + [line])
 
 
 def _record_host_key(host: Host) -> None:
     """The lab's own host key goes into the project known_hosts: it is trusted by construction."""
-    _forget_host_key(host)
-    key_type, key_b64 = (STATE / "ssh_host_ed25519_key.pub").read_text().split()[:2]
-    key = paramiko.PKey.from_type_string(key_type, base64.b64decode(key_b64))
-    record(host.known_hosts, known_hosts_name(host.hostname, host.port), key)
+    _set_known_host(host.known_hosts, known_hosts_name(host.hostname, host.port), STATE)
+
+
+# ---- the fleet: lab-1 ... lab-N, each its own sshd on its own loopback address ---------------------
+
+def fleet_address(number: int) -> str:
+    return f"{FLEET_PREFIX}{number}"
+
+
+def fleet_state(number: int) -> Path:
+    return FLEET / str(number)
+
+
+def fleet_name(number: int) -> str:
+    return f"lab-{number}"
+
+
+def fleet_entry(number: int, *, identity_file: str = ".lab/client_key") -> dict:
+    """Fleet host `number`'s hosts.yaml entry (hosts.yaml ships lab-1 ... lab-FLEET_SHIPPED as these).
+    The runnable environments are the main user's, shared; the workdir (runs, outputs) is its own."""
+    workdir = f"~/specrig-fleet/{fleet_name(number)}"
+    return {
+        "hostname": fleet_address(number),
+        "port": FLEET_PORT,
+        "user": MAIN_USER,
+        "identity_file": identity_file,
+        "python": "~/venv-cpu/bin/python",
+        "workdir": workdir,
+        "env": {"VLLM_CPU_KVCACHE_SPACE": 2},
+        "extract": {"model": "~/models/tiny-llama", "data": "~/data/tiny-chat.jsonl",
+                    "out": f"{workdir}/out/tiny-llama", "tp": 1, "max_len": 1024},
+        "description": f"lab fleet host {number} (own sshd and host key), runnable vLLM on the CPU",
+    }
+
+
+def fleet_inventory(host: Host | None = None) -> Path:
+    """The inventory naming all N fleet hosts (group lab-fleet), written beside the lab's client key
+    (.lab/fleet.yaml, so its `identity_file: client_key` is that key), with its own known_hosts
+    (.lab/.specrig/known_hosts): `SPECRIG_HOSTS=.lab/fleet.yaml inv doctor --host lab-fleet`."""
+    return Path((host or lab_host()).identity_file).parent / "fleet.yaml"
+
+
+def fleet_numbers() -> list[int]:
+    """The fleet hosts that have files under FLEET (running or not), in order."""
+    if not FLEET.is_dir():
+        return []
+    return sorted(int(entry.name) for entry in FLEET.iterdir() if entry.name.isdigit())
+
+
+def fleet_size() -> int:
+    """N of the last `up(hosts=N)`; 0 when no fleet was built."""
+    try:
+        return int(FLEET_READY.read_text())
+    except (OSError, ValueError):
+        return 0
+
+
+def fleet_host_running(number: int) -> bool:
+    return _sshd_pid(fleet_state(number)) is not None
+
+
+def up_fleet(count: int, *, log=print) -> None:
+    """Fleet hosts 1 ... count, idempotently: sshd running, host key recorded in the project known_hosts
+    and in fleet_inventory()'s. A larger fleet of an earlier `up` stays whole (whoever uses its hosts
+    keeps them): the fleet is then that size; `down` removes it all."""
+    _require_root("lab.up --hosts")
+    known_hosts = lab_host().known_hosts
+    FLEET.mkdir(parents=True, exist_ok=True)
+    if fleet_size() > count:
+        log(f"the fleet of an earlier `inv lab.up --hosts {fleet_size()}` stays whole (`inv lab.down` removes it)")
+    count = max(count, fleet_size())
+    for number in range(1, count + 1):
+        start_fleet_host(number, log=log)
+        _set_known_host(known_hosts, known_hosts_name(fleet_address(number), FLEET_PORT), fleet_state(number))
+    _write_fleet_inventory(count)
+    FLEET_READY.write_text(f"{count}\n")
+    log(f"lab fleet is up: {fleet_name(1)} ... {fleet_name(count)} on {fleet_address(1)} ... "
+        f"{fleet_address(count)}:{FLEET_PORT} (inv doctor --host {FLEET_GROUP}"
+        + ("" if count == FLEET_SHIPPED else f", with SPECRIG_HOSTS={fleet_inventory()}") + ")")
+
+
+def start_fleet_host(number: int, *, log=print) -> None:
+    """Fleet host `number`'s sshd, started if it is not running (its key made if it has none)."""
+    if not 1 <= number <= 254:
+        raise UsageError(f"lab fleet host {number}: numbers go from 1 to 254 (127.0.1.1 ... 127.0.1.254)")
+    state = fleet_state(number)
+    state.mkdir(parents=True, exist_ok=True)
+    os.chmod(state, 0o755)
+    _ensure_sshd(FLEET_PORT, log, address=fleet_address(number), state=state)
+
+
+def stop_fleet_host(number: int, *, log=print) -> None:
+    """Take fleet host `number` down: its sshd stops (connections are refused); its files stay."""
+    _stop_sshd(log, state=fleet_state(number))
+
+
+def rekey_fleet_host(number: int, private_key: str | None = None, *, log=print) -> str:
+    """Give fleet host `number` a new host key (fresh, or `private_key`, an OpenSSH private key's text)
+    and restart its sshd; known_hosts is left as it was, so clients now meet a changed key. Returns
+    the private key it replaced: `rekey_fleet_host(n, old)` puts it back. `up(hosts=N)` records the
+    current keys again."""
+    state = fleet_state(number)
+    key = state / "ssh_host_ed25519_key"
+    old = key.read_text()
+    with tempfile.TemporaryDirectory(dir=state) as scratch:
+        new = Path(scratch) / "key"
+        if private_key is None:
+            _sh("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "specrig-lab-host", "-f", str(new))
+        else:
+            new.write_text(private_key)
+            os.chmod(new, 0o600)
+            new.with_suffix(".pub").write_text(_sh("ssh-keygen", "-y", "-f", str(new)).stdout)
+        stop_fleet_host(number, log=log)
+        os.replace(new.with_suffix(".pub"), key.with_suffix(".pub"))
+        os.replace(new, key)
+    start_fleet_host(number, log=log)
+    log(f"re-keyed {fleet_name(number)}")
+    return old
+
+
+def remove_fleet_host(number: int, *, known_hosts: str | os.PathLike | None = None, log=print) -> None:
+    """Stop fleet host `number`, delete its files and its line in `known_hosts` (default: the project's)."""
+    stop_fleet_host(number, log=log)
+    shutil.rmtree(fleet_state(number), ignore_errors=True)
+    _forget_names(known_hosts or lab_host().known_hosts, {known_hosts_name(fleet_address(number), FLEET_PORT)})
+    log(f"removed lab fleet host {number}")
+
+
+def _write_fleet_inventory(count: int) -> None:
+    """fleet_inventory(): lab-1 ... lab-count and the group, with its own known_hosts holding their keys."""
+    hosts = {fleet_name(number): fleet_entry(number, identity_file="client_key") for number in range(1, count + 1)}
+    header = ("# Written by `inv lab.up --hosts N`: the lab fleet, every host its own sshd and host key.\n"
+              "# Use it with SPECRIG_HOSTS (or specrig --hosts); hosts.yaml names the first "
+              f"{FLEET_SHIPPED}.\n")
+    text = header + yaml.safe_dump({"hosts": hosts, "groups": {FLEET_GROUP: list(hosts)}}, sort_keys=False)
+    path = fleet_inventory()
+    _replace_file(path, text)
+    lines = []
+    for number in range(1, count + 1):
+        key = _public_key(fleet_state(number))
+        lines.append(f"{known_hosts_name(fleet_address(number), FLEET_PORT)} {key.get_name()} {key.get_base64()}\n")
+    _write_known_hosts(path.parent / ".specrig" / "known_hosts", lines)
 
 
 def _ensure_analysis_venv(log) -> None:
