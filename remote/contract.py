@@ -2,6 +2,13 @@
 # loads this very file (specrig/contract.py). entry.py imports it before it checks the Python
 # version, so it stays in syntax that any Python parses: no f-strings, no annotations.
 
+try:
+    import versions  # the one PEP 440 parser (remote/versions.py); remote/ is sys.path[0] on a host
+except (ImportError, SyntaxError):
+    # The laptop loads this file alone and sets `versions` itself (specrig/contract.py); a Python too
+    # old for versions.py imports this module only for SENTINEL (entry.py).
+    versions = None
+
 #: Starts the one line of a call's stdout that holds its JSON result (entry.py/rpc.py -> transport).
 SENTINEL = "@@SPECRIG-RESULT@@"
 
@@ -49,11 +56,35 @@ def reorder_hazard(speculators_version, batch_size, max_length):
 
     `speculators_version` is the installed release's text, or None when unknown (assumed affected).
     """
-    import versions  # here, not at the top: versions.py is Python 3 syntax (see above)
-
     affected = (speculators_version is None
                 or versions.Version(speculators_version).release[:2] <= LAST_REORDER_HAZARD)
     budget = max(MIN_BATCHED_TOKENS, max_length)
     tokens = batch_size * max_length
     return {"affected": affected, "tokens": tokens, "budget": budget,
             "ok": tokens <= budget or not affected, "max_batch_size": max(1, budget // max_length)}
+
+
+# -- which extraction path a speculators release takes (issue 10) ---------------------------------
+# speculators <= 0.4 drives vLLM in-process (remote/run/extract_driver.py; verify's consumer analysis);
+# 0.5-0.7 ship their data generation only as repository scripts, outside the wheel (nothing to run or
+# check); from 0.8 on the wheel's CLI talks to a `vllm serve` with the extract_hidden_states method
+# (docs/server-mode.md; verify checks remote/drift/server_contract.py). One rule, read by the host
+# (verify, preflight, the supervisor) and the laptop (check-compat) alike.
+#: The newest release (major, minor) of the in-process path, and the oldest of the server path.
+LAST_IN_PROCESS = (0, 4)
+FIRST_SERVER = (0, 8)
+
+
+def extraction_path(speculators_version):
+    """The path of a speculators release's text: "in-process", "repository-scripts" or "server"; None
+    when the text is not a version (nothing to choose from). Only the release's first two numbers count:
+    0.4.0.1 and 0.4.2rc1 are in-process, 0.8.0.dev3 is server."""
+    try:
+        release = versions.Version(speculators_version or "").release[:2]
+    except versions.InvalidVersion:
+        return None
+    if release <= LAST_IN_PROCESS:
+        return "in-process"
+    if release < FIRST_SERVER:
+        return "repository-scripts"
+    return "server"

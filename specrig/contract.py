@@ -18,9 +18,10 @@ def _load_host_module(name: str):
     return module
 
 
-_contract = _load_host_module("contract")
-#: The one PEP 440 parser (remote/versions.py), for versions the user gives on this side.
+#: The one PEP 440 parser (remote/versions.py), for versions the user gives on this side too.
 _versions = _load_host_module("versions")
+_contract = _load_host_module("contract")
+_contract.versions = _versions  # what `import versions` finds on a host, where remote/ is on sys.path
 Version = _versions.Version
 InvalidVersion = _versions.InvalidVersion
 
@@ -32,3 +33,5 @@ SUCCEEDED: str = _contract.SUCCEEDED
 DRIVER_DEFAULTS: dict = _contract.DRIVER_DEFAULTS
 DRIVER_REQUIRED: tuple[str, ...] = _contract.DRIVER_REQUIRED
 SUPERVISOR_DEFAULTS: dict = _contract.SUPERVISOR_DEFAULTS
+#: "in-process" | "repository-scripts" | "server" | None for a speculators version (remote/contract.py).
+extraction_path = _contract.extraction_path

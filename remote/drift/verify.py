@@ -7,24 +7,50 @@ or, for unpacked wheels (check-compat):
      "provider_root": {"root": dir, "package": "vllm", "version": "0.16.0"},
      "model_config": "/path/to/config.json" (optional)}
 A root may also be given as a plain directory string; its package is then the
-directory's only top-level package. Returns drift.analyzer.analyze()'s report
-(docs/findings.md).
+directory's only top-level package. "provider_root" may also come with installed
+"consumers" (speculators in one environment, vLLM unpacked or in another), and
+"server_python" (hosts.yaml's interpreter of the vLLM server's environment) names where
+the installed provider is read when it is another environment than this one's.
+
+The speculators release picks the analysis (contract.extraction_path): <= 0.4 the
+in-process consumer analysis (drift.analyzer.analyze()); 0.5-0.7 one finding saying those
+releases ship their data generation only as repository scripts; >= 0.8 the server contract
+(drift.server_contract.analyze_server(); hs-connectors, when installed or given as a
+consumer root, is read too). Returns the report (docs/findings.md).
 """
 import gc
 import json
 import os
+import re
+import sys
 
+from contract import extraction_path
 from drift.analyzer import analyze
 from rpc import RemoteFailure
 
+#: Read beside speculators on the server path when installed (its file backend builds the connector config).
+HS_CONNECTORS = "hs-connectors"
+
 
 def run(args):
-    if "provider_root" in args:
-        consumers = [_unpacked(entry) for entry in args.get("consumer_roots") or []]
-        provider = _unpacked(args["provider_root"])
-    else:
+    installed = "consumer_roots" not in args
+    if installed:
         consumers = [_installed(name) for name in args.get("consumers") or ["speculators"]]
-        provider = _installed(args.get("provider") or "vllm")
+    else:
+        consumers = [_unpacked(entry) for entry in args.get("consumer_roots") or []]
+    if "provider_root" in args:
+        provider = _unpacked(args["provider_root"])
+    elif args.get("server_python"):
+        provider = _installed_elsewhere(args.get("provider") or "vllm", args["server_python"])
+    else:
+        try:
+            provider = _installed(args.get("provider") or "vllm")
+        except RemoteFailure as failure:
+            if _path(consumers) != "server":
+                raise
+            raise RemoteFailure(failure.kind, "%s; speculators %s talks to a vLLM server, whose environment "
+                                "(server_python in hosts.yaml) the call did not name"
+                                % (failure.message, _speculators(consumers)["version"]), **failure.details)
     if not consumers:
         raise RemoteFailure("bad-argument", "no consumer package given")
     model = None
@@ -34,11 +60,64 @@ def run(args):
         model = _model_config(os.path.expanduser(args["model_config"]))
     # The analysis allocates hundreds of thousands of AST nodes and frees none of them until it ends;
     # the cyclic collector would scan them over and over (a third of the run) to find no garbage.
+    path = _path(consumers)
+    if path == "repository-scripts":
+        return _repository_scripts(consumers, provider, model)
+    if path == "server":
+        from drift.server_contract import analyze_server
+
+        if installed and not any(c["package"] == "hs_connectors" for c in consumers):
+            try:
+                consumers.append(_installed(HS_CONNECTORS))
+            except RemoteFailure:
+                pass  # optional: the file-backend check is skipped
+        return analyze_server(consumers, provider, model)
     gc.disable()
     try:
         return analyze(consumers=consumers, provider=provider, model=model)
     finally:
         gc.enable()
+
+
+def _speculators(consumers):
+    return next((c for c in consumers if c["package"] == "speculators"), None)
+
+
+def _path(consumers):
+    """The extraction path of the speculators consumer (in-process when there is none or no version)."""
+    speculators = _speculators(consumers)
+    if speculators is None:
+        return "in-process"
+    return extraction_path(speculators.get("version")) or "in-process"
+
+
+def _repository_scripts(consumers, provider, model):
+    """speculators 0.5-0.7: nothing to check, one finding that says so (docs/findings.md)."""
+    from drift import findings as F
+    from drift.analyzer import _model_summary
+    from drift.server_contract import UnsupportedRelease
+    from drift.source import SourceTree
+
+    speculators = _speculators(consumers)
+    tree = SourceTree(speculators["root"], [speculators["package"]])
+    module, line = None, 1
+    for name in (speculators["package"] + ".version", speculators["package"]):
+        module = tree.module(name)
+        if module is None:
+            continue
+        line = next((n for n, text in enumerate(module.lines, 1)
+                     if re.match(r"\s*(__version__|version)\s*=", text)), None)
+        if line is not None:
+            break
+    if module is None:
+        module = tree.module(speculators["package"])
+    finding = UnsupportedRelease(consumer=F.Location(module, line or 1), callee="speculators",
+                                 detail=speculators.get("version"))
+    found = [finding.as_json()] if module is not None else []
+    return {"path": "repository-scripts", "consumers": consumers, "provider": provider,
+            "model": _model_summary(model), "findings": found,
+            "counts": {"drift": len(found), "note": 0}, "unchecked": [], "calls_checked": 0, "checked": [],
+            "modules_parsed": 0, "elapsed_s": 0.0}
 
 
 def _installed(name):
@@ -49,6 +128,41 @@ def _installed(name):
         raise RemoteFailure("not-installed", "%s is not installed in this environment" % name, package=name)
     package = _top_level(found, name)
     return {"name": found["name"], "version": found["version"], "root": found["root"], "package": package}
+
+
+#: Run by the server environment's interpreter: its distribution of a package, read from metadata (pkgmeta;
+#: nothing of the package is imported), as one JSON line.
+_LOCATE = ("import json, sys; sys.path.insert(0, sys.argv[1]); import pkgmeta; "
+           "print(json.dumps(pkgmeta.installed(sys.argv[2])))")
+LOCATE_TIMEOUT_S = 60
+
+
+def _installed_elsewhere(name, python):
+    """`name` as installed in the environment of interpreter `python` (hosts.yaml server_python); this
+    environment's own when `python` is this interpreter."""
+    import subprocess
+
+    import doctor  # the one resolver of hosts.yaml interpreters
+
+    found = doctor._resolve(python)
+    if found and found == os.path.abspath(sys.executable):
+        return _installed(name)
+    if not found or not os.path.isfile(found):
+        raise RemoteFailure("not-installed", "server_python %s: not found" % python, package=name)
+    remote_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        proc = subprocess.run([found, "-c", _LOCATE, remote_dir, name], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, universal_newlines=True, timeout=LOCATE_TIMEOUT_S,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise RemoteFailure("not-installed", "cannot read server_python %s: %s" % (python, exc), package=name)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(("{", "null"))]
+    located = json.loads(lines[-1]) if proc.returncode == 0 and lines else None
+    if not located:
+        raise RemoteFailure("not-installed", "%s is not installed in the server environment (%s)" % (name, python),
+                            package=name)
+    package = _top_level(located, name)
+    return {"name": located["name"], "version": located["version"], "root": located["root"], "package": package}
 
 
 def _top_level(found, name):

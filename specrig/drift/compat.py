@@ -4,6 +4,10 @@ Wheels come from `pip download --no-deps` into ~/.cache/specrig/wheels and are
 unpacked there once, .py files only (compiled modules are listed in a manifest
 so that imports of them still resolve). The analyzer (remote/drift/) runs in
 this process: it is standard-library code, the same that runs on hosts.
+
+For speculators >= 0.8 (the server path, specrig.contract.extraction_path) the hs-connectors
+release speculators pins is fetched too: the analyzer compares its file backend with the
+connector config specrig's launch sends.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import zipfile
 from pathlib import Path
 
 from specrig.drift.verify import VERIFY_TIMEOUT_S, Report
-from specrig.contract import InvalidVersion, Version
+from specrig.contract import InvalidVersion, Version, extraction_path
 from specrig.errors import CouldNotCheck, UsageError
 from specrig.inventory import LOCAL, Host
 from specrig.transport import connect
@@ -115,13 +119,43 @@ def analyze_roots(consumers: list[dict], provider: dict, *, model_config: str | 
             raise CouldNotCheck(exc.message, hint=exc.hint) from None
 
 
+#: Read beside speculators >= 0.8 (the server path): its file backend builds the connector config.
+HS_CONNECTORS = "hs-connectors"
+
+
+def pinned_version(wheel: Path, dependency: str) -> str | None:
+    """The version `wheel`'s METADATA pins `dependency` to (`Requires-Dist: name==X`), or None."""
+    pattern = re.compile(r"^Requires-Dist:\s*" + re.escape(dependency).replace(r"\-", "[-_.]")
+                         + r"\s*\(?\s*==\s*([^\s;,)]+)", re.I | re.M)
+    with zipfile.ZipFile(wheel) as archive:
+        for member in archive.namelist():
+            if member.endswith(".dist-info/METADATA"):
+                found = pattern.search(archive.read(member).decode("utf-8", "replace"))
+                return found.group(1) if found else None
+    return None
+
+
+def consumer_roots(speculators: str, cache: Path = WHEEL_CACHE) -> list[dict]:
+    """speculators' unpacked root, and for the server path (>= 0.8) the hs-connectors release it pins
+    (the same version when the pin cannot be read; left out when it cannot be downloaded)."""
+    consumer = package_root("speculators", speculators, cache)
+    roots = [consumer]
+    if extraction_path(speculators) == "server":
+        version = pinned_version(fetch_wheel("speculators", speculators, cache), HS_CONNECTORS) or speculators
+        try:
+            roots.append(package_root(HS_CONNECTORS, version, cache))
+        except CouldNotCheck:
+            pass  # optional: the analyzer skips the file-backend check without it
+    return roots
+
+
 def check_compat(speculators: str, vllm: str, *, model_config: str | None = None,
                  cache: Path = WHEEL_CACHE) -> Report:
     if model_config and not Path(model_config).expanduser().is_file():
         raise UsageError(f"--model-config {model_config!r} is not a file", hint="give a model's config.json")
-    consumer = package_root("speculators", speculators, cache)
+    consumers = consumer_roots(speculators, cache)
     provider = package_root("vllm", vllm, cache)
-    data = analyze_roots([consumer], provider,
+    data = analyze_roots(consumers, provider,
                          model_config=str(Path(model_config).expanduser()) if model_config else None)
     return Report(data=data, source="wheels")
 
