@@ -1,25 +1,96 @@
-"""`inv doctor`: what a host is and whether it can run specrig's work."""
+"""`inv doctor`: what a host is and whether it can run specrig's work.
+
+Also the extraction path a host's speculators version takes (contract.extraction_path), and the
+refusal of the tasks that cannot serve it (check_extraction_path), on the task's own connection.
+"""
 from __future__ import annotations
 
 import time
 
+from rich.markup import escape
 from rich.table import Table
 
+from specrig import contract
+from specrig.errors import UsageError
 from specrig.transport.bundle import Bundle
 from specrig.inventory import Host
-from specrig.transport import connect
+from specrig.transport import Remote, connect
 from specrig.ui import console, gpu_table, human_bytes, print_json
+
+DOCTOR_TIMEOUT_S = 60
+#: Packages of speculators' environment shown only when installed (or on the server path).
+SERVER_PATH_ONLY = ("hs-connectors",)
+
+
+def doctor_args(host: Host, **extra) -> dict:
+    """The doctor call's arguments: the server's environment too when hosts.yaml names another one."""
+    args = {"workdir": host.workdir, **extra}
+    if host.two_environments:
+        args["server_python"] = host.server_interpreter
+    return args
 
 
 def doctor(host: Host, *, bundle: Bundle | None = None) -> dict:
     """One connection, one call: the host's facts plus how we reached it."""
     started = time.monotonic()
     with connect(host, bundle=bundle) as remote:
-        facts = remote.call("doctor", {"workdir": host.workdir}, timeout=60)
+        facts = remote.call("doctor", doctor_args(host), timeout=DOCTOR_TIMEOUT_S)
         facts["connection"] = {"target": host.describe(), "ssh": not host.is_local,
                                "exec_channels": remote.exec_count,
                                "bundle_uploaded": getattr(remote, "uploaded", False)}
     facts["connection"]["seconds"] = round(time.monotonic() - started, 3)
+    facts["extraction"] = extraction(facts, host)
+    return facts
+
+
+def extraction(facts: dict, host: Host) -> dict:
+    """The extraction path of the host's speculators version, and the vLLM the server would run:
+    {path, speculators, vllm, server_python} (path None: speculators is not installed)."""
+    speculators = facts["packages"].get("speculators")
+    server = facts.get("server_env") or {"packages": facts["packages"]}
+    return {"path": contract.extraction_path(speculators), "speculators": speculators,
+            "vllm": (server.get("packages") or {}).get("vllm"),
+            "server_python": host.server_interpreter if host.two_environments else None}
+
+
+def describe_extraction(found: dict) -> str:
+    """One line for people: "in-process (speculators 0.3.0)", "server (speculators 0.9.0, vLLM
+    0.32.0 in server_python)"."""
+    path, speculators = found["path"], found["speculators"]
+    if path is None:
+        return "none: speculators is not installed"
+    if path == "repository-scripts":
+        return f"none: {repository_scripts(speculators)}"
+    if path == "server":
+        where = "server_python" if found.get("server_python") else "python"
+        vllm = f"vLLM {found['vllm']} in {where}" if found.get("vllm") else f"no vLLM in {where}"
+        return f"server (speculators {speculators}, {vllm})"
+    return f"{path} (speculators {speculators})"
+
+
+def repository_scripts(speculators: str) -> str:
+    return (f"speculators {speculators} shipped its data generation only as repository scripts, outside the "
+            f"wheel: install speculators ≤ 0.4 or ≥ 0.8")
+
+
+def check_extraction_path(remote: Remote, host: Host, task: str) -> dict:
+    """Refuse, before anything is launched or changed, a task the host's speculators cannot serve.
+
+    One cheap call on the task's own connection (the Pythons and package versions, from metadata).
+    speculators 0.5-0.7 is refused for every task (`extract`, `smoke`, `apply-patches`); ≥ 0.8 for
+    `extract` and `smoke`, whose server mode this version of specrig does not build yet. UsageError
+    (exit 2); otherwise the versions found in `python`'s environment: {python, packages}.
+    """
+    facts = remote.call("doctor", {"versions_only": True}, timeout=DOCTOR_TIMEOUT_S)
+    speculators = facts["packages"].get("speculators")
+    path = contract.extraction_path(speculators)
+    untouched = "nothing was changed" if task == "apply-patches" else "nothing was launched"
+    if path == "repository-scripts":
+        raise UsageError(f"{host.name}: {repository_scripts(speculators)}", hint=untouched)
+    if path == "server" and task in ("extract", "smoke"):
+        raise UsageError(f"{host.name}: speculators {speculators} extracts through a vLLM server "
+                         f"(extract_hidden_states), and server-mode extraction is not built yet in this "
+                         f"version of specrig", hint=untouched)
     return facts
 
 
@@ -28,12 +99,20 @@ def show(facts: dict, *, as_json: bool, host: Host) -> None:
         print_json(facts)
         return
     conn, python = facts["connection"], facts["python"]
+    found = facts.get("extraction") or extraction(facts, host)
     summary = Table.grid(padding=(0, 2))
     summary.add_row("host", f"{host.name} → {conn['target']} (reached in {conn['seconds']:.2f} s)")
     summary.add_row("user / shell", f"{facts['user']} / {facts['login_shell']}")
-    summary.add_row("python", f"{python['version']}  {python['executable']}")
+    summary.add_row("python", f"{python['version']}  {escape(python['executable'])}")
+    server = facts.get("server_env")
+    indent = "  " if server else ""  # two environments: each one's packages under its python
     for name, version in facts["packages"].items():
-        summary.add_row(name, version or "[yellow]not installed[/]")
+        if version is None and name in SERVER_PATH_ONLY and found["path"] != "server":
+            continue
+        summary.add_row(indent + name, version or "[yellow]not installed[/]")
+    if server:
+        _server_rows(summary, server)
+    summary.add_row("extraction", escape(describe_extraction(found)))
     disk = facts["disk"]
     summary.add_row("workdir", f"{disk['path']}: {human_bytes(disk['free_bytes'])} free"
                                + ("" if disk["exists"] else " (does not exist yet)"))
@@ -44,3 +123,13 @@ def show(facts: dict, *, as_json: bool, host: Host) -> None:
         return
     table = gpu_table(gpu["gpus"], title="GPUs")
     console.print(table)
+
+
+def _server_rows(summary: Table, server: dict) -> None:
+    """The vLLM server's environment (server_python), when hosts.yaml names another one."""
+    if server.get("error"):
+        summary.add_row("server python", f"[red]{escape(server['error'])}[/]")
+        return
+    summary.add_row("server python", f"{server['version']}  {escape(server['executable'])}")
+    for name, version in server["packages"].items():
+        summary.add_row(f"  {name}", version or "[yellow]not installed[/]")

@@ -37,7 +37,10 @@ FIELDS = {f.name: f for f in (
     Field("port", (int,), None, "SSH port (default: ssh_config, else 22)"),
     Field("user", (str,), None, "login user (default: ssh_config, else the local user)"),
     Field("identity_file", (str,), None, "private key; ssh_config and ssh-agent otherwise"),
-    Field("python", (str,), "python3", "interpreter of the environment holding speculators and vLLM"),
+    Field("python", (str,), "python3", "interpreter of the environment holding speculators (and vLLM, unless "
+          "server_python names the vLLM server's)"),
+    Field("server_python", (str,), None, "interpreter of the vLLM server's environment, where speculators "
+          "(0.8 and newer) keeps vLLM apart from itself (default: python)"),
     Field("workdir", (str,), "~/specrig", "where runs, logs and outputs live on the host"),
     Field("env", (dict,), {}, "variables for remote jobs (CUDA_VISIBLE_DEVICES, NCCL_*)"),
     Field("gpus", (int,), None, "number of GPUs the host has"),
@@ -58,6 +61,9 @@ class Host:
     user: str | None = None
     identity_file: str | None = None
     python: str = "python3"
+    #: The vLLM server's environment as hosts.yaml gives it; None: the same as `python`
+    #: (server_interpreter is the one to use).
+    server_python: str | None = None
     workdir: str = "~/specrig"
     env: dict = dataclasses.field(default_factory=dict)
     gpus: int | None = None
@@ -67,6 +73,16 @@ class Host:
     description: str = ""
     #: Project known_hosts file that goes with hosts.yaml (inventory.known_hosts_for).
     known_hosts: str | None = None
+
+    @property
+    def server_interpreter(self) -> str:
+        """The interpreter of the vLLM server's environment: server_python, by default python."""
+        return self.server_python or self.python
+
+    @property
+    def two_environments(self) -> bool:
+        """Whether the vLLM server runs from an environment other than speculators' (`python`)."""
+        return self.server_interpreter != self.python
 
     @property
     def is_local(self) -> bool:
@@ -80,7 +96,7 @@ class Host:
         return f"{user}{self.hostname or self.name}{port}"
 
     def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "server_python": self.server_interpreter}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,7 +32,7 @@ def hosts(c, json=False):
 @task(help={"host": HOST_HELP, "json": JSON_HELP})
 @guarded
 def doctor(c, host, json=False):
-    """Check a host: reachability, login shell, python, speculators/vllm/torch/transformers, GPUs, disk."""
+    """Check a host: reachability, login shell, python, speculators/vllm/torch/transformers in each environment, GPUs, disk."""
     from specrig.doctor import doctor as run_doctor, show
     from specrig.ui.fleet import doctor_figures
 

@@ -48,6 +48,9 @@ def verify_host(remote: Remote, *, model: str | None = None) -> Report:
     args = {"consumers": ["speculators"], "provider": "vllm"}
     if model:
         args["model"] = model
+    if remote.host.two_environments:
+        # vLLM lives in the server's environment (speculators >= 0.8): the host reads it from there.
+        args["server_python"] = remote.host.server_interpreter
     try:
         data = remote.call("verify", args, timeout=VERIFY_TIMEOUT_S)
     except CouldNotCheck:

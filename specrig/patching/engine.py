@@ -14,6 +14,7 @@ from __future__ import annotations
 import fnmatch
 
 import specrig
+from specrig.doctor import check_extraction_path
 from specrig.drift.verify import verify_host
 from specrig.errors import CouldNotCheck, Findings
 from specrig.exit_status import ExitStatus
@@ -48,6 +49,7 @@ def apply_patches(host: Host, *, patchset: str | None = None, dry_run: bool = Fa
                   model: str | None = None) -> dict:
     """Apply (or preview) the matching patchset, then verify on the same connection."""
     with connect(host) as remote:
+        check_extraction_path(remote, host, "apply-patches")  # speculators 0.5-0.7: exit 2
         result = call_engine(remote, {"action": "apply", "patchset": patchset, "dry_run": dry_run})
         if dry_run:
             if result["conflicts"]:

@@ -10,6 +10,7 @@ import time
 from typing import Callable, Iterator
 
 from specrig.contract import ACTIVE_STATES, SUCCEEDED
+from specrig.doctor import check_extraction_path
 from specrig.errors import Findings, UsageError
 from specrig.exit_status import ExitStatus
 from specrig.inventory import Host
@@ -31,6 +32,7 @@ def runs_call(remote: Remote, host: Host, action: str, args: dict, *, timeout: f
 def extract(host: Host, given: dict, *, skip_preflight: bool, attach: bool, as_json: bool) -> int:
     request = build_request(host, given)
     with connect(host) as remote:
+        check_extraction_path(remote, host, "extract")  # speculators 0.5-0.7, or server mode: exit 2
         checks = [] if skip_preflight else preflight(remote, host, request)
         failed = [c for c in checks if not c["ok"]]
         if failed:

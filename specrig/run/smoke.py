@@ -8,6 +8,7 @@ line that raised it, the classifier's kind) and the exit status is FINDINGS.
 """
 from __future__ import annotations
 
+from specrig.doctor import check_extraction_path
 from specrig.errors import Findings, UsageError
 from specrig.inventory import Host
 from specrig.transport import connect
@@ -26,6 +27,7 @@ def smoke(host: Host, *, model: str | None = None, samples: int = 6) -> dict:
     if samples < 3:
         raise UsageError(f"--samples {samples!r}: give 3 or more (the driver must call generate() twice)")
     with connect(host) as remote:
+        check_extraction_path(remote, host, "smoke")  # speculators 0.5-0.7, or server mode: exit 2
         try:
             return remote.call("smoke", {"model": model, "samples": samples, "timeout_s": DRIVER_TIMEOUT_S},
                                timeout=DRIVER_TIMEOUT_S + 60)

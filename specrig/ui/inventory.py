@@ -17,7 +17,8 @@ def show_inventory(inventory: Inventory, *, as_json: bool) -> None:
         table.add_column(column)
     for host in inventory:
         groups = ", ".join(g for g, members in inventory.groups.items() if host.name in members)
-        table.add_row(host.name, host.describe(), host.python, host.workdir,
+        python = host.python + (f"\nserver: {host.server_interpreter}" if host.two_environments else "")
+        table.add_row(host.name, host.describe(), python, host.workdir,
                       str(host.gpus) if host.gpus is not None else "-", _policy(host), groups,
                       host.description)
     console.print(table)
