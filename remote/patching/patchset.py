@@ -26,13 +26,54 @@ class InvalidPatchset(ValueError):
     """A patchset.json is malformed; the message names the file, the field and the bad value."""
 
 
-class Facts:
-    """What the environment holds: the two distributions and the platform, read from metadata."""
+class InvalidFacts(ValueError):
+    """Facts given by the caller that are not {package: version or null}."""
 
-    def __init__(self):
+
+def check_given(given):
+    """Validate facts given by the caller: {package: PEP 440 version, or None for "not installed"}."""
+    if given is None:
+        return {}
+    if not isinstance(given, dict):
+        raise InvalidFacts("facts must be a mapping of package to version, got %r" % (given,))
+    for name, version in given.items():
+        if name not in PACKAGES:
+            raise InvalidFacts("facts: %r is not one of %s" % (name, ", ".join(PACKAGES)))
+        if version is not None:
+            if not isinstance(version, str):
+                raise InvalidFacts("facts.%s: expected a version string or null, got %r" % (name, version))
+            try:
+                versions.Version(version)
+            except versions.InvalidVersion as exc:
+                raise InvalidFacts("facts.%s: %s" % (name, exc)) from None
+    return dict(given)
+
+
+class Facts:
+    """What the environment holds: the two distributions and the platform, read from metadata.
+
+    `given` ({package: version or None}) are facts about another environment of the host, which
+    the caller read there (hosts.yaml `python`, when the engine runs in `server_python`'s): they
+    replace what this environment holds of that package, for versions and conditions. A package
+    given so has no files here (root None): a patch may not target it, nor a condition read its
+    source (the engine refuses such a patchset: other-environment). A copy installed here
+    anyway (the server's venv may hold an older speculators for another use) is only reported,
+    as `installed_here`.
+    """
+
+    def __init__(self, given=None):
+        self.given = check_given(given)
         self.distributions = {name: pkgmeta.installed(name) for name in PACKAGES}
+        self.shadowed = {}
+        for name, version in self.given.items():
+            self.shadowed[name] = self.distributions[name]
+            self.distributions[name] = None if version is None else {
+                "name": name, "version": version, "root": None, "files": []}
         self.platform, self.platform_reason = _detect_platform(self.distributions["vllm"])
         self._trees = {}
+
+    def is_given(self, package):
+        return package in self.given
 
     def tree(self, path):
         """The parsed module at `path` (cached for the run), or None when it cannot be read or parsed."""
@@ -49,9 +90,15 @@ class Facts:
         return found["version"] if found else None
 
     def as_dict(self):
-        return {"packages": {name: ({"name": d["name"], "version": d["version"], "root": d["root"]} if d else None)
-                             for name, d in self.distributions.items()},
-                "platform": self.platform, "platform_reason": self.platform_reason}
+        packages = {}
+        for name, d in self.distributions.items():
+            packages[name] = {"name": d["name"], "version": d["version"], "root": d["root"]} if d else None
+            if name in self.given:
+                here = self.shadowed.get(name)
+                packages[name] = dict(packages[name] or {"name": name, "version": None, "root": None},
+                                      given=True, installed_here=here["version"] if here else None)
+        return {"packages": packages, "platform": self.platform, "platform_reason": self.platform_reason,
+                "given": self.given}
 
 
 def _local_label(version):
@@ -219,7 +266,7 @@ def unmet_conditions(conditions, facts):
 def _has_parameter(condition, facts):
     """Whether the function (or dataclass) takes the parameter; None when it cannot be found."""
     dist = facts.distributions.get(condition["package"])
-    if not dist:
+    if not dist or not dist.get("root"):  # not installed, or a fact about another environment
         return None
     node = facts.tree(os.path.join(dist["root"], condition["path"]))
     if node is None:
@@ -275,7 +322,8 @@ class NoPatchset(Exception):
 
 def pick(patchsets, facts, name=None):
     """The patchset named `name`, or the one whose applies-to matches; NoPatchset explains otherwise."""
-    installed = ", ".join("%s %s" % (package, facts.version(package) or "(not installed)")
+    installed = ", ".join("%s %s%s" % (package, facts.version(package) or "(not installed)",
+                                       " (given: another environment)" if facts.is_given(package) else "")
                           for package in PACKAGES) + ", platform %s" % facts.platform
     if name is not None:
         if name not in patchsets:

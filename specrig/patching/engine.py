@@ -4,6 +4,14 @@ The engine runs on the host (remote/patching/patch.py); patchsets travel in the 
 (patchsets/README.md documents the format). Here: one connection per task,
 typed failures, verification after applying, and output for people or scripts.
 
+A host with two environments (hosts.yaml `server_python` other than `python`, speculators >= 0.8):
+the patchsets for it fix vLLM, which lives in the server's environment, so the engine runs there
+(`server_python`, its manifest and backups in that prefix) and is given the speculators version
+read in `python`'s environment as a fact (`facts: {"speculators": ...}`), which outranks any
+speculators the server's environment holds too. A patchset that would touch speculators' files
+there is refused (other-environment, exit 2). revert-patches also reverts what specrig recorded
+in `python`'s environment (patched before server_python was set); patch-status lists it.
+
 Exit statuses: 0 done or nothing to do; 1 (FINDINGS) a conflicting patch, a
 refused revert, or drift the patchset claims to fix still reported after
 applying; 2 (USAGE) bad patchset/argument or no patchset for the installed
@@ -28,9 +36,53 @@ PATCH_TIMEOUT_S = 300
 IN_FORCE = frozenset({"applied", "pending", "missing"})
 
 
-def call_engine(remote: Remote, args: dict) -> dict:
-    """One engine call. A conflict or refused revert is Findings whose payload is the engine's result."""
-    return remote.call("patch", {**args, "specrig_version": specrig.__version__}, timeout=PATCH_TIMEOUT_S)
+def call_engine(remote: Remote, args: dict, *, python: str | None = None, role: str = "python") -> dict:
+    """One engine call, in the environment of `python` (default: hosts.yaml's `python`), labelled
+    with its hosts.yaml key `role`. A conflict or refused revert is Findings whose payload is the
+    engine's result (labelled too)."""
+    try:
+        result = remote.call("patch", {**args, "specrig_version": specrig.__version__}, timeout=PATCH_TIMEOUT_S,
+                             python=python)
+    except Findings as found:
+        if isinstance(found.payload, dict):
+            label(found.payload, role)
+        raise
+    return label(result, role)
+
+
+def label(result: dict, role: str) -> dict:
+    """Say which environment (hosts.yaml key) the engine's result is about, on it and on each patch."""
+    if isinstance(result.get("environment"), dict):
+        result["environment"]["role"] = role
+    for record in result.get("patches") or []:
+        record["environment"] = role
+    for record in result.get("recorded") or []:
+        record["environment"] = role
+    for record in result.get("files") or []:
+        record["environment"] = role
+    return result
+
+
+def engine_target(remote: Remote, host: Host, python_packages: dict | None = None, *, facts: bool = True) -> dict:
+    """Where the engine runs for this host and what it is told: {python, role, facts}.
+
+    One environment: hosts.yaml's `python`, nothing given. Two: `server_python`, given the
+    speculators version of `python`'s environment (`python_packages`, else read now; none with
+    facts=False, for a revert, which the manifest alone decides)."""
+    if not host.two_environments:
+        return {"python": None, "role": "python", "facts": None}
+    if not facts:
+        return {"python": host.server_interpreter, "role": "server_python", "facts": None}
+    if python_packages is None:
+        python_packages = remote.call("doctor", {"versions_only": True}, timeout=PATCH_TIMEOUT_S)["packages"]
+    return {"python": host.server_interpreter, "role": "server_python",
+            "facts": {"speculators": python_packages.get("speculators")}}
+
+
+def _engine(remote: Remote, target: dict, args: dict) -> dict:
+    if target["facts"] is not None:
+        args = {**args, "facts": target["facts"]}
+    return call_engine(remote, args, python=target["python"], role=target["role"])
 
 
 def claimed_fixes(result: dict) -> list[str]:
@@ -49,8 +101,9 @@ def apply_patches(host: Host, *, patchset: str | None = None, dry_run: bool = Fa
                   model: str | None = None) -> dict:
     """Apply (or preview) the matching patchset, then verify on the same connection."""
     with connect(host) as remote:
-        check_extraction_path(remote, host, "apply-patches")  # speculators 0.5-0.7: exit 2
-        result = call_engine(remote, {"action": "apply", "patchset": patchset, "dry_run": dry_run})
+        found = check_extraction_path(remote, host, "apply-patches")  # speculators 0.5-0.7: exit 2
+        target = engine_target(remote, host, found["packages"])
+        result = _engine(remote, target, {"action": "apply", "patchset": patchset, "dry_run": dry_run})
         if dry_run:
             if result["conflicts"]:
                 raise Findings(f"{host.name}: the run would be refused: " + "; ".join(
@@ -78,12 +131,30 @@ def apply_patches(host: Host, *, patchset: str | None = None, dry_run: bool = Fa
 
 def patch_status(host: Host, *, patchset: str | None = None) -> dict:
     with connect(host) as remote:
-        return call_engine(remote, {"action": "status", "patchset": patchset})
+        result = _engine(remote, engine_target(remote, host), {"action": "status", "patchset": patchset})
+        if host.two_environments:
+            # What specrig recorded in `python`'s environment, if anything (patched before server_python).
+            client = call_engine(remote, {"action": "status", "patchset": None}, role="python")
+            result["recorded"] = result["recorded"] + client["recorded"]
+            result["other_environment"] = client["environment"]
+        return result
 
 
 def revert_patches(host: Host, *, patch: str | None = None, force: bool = False) -> dict:
     with connect(host) as remote:
-        return call_engine(remote, {"action": "revert", "patch": patch, "force": force})
+        target = engine_target(remote, host, facts=False)  # a revert needs no versions: the manifest says it all
+        args = {"action": "revert", "patch": patch, "force": force}
+        result = _engine(remote, target, args)
+        if host.two_environments and patch is None:
+            # Everything specrig recorded on the host: `python`'s environment too (nothing there: no call
+            # writes anything).
+            client = call_engine(remote, args, role="python")
+            result["files"] += client["files"]
+            result["recorded"] += client["recorded"]
+            result["recovered"] = result.get("recovered", []) + client.get("recovered", [])
+            result["bytes_written"] += client["bytes_written"]
+            result["other_environment"] = client["environment"]
+        return result
 
 
 # ---- tasks: run, show, exit status ------------------------------------------------------------

@@ -17,9 +17,9 @@ def show(result: dict, *, host: Host) -> None:
         _show_revert(result, host)
         return
     env = result["environment"]
-    packages = ", ".join(f"{name} {p['version']}" if p else f"{name} (not installed)"
-                         for name, p in result["facts"]["packages"].items())
-    console.print(f"[bold]{escape(host.name)}[/]: {escape(env['prefix'])} ({escape(packages)}, "
+    packages = ", ".join(_package(name, p) for name, p in result["facts"]["packages"].items())
+    where = f"{env['role']} " if host.two_environments and env.get("role") else ""
+    console.print(f"[bold]{escape(host.name)}[/]: {escape(where + env['prefix'])} ({escape(packages)}, "
                   f"platform {result['facts']['platform']})")
     if result.get("patchset"):
         console.print(f"patchset [bold]{escape(result['patchset']['name'])}[/]: "
@@ -37,11 +37,13 @@ def show(result: dict, *, host: Host) -> None:
                                        f"by specrig {patch['specrig_version']} at {patch['applied_at']}"
                                        if patch.get("applied_at") else patch["by"] if state == "applied" else "")
             where = patch["path"].rpartition("/")[2] + (f": {note}" if note else "")
+            if host.two_environments and patch.get("environment"):
+                where = f"{patch['environment']}: {where}"
             table.add_row(escape(patch["id"]), f"[{STATE_STYLE.get(state, '')}]{state}[/]",
                           f"{escape(patch['description'])}\n[dim]{escape(where)}[/]")
         console.print(table)
     for recorded in result.get("recorded", []):
-        if recorded["state"] != "intact":
+        if recorded["state"] != "intact" or recorded.get("environment") not in (None, env.get("role")):
             console.print(f"[yellow]{escape(recorded['file'])}: {escape(recorded['state'])} "
                           f"(patched by specrig: {escape(', '.join(recorded['patches']))})[/]")
     if result.get("dry_run"):
@@ -51,6 +53,15 @@ def show(result: dict, *, host: Host) -> None:
         console.print("dry run: nothing was changed")
     elif result["action"] == "apply" and "files" in result:  # absent when the run was refused
         _show_applied(result)
+
+
+def _package(name: str, found: dict | None) -> str:
+    """"vllm 0.32.0", "speculators 0.9.0 (python's environment; 0.4.0.1 here)"."""
+    text = f"{name} {found['version']}" if found and found.get("version") else f"{name} (not installed)"
+    if found and found.get("given"):
+        here = found.get("installed_here")
+        text += " (python's environment" + (f"; {here} here, not used" if here else "") + ")"
+    return text
 
 
 def _show_applied(result: dict) -> None:
@@ -71,5 +82,7 @@ def _show_revert(result: dict, host: Host) -> None:
         console.print(f"{host.name}: nothing to revert: no patch is recorded as applied by specrig")
         return
     for file in result["files"]:
-        console.print(f"{escape(file['path'])}: {escape(file['outcome'])} ({escape(', '.join(file['patches']))})")
+        where = f"{file['environment']}: " if host.two_environments and file.get("environment") else ""
+        console.print(f"{escape(where + file['path'])}: {escape(file['outcome'])} "
+                      f"({escape(', '.join(file['patches']))})")
     console.print(f"{host.name}: wrote {result['bytes_written']} bytes")

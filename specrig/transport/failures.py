@@ -45,6 +45,7 @@ FAILURE_KINDS: dict[str, FailureKind] = {
     "not-a-bundle": FailureKind(UsageError, "run the engine through specrig (`--host local` included), which "
                                             "ships patchsets as JSON in its bundle, not from a checkout's remote/"),
     "not-writable": FailureKind(UsageError, "run as the user owning the environment, or fix its permissions"),
+    "other-environment": FailureKind(UsageError, "a patchset patches one environment: python or server_python"),
     "bad-manifest": FailureKind(UsageError, "the patches of this environment were recorded by another specrig "
                                             "version: use that version to revert them"),
     "unknown-run": FailureKind(UsageError, "`inv status --host {host}` lists the runs"),

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import os
 import shutil
 import subprocess
 import tarfile
@@ -37,7 +38,7 @@ class LocalRemote(Remote):
             shutil.rmtree(staging, ignore_errors=True)
         self.uploaded = True
 
-    def _run(self, body: bytes, timeout: float | None) -> tuple[int, str, str]:
+    def _run(self, body: bytes, timeout: float | None, python: str) -> tuple[int, str, str]:
         self._unpack_bundle()
         calls = self.cache / "calls"
         calls.mkdir(parents=True, exist_ok=True)
@@ -46,11 +47,12 @@ class LocalRemote(Remote):
         self.exec_count += 1
         try:
             # A new session: the deadline kills the call's process group, never us.
-            proc = subprocess.run([self.host.python, str(self.bundle_path / "remote" / "entry.py"), str(call_file)],
+            argv = [os.path.expanduser(python), str(self.bundle_path / "remote" / "entry.py"), str(call_file)]
+            proc = subprocess.run(argv,
                                   stdin=subprocess.DEVNULL, capture_output=True,
                                   timeout=timeout + DEADLINE_GRACE_S if timeout else None, start_new_session=True)
         except FileNotFoundError:
-            raise RemotePythonError(f"local python {self.host.python!r} not found") from None
+            raise RemotePythonError(f"local python {python!r} not found") from None
         except subprocess.TimeoutExpired:
             raise RemoteTimeout(f"local: call exceeded {timeout:.0f} s") from None
         finally:

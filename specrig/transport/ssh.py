@@ -52,12 +52,12 @@ class SshRemote(Remote):
     def client(self) -> paramiko.SSHClient:
         return self.connection.client
 
-    def _run(self, body: bytes, timeout: float | None) -> tuple[int, str, str]:
+    def _run(self, body: bytes, timeout: float | None, python: str) -> tuple[int, str, str]:
         call_file = f"{CACHE}/calls/{uuid.uuid4().hex}.json"
         command = command_line(
             "test", "-f", f"{self.bundle_path}/.complete", OR, "exit", str(BUNDLE_MISSING), THEN,
             "mkdir", "-p", f"{CACHE}/calls", AND, "cat", WRITE_TO, call_file, AND,
-            "exec", self.python, f"{self.bundle_path}/remote/entry.py", call_file)
+            "exec", _relative_to_home(python), f"{self.bundle_path}/remote/entry.py", call_file)
         rc, out, err = self.exec(command, stdin=body, timeout=timeout)
         if rc == BUNDLE_MISSING:
             self.upload_bundle()
