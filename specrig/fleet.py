@@ -146,7 +146,8 @@ def _outcome(host: Host, work: Callable[[Host], Any], judge: Callable[[Any], Exi
 
 def run_task(title: str, hosts: Sequence[Host], work: Callable[[Host], Any], *, as_json: bool,
              figures: Callable[[Any], str], judge: Callable[[Any], ExitStatus] | None = None,
-             detach_note: str | None = None, board=None, parallel: int | None = None) -> ExitStatus:
+             detach_note: str | None = None, board=None, parallel: int | None = None,
+             total: Callable[[Sequence[HostOutcome]], str | None] | None = None) -> ExitStatus:
     """A task on many hosts: each host's line as it finishes, then the summary table (or, with
     as_json, {host: outcome} once all are in); the most serious exit status among the hosts.
 
@@ -155,6 +156,7 @@ def run_task(title: str, hosts: Sequence[Host], work: Callable[[Host], Any], *, 
     the exit status; without, it interrupts (130). `board` (ui.fleet.RunsBoard) stays live below the
     lines while hosts run. `parallel` overrides parallelism() for work that lasts as long as a run
     (following it): a bound would leave the hosts past it waiting for another host's run to end.
+    `total(outcomes)`, when it says something, is a line under the summary (a fleet run's samples).
     """
     from specrig.ui import fleet as view
 
@@ -177,5 +179,5 @@ def run_task(title: str, hosts: Sequence[Host], work: Callable[[Host], Any], *, 
     if as_json:
         view.print_outcomes_json(ordered)
     else:
-        view.show_summary(title, ordered, figures=figures)
+        view.show_summary(title, ordered, figures=figures, total=total(ordered) if total else None)
     return most_serious(outcome.exit_status for outcome in ordered)

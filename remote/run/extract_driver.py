@@ -27,16 +27,20 @@ args.json (an object; only the first three are required):
   gpu_memory_utilization float     passed to the generator (default 0.8)
   cpu_kvcache_space_gib int        VLLM_CPU_KVCACHE_SPACE when unset (default 1; CPU hosts only)
   preprocess_procs      int        processes for speculators' preprocessing (default 1)
+  shard_index           int|null   one shard of a fleet run (both or neither): only the global
+  shard_count           int|null   sample indices i with i % shard_count == shard_index; files
+                                   keep the global index, so the shards' outputs merge as they are
 
 Output (the layout speculators' Eagle3SampleFileDataset reads; it takes every file under the
 directory whose name ends in "pt", so nothing else here does): data_{i}.pt holding
 {"input_ids": long[seq], "hidden_states": [bf16[seq, hidden] per layer], "loss_mask": long[seq]},
 data_config.json (speculators' DataGenerationConfig plus a "specrig" section fixing the settings
-a resume must share). A sample is written to a hidden temporary name and renamed into place.
+a resume must share; a shard's also "dataset_samples", the whole dataset's count, and its
+num_samples is the shard's). A sample is written to a hidden temporary name and renamed into place.
 
-Resume: a rerun with the same settings finds the first missing or unloadable sample and goes on
-from there; samples after it are rewritten in place, never duplicated. Different settings on an
-existing output directory are refused.
+Resume: a rerun with the same settings finds the first missing or unloadable sample (of its
+shard, for a shard) and goes on from there; samples after it are rewritten in place, never
+duplicated. Different settings on an existing output directory are refused.
 
 A finished output directory started again is done at once, without loading the model.
 The batch-size refusal (contract.reorder_hazard) applies to speculators <= 0.4.
@@ -45,6 +49,7 @@ Heartbeat (rewritten atomically every HEARTBEAT_S seconds of run/driver/heartbea
 phase change):
   {"phase": "loading|extracting|writing|done|failed", "samples_done", "samples_total",
    "tokens_per_s", "eta_s", "last_error", "updated_at" (unix time), "pid"}
+  (for a shard, samples_done and samples_total count the shard's samples)
 
 Exit status: 0 done; 1 failed (the traceback on stderr, vLLM's and speculators' frames intact; a
 sample write that failed for want of space says only "extract_driver: disk full: <output_dir>: <free>

@@ -5,13 +5,18 @@
     {"action": "status", "workdir", "run": id|null}          null: every run
     {"action": "logs",   "workdir", "run": id|null, "offset": int|null, "lines": int}
     {"action": "stop",   "workdir", "run": id|null}          null: the newest active run
-    {"action": "resume", "workdir", "run": id|null}          null: the newest run
+    {"action": "resume", "workdir", "run": id|null, "fleet": bool}   null: the newest run; fleet: a run
+                                                             that succeeded or is active is left as it is
+    {"action": "verify-output", "workdir", "run": id|null}   the run's output: sample indices, each loaded
+
+`run` is a run id or a fleet-run id (launch's `fleet.fleet_run_id`: that host's run of the fleet run).
 
 Runs live in <workdir>/runs/<run-id>/ (see rundir.py). The supervisor is
 started in a new session with stdio on files and stdin from /dev/null, so
 closing the SSH connection that launched it does not reach it.
 """
 import fcntl
+import json
 import os
 import shutil
 import signal
@@ -49,11 +54,19 @@ def run(args):
 
 # -- finding runs -------------------------------------------------------------------------------
 
+def fleet_id(run):
+    return (run.record.get("fleet") or {}).get("fleet_run_id")
+
+
 def find_run(workdir, run_id, *, prefer_active=False):
     runs = rundir.all_runs(workdir)
     if run_id:
         for run in runs:
             if run.run_id == run_id:
+                return run
+        # A fleet-run id: this host's run of it (the newest, should there be several).
+        for run in reversed(runs):
+            if fleet_id(run) == run_id:
                 return run
         known = ", ".join(r.run_id for r in runs[-5:]) or "none"
         raise RemoteFailure("unknown-run", "no run %r under %s (newest: %s)" % (run_id, rundir.runs_root(workdir),
@@ -114,6 +127,8 @@ def launch(args, workdir):
             "run_id": run.run_id, "created_at": rundir.now_iso(), "host": args.get("host"),
             "python": sys.executable, "workdir": workdir, "out": driver_args["output_dir"],
             "driver_args": driver_args, "options": options, "env": args.get("env") or {},
+            # One shard of a fleet run: {fleet_run_id, hosts, shard_index, shard_count}; else None.
+            "fleet": args.get("fleet"),
             # Another program in the driver's place (same argv and heartbeat contract): smoke and
             # process-mechanics checks. None: the bundled extract_driver.py.
             "driver_program": os.path.abspath(os.path.expanduser(program)) if program else None})
@@ -125,6 +140,10 @@ def resume(args, workdir):
     with _lock(workdir):
         run = find_run(workdir, args.get("run"))
         state = run.state()
+        if args.get("fleet") and (state in ACTIVE_STATES or state == SUCCEEDED):
+            # The whole fleet run resumed: a host whose shard is done or still going is left alone.
+            return {"run_id": run.run_id, "path": run.path, "supervisor_pid": None, "resumed_from": state,
+                    "skipped": True}
         if state in ACTIVE_STATES:
             raise RemoteFailure("run-active", "run %s is %s: nothing to resume" % (run.run_id, state))
         if state == SUCCEEDED:
@@ -177,8 +196,12 @@ def _start_supervisor(run):
 def status(args, workdir):
     if args.get("run"):
         run = find_run(workdir, args["run"])
-        return {"runs": [run.summary()], "log_tail": _tail(run, args.get("lines") or 10)}
-    return {"runs": [run.summary() for run in rundir.all_runs(workdir)]}
+        return {"runs": [_summary(run)], "log_tail": _tail(run, args.get("lines") or 10)}
+    return {"runs": [_summary(run) for run in rundir.all_runs(workdir)]}
+
+
+def _summary(run):
+    return dict(run.summary(), fleet=run.record.get("fleet"))
 
 
 def logs(args, workdir):
@@ -251,4 +274,34 @@ def stop(args, workdir):
             "clean": not left and not gpu["held"] and not any(g["not_released"] for g in gpu["gpus"])}
 
 
-ACTIONS = {"launch": launch, "status": status, "logs": logs, "stop": stop, "resume": resume}
+VERIFY_TIMEOUT_S = 3600
+
+
+def verify_output(args, workdir):
+    """The run's output directory: which data_{i}.pt it holds and which fail to load whole, checked
+    by run/verify_output.py on the run's python (torch is imported there, not in this call)."""
+    run = find_run(workdir, args.get("run"))
+    out = run.record.get("out")
+    result = {"run_id": run.run_id, "state": run.state(), "out": out, "fleet": run.record.get("fleet")}
+    if not out or not os.path.isdir(out):
+        return dict(result, indices=[], unloadable=[], layers=None, dataset_samples=None, missing_dir=True)
+    python = run.record.get("python") or sys.executable
+    if not os.path.exists(python):
+        python = sys.executable
+    program = os.path.join(REMOTE_ROOT, "run", "verify_output.py")
+    try:
+        done = subprocess.run([python, program, out], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, timeout=VERIFY_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise RemoteFailure("timeout", "verifying %s took longer than %d s" % (out, VERIFY_TIMEOUT_S))
+    lines = done.stdout.decode(errors="replace").strip().splitlines()
+    if done.returncode != 0 or not lines:
+        raise RemoteFailure("verify-failed", "verifying %s with %s failed (exit %s): %s"
+                            % (out, python, done.returncode, done.stderr.decode(errors="replace").strip()[-500:]),
+                            traceback=done.stderr.decode(errors="replace")[-4000:])
+    found = json.loads(lines[-1])
+    return dict(result, missing_dir=False, **found)
+
+
+ACTIONS = {"launch": launch, "status": status, "logs": logs, "stop": stop, "resume": resume,
+           "verify-output": verify_output}

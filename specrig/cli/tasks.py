@@ -75,10 +75,11 @@ namespace = Collection(hosts, doctor, trust_host, lab)
 
 
 # ---- extract: supervised runs (issue 6) -------------------------------------------------------
-RUN_HELP = "run id (default: the newest run; `inv status --host H` lists them)"
+RUN_HELP = ("run id, or a fleet-run id: each host's run of it (default: the newest run; "
+            "`inv status --host H` lists them)")
 
 
-@task(help={"host": HOST_HELP,
+@task(help={"host": HOST_HELP + "; several hosts split the dataset, one shard each (docs/runs.md, 'Fleet runs')",
             **task_help("model", "data", "out", "tp", "layers", "batch_size", "max_len", "max_samples"),
             "skip_preflight": "launch without the preflight checks (drift, GPUs, model, disk, batch hazard)",
             "detach": "launch and return at once instead of showing the live view",
@@ -86,25 +87,30 @@ RUN_HELP = "run id (default: the newest run; `inv status --host H` lists them)"
 @guarded
 def extract(c, host, model=None, data=None, out=None, tp=None, layers=None, batch_size=None, max_len=None,
             max_samples=None, skip_preflight=False, detach=False, json=False):
-    """Preflight, launch the supervised extraction on a host, and show it live (Ctrl-C detaches; the run goes on)."""
-    from specrig.errors import UsageError
+    """Preflight, launch the supervised extraction on a host, and show it live (Ctrl-C detaches; the run goes on).
+
+    On several hosts (a group, a list): one fleet run, the dataset split by sample index (host k of n takes
+    i % n == k); every host's preflight first, nothing launched unless all pass; `{host}` in --out is each
+    host's name. `inv gather` checks the union."""
+    from specrig.run import fleet_runs
     from specrig.run.runs import extract as run_extract
 
     inventory = load_inventory()
     targets = fleet_hosts(inventory, host)
-    if targets and len(targets) > 1:
-        raise UsageError(f"--host {host!r} names {len(targets)} hosts: an extraction split over several hosts "
-                         f"is not built yet", hint="pass one host")
     given = {"model": model, "data": data, "out": out, "tp": tp, "layers": layers, "batch_size": batch_size,
              "max_len": max_len, "max_samples": max_samples}
+    if targets and len(targets) > 1:
+        return fleet_runs.extract(host, targets, given, skip_preflight=skip_preflight, attach=not (detach or json),
+                                  as_json=json)
     return run_extract(targets[0] if targets else inventory.host(host), given, skip_preflight=skip_preflight,
                        attach=not (detach or json), as_json=json)
 
 
-@task(help={"host": HOST_HELP, "run": "run id (default: every run)", "json": JSON_HELP})
+@task(help={"host": HOST_HELP, "run": "run id or fleet-run id (default: every run)", "json": JSON_HELP})
 @guarded
 def status(c, host, run=None, json=False):
-    """Runs on a host: state, progress, attempts and classified failures, GPUs."""
+    """Runs on a host: state, progress, attempts and classified failures, GPUs; on many, the samples' total."""
+    from specrig.run.fleet_runs import status_total
     from specrig.run.runs import run_status, status as show_status
     from specrig.ui.fleet import status_figures
 
@@ -112,7 +118,7 @@ def status(c, host, run=None, json=False):
     targets = fleet_hosts(inventory, host)
     if targets:
         return run_task("status", targets, lambda target: run_status(target, run), as_json=json,
-                        figures=status_figures)
+                        figures=status_figures, total=status_total)
     return show_status(inventory.host(host), run, as_json=json)
 
 
@@ -140,7 +146,7 @@ def logs(c, host, run=None, follow=False, n=50):
                     parallel=len(targets) if follow else None)
 
 
-@task(help={"host": HOST_HELP, "run": "run id (default: the newest active run)", "json": JSON_HELP})
+@task(help={"host": HOST_HELP, "run": "run id or fleet-run id (default: the newest active run)", "json": JSON_HELP})
 @guarded
 def stop(c, host, run=None, json=False):
     """Stop a run: SIGTERM to its whole process group, a grace period, SIGKILL; report anything left."""
@@ -171,9 +177,12 @@ def resume(c, host, run=None, detach=False, json=False):
         return show_resume(inventory.host(host), run, attach=attach, as_json=json)
     board = RunsBoard([target.name for target in targets]) if attach else None
 
+    from specrig.run.fleet_runs import is_fleet_run_id
+
     def resume_host(target):
+        # The whole fleet run: hosts whose shard succeeded or still runs are left as they are.
         return resume_and_watch(target, run, on_update=(lambda state: board.update(target.name, state))
-                                if board else None)
+                                if board else None, fleet=is_fleet_run_id(run))
 
     def judge(result):
         return ExitStatus.OK if "final" not in result or result["final"]["state"] == SUCCEEDED else ExitStatus.FINDINGS
@@ -184,7 +193,18 @@ def resume(c, host, run=None, detach=False, json=False):
                     parallel=len(targets) if attach else None)
 
 
-for _task in (extract, status, logs, stop, resume):
+@task(help={"host": HOST_HELP, "run": "the fleet-run id `inv extract` printed (or a run id)", "json": JSON_HELP})
+@guarded
+def gather(c, host, run, json=False):
+    """A fleet run's shards: each host's outputs, checked on the host (each file loads whole); the union must
+    hold every sample index exactly once (exit 1 naming the missing or duplicated ones otherwise)."""
+    from specrig.fleet import select_hosts
+    from specrig.run.fleet_runs import gather as run_gather
+
+    return run_gather(select_hosts(load_inventory(), host), run, as_json=json)
+
+
+for _task in (extract, status, logs, stop, resume, gather):
     namespace.add_task(_task)
 
 

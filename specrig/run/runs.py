@@ -160,11 +160,13 @@ def resume(host: Host, run_id: str | None, *, attach: bool, as_json: bool) -> in
         return _attach(remote, host, result["run_id"]) if attach else ExitStatus.OK
 
 
-def resume_and_watch(host: Host, run_id: str | None, *, on_update: Callable[[dict], None] | None) -> dict:
+def resume_and_watch(host: Host, run_id: str | None, *, on_update: Callable[[dict], None] | None,
+                     fleet: bool = False) -> dict:
     """`resume` of one host among many. With on_update, the run is followed on the same connection
-    until it ends, each status handed to on_update (a fleet's live board); `final` is its last."""
+    until it ends, each status handed to on_update (a fleet's live board); `final` is its last.
+    `fleet` (a whole fleet run resumed): a host whose run succeeded or is active is left as it is."""
     with connect(host) as remote:
-        resumed = runs_call(remote, host, "resume", {"run": run_id})
+        resumed = runs_call(remote, host, "resume", {"run": run_id, "fleet": fleet})
         if on_update is None:
             return resumed
         while True:

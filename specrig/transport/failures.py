@@ -63,6 +63,7 @@ FAILURE_KINDS: dict[str, FailureKind] = {
     "output-busy": FailureKind(Locked, "`inv stop --host {host}` stops it, or choose another --out"),
     # -- a run's supervisor could not start ----------------------------------------------------
     "supervisor-failed": FailureKind(RemoteScriptError),
+    "verify-failed": FailureKind(RemoteScriptError),  # `inv gather`: the output check on the run's python
 }
 _UNKNOWN = FailureKind(RemoteScriptError)
 

@@ -66,7 +66,8 @@ def show_outcome(outcome: HostOutcome, *, figures: Callable[[Any], str]) -> None
                           soft_wrap=True)
 
 
-def show_summary(title: str, outcomes: Sequence[HostOutcome], *, figures: Callable[[Any], str]) -> None:
+def show_summary(title: str, outcomes: Sequence[HostOutcome], *, figures: Callable[[Any], str],
+                 total: str | None = None) -> None:
     ok = sum(outcome.exit_status == ExitStatus.OK for outcome in outcomes)
     table = Table(title=f"{escape(title)}: {len(outcomes)} hosts, {ok} ok, {len(outcomes) - ok} not ok",
                   title_justify="left", expand=True)
@@ -79,6 +80,8 @@ def show_summary(title: str, outcomes: Sequence[HostOutcome], *, figures: Callab
                       Text(_what(outcome, figures)))
     with OUTPUT_LOCK:
         console.print(table)
+        if total:
+            console.print(total, markup=False, highlight=False)
 
 
 def print_outcomes_json(outcomes: Sequence[HostOutcome]) -> None:
@@ -173,6 +176,12 @@ class RunsBoard:
             table.add_row(escape(host), run["run_id"], Text(run["state"], style=style),
                           escape(beat.get("phase") or "-"), _samples(beat),
                           format_duration(beat["eta_s"]) if beat.get("eta_s") else "-")
+        beats = [run.get("heartbeat") or {} for run in runs.values() if run]
+        if len(runs) > 1 and any(beat.get("samples_total") for beat in beats):
+            # A fleet run's shards: their samples added up.
+            table.caption = (f"total: {sum(beat.get('samples_done') or 0 for beat in beats)}/"
+                             f"{sum(beat.get('samples_total') or 0 for beat in beats)} samples")
+            table.caption_justify = "left"
         return table
 
 
@@ -242,7 +251,9 @@ def status_figures(result: dict) -> str:
         return "no runs yet"
     newest = runs[-1]
     active = [run for run in runs if run["state"] in ACTIVE_STATES]
-    return (f"{len(runs)} run(s), {len(active)} active; newest {newest['run_id']} {newest['state']}, "
+    fleet = newest.get("fleet")
+    shard = f" (shard {fleet['shard_index']} of {fleet['shard_count']}, {fleet['fleet_run_id']})" if fleet else ""
+    return (f"{len(runs)} run(s), {len(active)} active; newest {newest['run_id']}{shard} {newest['state']}, "
             f"{_samples(newest.get('heartbeat') or {})} samples")
 
 
@@ -258,7 +269,10 @@ def stop_figures(result: dict) -> str:
 
 
 def resume_figures(result: dict) -> str:
-    text = f"resumed run {result['run_id']} (was {result['resumed_from']})"
+    if result.get("skipped"):
+        text = f"run {result['run_id']} left as it is ({result['resumed_from']})"
+    else:
+        text = f"resumed run {result['run_id']} (was {result['resumed_from']})"
     final = result.get("final")
     return text + (f", now {final['state']}" if final else "")
 

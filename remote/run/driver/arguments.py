@@ -40,6 +40,16 @@ def load_arguments(path):
         value = args[key]
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             raise Refused("%s=%r: give a positive integer or null" % (key, value))
+    shard_index, shard_count = args["shard_index"], args["shard_count"]
+    if (shard_index is None) != (shard_count is None):
+        raise Refused("shard_index=%r, shard_count=%r: give both (one shard of a fleet run) or neither"
+                      % (shard_index, shard_count))
+    if shard_count is not None:
+        if (not isinstance(shard_count, int) or isinstance(shard_count, bool) or shard_count < 1
+                or not isinstance(shard_index, int) or isinstance(shard_index, bool)
+                or not 0 <= shard_index < shard_count):
+            raise Refused("shard_index=%r, shard_count=%r: give a shard count >= 1 and an index in "
+                          "0 .. shard_count - 1" % (shard_index, shard_count))
     if not isinstance(args["seed"], int):
         raise Refused("seed=%r: give an integer" % (args["seed"],))
     layer_ids = args["layer_ids"]

@@ -8,7 +8,19 @@ from run.driver.model import derived_model_dir, make_generator
 from run.driver.output import OutputDir, sample_is_whole
 
 #: Settings that must be equal for a resume to continue the same sequence of samples.
-RESUME_KEYS = ("model", "dataset", "layer_ids", "max_length", "seed", "max_samples", "load_format", "hf_overrides")
+RESUME_KEYS = ("model", "dataset", "layer_ids", "max_length", "seed", "max_samples", "load_format", "hf_overrides",
+               "shard_index", "shard_count")
+#: Recorded in data_config.json only for one shard of a fleet run: one host's output stays as it was.
+SHARD_KEYS = ("shard_index", "shard_count")
+
+
+def shard_indices(total, args):
+    """The global sample indices this driver extracts: all of them, or (one shard of a fleet run)
+    those i with i % shard_count == shard_index. Strided, so every shard's size is known from the
+    dataset's alone and differs from another's by one at most; files keep the global index."""
+    if args.get("shard_count") is None:
+        return list(range(total))
+    return list(range(args["shard_index"], total, args["shard_count"]))
 
 
 def extract(args, heartbeat):
@@ -29,20 +41,21 @@ def extract(args, heartbeat):
         token_freq_path=os.path.join(args["output_dir"], "token_freq.torch"),
         cache_dir=os.path.join(args["output_dir"], ".cache"))
     total = len(dataset)
-    if previous_layers and output.first_missing(total, len(previous_layers)) == total:
+    mine = shard_indices(total, args)
+    if previous_layers and output.first_missing(mine, len(previous_layers)) == len(mine):
         # A finished run started again: nothing to extract, no model to load.
-        heartbeat.begin_extraction(total, total)
-        heartbeat.update(phase="done", samples_done=total, eta_s=0)
-        return total
+        heartbeat.begin_extraction(len(mine), len(mine))
+        heartbeat.update(phase="done", samples_done=len(mine), eta_s=0)
+        return len(mine)
     generator = make_generator(args, model_dir)
     layers = len(generator.layer_ids)
-    write_data_config(args, generator, total)
+    write_data_config(args, generator, total, len(mine))
 
-    start = output.first_missing(total, layers)
-    heartbeat.begin_extraction(start, total)
+    start = output.first_missing(mine, layers)
+    heartbeat.begin_extraction(start, len(mine))
     heartbeat.update(phase="extracting")
-    for first in range(start, total, args["batch_size"]):
-        indices = list(range(first, min(first + args["batch_size"], total)))
+    for first in range(start, len(mine), args["batch_size"]):
+        indices = mine[first:first + args["batch_size"]]
         rows = [dataset[i] for i in indices]
         results = generator.generate([row["input_ids"].tolist() for row in rows])
         if len(results) != len(rows):
@@ -53,8 +66,8 @@ def extract(args, heartbeat):
     heartbeat.update(phase="writing")
     output.drain()
     # Done before the generator goes: its __del__ shuts vLLM's workers down, which takes seconds.
-    heartbeat.update(phase="done", samples_done=total, eta_s=0)
-    return total
+    heartbeat.update(phase="done", samples_done=len(mine), eta_s=0)
+    return len(mine)
 
 
 def whole_sample(index, row, result, layers):
@@ -69,7 +82,9 @@ def whole_sample(index, row, result, layers):
     return sample
 
 
-def write_data_config(args, generator, num_samples):
+def write_data_config(args, generator, dataset_samples, num_samples):
+    """speculators' config of the output (num_samples: the samples this directory gets), with a
+    "specrig" section: the resume settings, and for a shard the whole dataset's sample count."""
     from speculators.data_generation.config_generator import DataGenerationConfig
 
     config = DataGenerationConfig.from_generator(
@@ -77,11 +92,13 @@ def write_data_config(args, generator, num_samples):
         cache_dir=os.path.join(args["output_dir"], ".cache"), num_samples=num_samples,
         max_samples=args["max_samples"], seed=args["seed"]).to_dict()
     config["specrig"] = resume_settings(args, generator.layer_ids)
+    if args.get("shard_count") is not None:
+        config["specrig"]["dataset_samples"] = dataset_samples
     atomic.write_json(os.path.join(args["output_dir"], "data_config.json"), config)
 
 
 def resume_settings(args, layer_ids):
-    settings = {key: args[key] for key in RESUME_KEYS}
+    settings = {key: args[key] for key in RESUME_KEYS if key not in SHARD_KEYS or args[key] is not None}
     settings["layer_ids"] = list(layer_ids)
     return settings
 

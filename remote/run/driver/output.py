@@ -58,12 +58,13 @@ class OutputDir:
             if name.startswith("." + SAMPLE_PREFIX) and ".tmp." in name:
                 os.unlink(os.path.join(self.path, name))
 
-    def first_missing(self, total, layers):
-        """Index of the first sample that is absent or fails to load with the right shapes."""
-        for index in range(total):
+    def first_missing(self, indices, layers):
+        """Position in `indices` (global sample indices, in order: all of them, or one shard's) of
+        the first sample that is absent or fails to load with the right shapes; len(indices) if none."""
+        for position, index in enumerate(indices):
             if not self.loads(index, layers):
-                return index
-        return total
+                return position
+        return len(indices)
 
     def loads(self, index, layers):
         import torch
