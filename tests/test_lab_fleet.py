@@ -17,7 +17,7 @@ import subprocess
 import pytest
 import yaml
 
-from conftest import REPO, inv, lab_entry
+from conftest import REPO, inv, lab_entry, require_lab
 from specrig import lab as lab_module
 from specrig.exit_status import ExitStatus
 from specrig.inventory import load_inventory
@@ -25,23 +25,14 @@ from specrig.inventory import load_inventory
 SHIPPED = [f"lab-{number}" for number in range(1, lab_module.FLEET_SHIPPED + 1)]
 
 
-def require(condition: bool, message: str) -> None:
-    """Skip when the fleet is missing, or fail under CI's SPECRIG_REQUIRE_LAB=1 (CI builds it)."""
-    if condition:
-        return
-    if os.environ.get("SPECRIG_REQUIRE_LAB"):
-        pytest.fail(message)
-    pytest.skip(message)
-
-
 @pytest.fixture(scope="module")
 def fleet(lab):
     build = f"run `inv lab.up --runnable --hosts {lab_module.FLEET_SHIPPED}` as root"
-    require(lab_module.fleet_size() >= lab_module.FLEET_SHIPPED
+    require_lab(lab_module.fleet_size() >= lab_module.FLEET_SHIPPED
             and all(lab_module.fleet_host_running(number) for number in range(1, lab_module.FLEET_SHIPPED + 1)),
             f"lab fleet not built: {build}")
     # The fleet's hosts run the runnable environment (hosts.yaml: ~/venv-cpu/bin/python).
-    require(lab_module.READY.read_text() == "runnable\n", f"the lab fleet needs the runnable environments: {build}")
+    require_lab(lab_module.READY.read_text() == "runnable\n", f"the lab fleet needs the runnable environments: {build}")
     return lab
 
 
@@ -136,7 +127,7 @@ def test_the_generated_inventory_names_the_whole_fleet(fleet):
 
 
 def test_up_again_changes_nothing(fleet):
-    require(os.geteuid() == 0, "the lab's files are root's: run the suite as root")
+    require_lab(os.geteuid() == 0, "the lab's files are root's: run the suite as root")
     known_hosts = REPO / ".specrig" / "known_hosts"
     before = known_hosts.read_text()
     pids = [lab_module._sshd_pid(lab_module.fleet_state(number)) for number in range(1, len(SHIPPED) + 1)]
@@ -176,7 +167,7 @@ def claim_spare() -> int:
 @pytest.fixture(scope="module")
 def spares(fleet, tmp_path_factory):
     """Two private fleet hosts (running) and an inventory: lab-1 ... lab-3, then them, all in lab-fleet."""
-    require(os.geteuid() == 0, "starting lab sshds needs root: run the suite as root")
+    require_lab(os.geteuid() == 0, "starting lab sshds needs root: run the suite as root")
     numbers = []
     directory = tmp_path_factory.mktemp("fleet")
     try:
@@ -248,7 +239,7 @@ def test_one_down_one_rekeyed_the_summary_names_both(spares):
 
 
 def test_a_removed_fleet_host_leaves_nothing(fleet, tmp_path):
-    require(os.geteuid() == 0, "starting lab sshds needs root: run the suite as root")
+    require_lab(os.geteuid() == 0, "starting lab sshds needs root: run the suite as root")
     number = claim_spare()
     try:
         lab_module.start_fleet_host(number, log=quiet)

@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 
 import pytest
 
-from conftest import inv, lab_entry
+from conftest import inv, lab_entry, require_lab
 from patchenv import lab_home
 from runnable_env import clean_venv_copy
 from specrig.errors import UsageError
@@ -47,11 +46,8 @@ def server_env(lab, make_inventory, trusted_known_hosts):
     """(inventory, client prefix, private server prefix): lab-server with its server_python a private copy."""
     client, shared = lab_home() / "venv-spec-0.9", lab_home() / "venv-cpu-0.32"
     missing = [str(p) for p in (client / "bin" / "python", shared / "bin" / "python") if not p.exists()]
-    if missing:
-        message = f"server-mode lab envs not built ({', '.join(missing)} missing): run `inv lab.up --runnable`"
-        if os.environ.get("SPECRIG_REQUIRE_LAB"):
-            pytest.fail(message)
-        pytest.skip(message)
+    require_lab(not missing, f"server-mode lab envs not built ({', '.join(missing)} missing): "
+                             f"run `inv lab.up --runnable`")
     shared_hashes = {path: _sha256(_site(shared) / path) for path in TARGETS}
     prefix = clean_venv_copy(shared)
     inventory = make_inventory({"hosts": {"lab-server": lab_entry(

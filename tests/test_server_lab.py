@@ -22,8 +22,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-import pytest
 
+from conftest import require_lab
 from run.server import launch, outputs
 from runnable_env import HOME, clean_venv_copy, private_inventory, runnable_env_or_skip  # noqa: F401 (marks the module runnable)
 
@@ -43,11 +43,8 @@ def _recipe_or_skip():
     model, data = HOME / "models" / "tiny-llama", HOME / "data" / "tiny-chat.jsonl"
     missing = [str(p) for p in (client / "bin" / "speculators", server / "bin" / "python", model / "config.json", data)
                if not p.exists()]
-    if missing:
-        message = f"server-mode lab env not built ({', '.join(missing)} missing): run `inv lab.up --runnable` as root"
-        if os.environ.get("SPECRIG_REQUIRE_LAB"):
-            pytest.fail(message)
-        pytest.skip(message)
+    require_lab(not missing, f"server-mode lab env not built ({', '.join(missing)} missing): "
+                             f"run `inv lab.up --runnable` as root")
     return client, server, model, data
 
 

@@ -13,7 +13,6 @@ import pytest
 
 from conftest import inv, lab_entry
 from patchenv import as_lab_user, lab_home, sha256_file
-from specrig.errors import InventoryError
 from specrig.exit_status import ExitStatus
 from specrig.inventory import load_inventory
 
@@ -42,23 +41,6 @@ def test_server_python_defaults_to_python(make_inventory):
     assert two.server_interpreter == "/opt/vllm/bin/python" and two.two_environments
     assert one.as_dict()["server_python"] == "/opt/a/bin/python"  # --json shows the one in force
     assert inventory.host("local").server_interpreter == inventory.host("local").python
-
-
-@pytest.mark.parametrize("text,words", [
-    ("hosts:\n  a:\n    server_python: [x]\n", ["hosts.a.server_python", "a string", "['x']"]),
-    ("defaults:\n  server_python: 3\n", ["defaults.server_python", "a string", "3"]),
-], ids=["list", "defaults-int"])
-def test_bad_server_python_is_one_clear_line(make_inventory, text, words):
-    path = make_inventory(text)
-    with pytest.raises(InventoryError) as caught:
-        load_inventory(path)
-    line = caught.value.one_line()
-    assert "\n" not in line and str(path) in line
-    for word in words:
-        assert word in line
-    result = inv("hosts", inventory=path)
-    assert result.returncode == ExitStatus.USAGE and result.stderr.strip().count("\n") == 0
-    assert "server_python" in result.stderr
 
 
 def test_hosts_table_shows_a_second_environment(make_inventory):
