@@ -196,8 +196,10 @@ def resume(c, host, run=None, detach=False, json=False):
 @task(help={"host": HOST_HELP, "run": "the fleet-run id `inv extract` printed (or a run id)", "json": JSON_HELP})
 @guarded
 def gather(c, host, run, json=False):
-    """A fleet run's shards: each host's outputs, checked on the host (each file loads whole); the union must
-    hold every sample index exactly once (exit 1 naming the missing or duplicated ones otherwise)."""
+    """Check a fleet run's shards: every sample index exactly once, every file loading whole on its host.
+
+    Each host lists its shard's outputs and loads them (exit 1 names the missing, duplicated or
+    unloadable indices)."""
     from specrig.fleet import select_hosts
     from specrig.run.fleet_runs import gather as run_gather
 
