@@ -133,3 +133,19 @@ def test_revert_with_nothing_applied_is_a_no_op(patch_env):
     result = inv("revert-patches", "--host", "lab", inventory=patch_env.inventory)
     assert result.returncode == ExitStatus.OK and "nothing to revert" in result.stdout
     assert not patch_env.state_dir.exists()
+
+
+@pytest.mark.parametrize("columns", ["80", "200"])
+def test_patch_status_is_readable_narrow_and_wide(patch_env, columns):
+    """Narrow: one block per patch (its id and state on a line of their own); wide: a table. Nothing cut."""
+    result = inv("patch-status", "--host", "lab", inventory=patch_env.inventory, env={"COLUMNS": columns})
+    assert result.returncode == ExitStatus.OK, result.stderr
+    assert "…" not in result.stdout
+    ids = [p["id"] for p in json.loads(inv("patch-status", "--host", "lab", "--json",
+                                           inventory=patch_env.inventory).stdout)["patches"]]
+    lines = result.stdout.splitlines()
+    for patch_id in ids:
+        if columns == "80":
+            assert any(line.startswith(f"{patch_id}  ") for line in lines), patch_id
+        else:
+            assert any(f" {patch_id} " in line for line in lines), patch_id

@@ -16,10 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from specrig.drift.verify import Report
-from specrig.ui import console, print_json
-
-#: How far a finding block's lines sit under its `file:line  kind  callee` line.
-BLOCK_INDENT = 4
+from specrig.ui import console, print_indented, print_json
 
 
 def show(report: Report, *, as_json: bool, show_source: bool = False) -> None:
@@ -115,10 +112,7 @@ def _show_finding(finding: dict) -> None:
     # soft_wrap: rich neither breaks nor crops this line; a terminal wraps it, a pipe or an editor gets it whole.
     console.print(header, soft_wrap=True)
     for text in (Text(consumer["text"].strip(), style="dim"), _why(finding)):
-        # Wrapped by hand, not by rich's Padding, which pads every line with spaces to the full width.
-        for line in text.wrap(console, console.width - BLOCK_INDENT):
-            line.rstrip()
-            console.print(Text(" " * BLOCK_INDENT).append_text(line), soft_wrap=True)
+        print_indented(text)
 
 
 def _show_source(finding: dict) -> None:

@@ -6,7 +6,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 
 from specrig.inventory import Host
-from specrig.ui import console
+from specrig.ui import console, print_indented
 
 STATE_STYLE = {"applied": "green", "pending": "yellow", "missing": "yellow", "not-applicable": "dim",
                "conflict": "red"}
@@ -27,21 +27,7 @@ def show(result: dict, *, host: Host) -> None:
     elif result.get("patchset_problem"):
         console.print(f"[yellow]{escape(result['patchset_problem'])}[/]")
     if result.get("patches"):
-        table = Table(expand=True)
-        table.add_column("patch", no_wrap=True)
-        table.add_column("state", no_wrap=True)
-        table.add_column("what", ratio=1)
-        for patch in result["patches"]:
-            state = patch["state"]
-            note = patch["reason"] or ("applied now" if patch.get("applied_now") else
-                                       f"by specrig {patch['specrig_version']} at {patch['applied_at']}"
-                                       if patch.get("applied_at") else patch["by"] if state == "applied" else "")
-            where = patch["path"].rpartition("/")[2] + (f": {note}" if note else "")
-            if host.two_environments and patch.get("environment"):
-                where = f"{patch['environment']}: {where}"
-            table.add_row(escape(patch["id"]), f"[{STATE_STYLE.get(state, '')}]{state}[/]",
-                          f"{escape(patch['description'])}\n[dim]{escape(where)}[/]")
-        console.print(table)
+        _show_patches(result["patches"], host)
     for recorded in result.get("recorded", []):
         if recorded["state"] != "intact" or recorded.get("environment") not in (None, env.get("role")):
             console.print(f"[yellow]{escape(recorded['file'])}: {escape(recorded['state'])} "
@@ -53,6 +39,41 @@ def show(result: dict, *, host: Host) -> None:
         console.print("dry run: nothing was changed")
     elif result["action"] == "apply" and "files" in result:  # absent when the run was refused
         _show_applied(result)
+
+
+#: Below this width the table squeezes descriptions to a word a line: one block per patch instead.
+TABLE_MIN_WIDTH = 110
+
+
+def _show_patches(patches: list[dict], host: Host) -> None:
+    rows = [(patch["id"], patch["state"], patch["description"], _where(patch, host)) for patch in patches]
+    if console.width < TABLE_MIN_WIDTH:
+        # As findings are shown when narrow: the id and state on a line of their own, never cut.
+        for patch_id, state, description, where in rows:
+            console.print(f"{escape(patch_id)}  [{STATE_STYLE.get(state, '')}]{state}[/]", soft_wrap=True)
+            print_indented(escape(description))
+            print_indented(f"[dim]{escape(where)}[/]")
+        return
+    table = Table(expand=True)
+    table.add_column("patch", no_wrap=True)
+    table.add_column("state", no_wrap=True)
+    table.add_column("what", ratio=1, overflow="fold")
+    for patch_id, state, description, where in rows:
+        table.add_row(escape(patch_id), f"[{STATE_STYLE.get(state, '')}]{state}[/]",
+                      f"{escape(description)}\n[dim]{escape(where)}[/]")
+    console.print(table)
+
+
+def _where(patch: dict, host: Host) -> str:
+    """The patched file's name and how the patch came to be in its state."""
+    state = patch["state"]
+    note = patch["reason"] or ("applied now" if patch.get("applied_now") else
+                               f"by specrig {patch['specrig_version']} at {patch['applied_at']}"
+                               if patch.get("applied_at") else patch["by"] if state == "applied" else "")
+    where = patch["path"].rpartition("/")[2] + (f": {note}" if note else "")
+    if host.two_environments and patch.get("environment"):
+        where = f"{patch['environment']}: {where}"
+    return where
 
 
 def _package(name: str, found: dict | None) -> str:

@@ -7,9 +7,23 @@ import sys
 from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
+from rich.text import Text
 
 console = Console(highlight=False)
 errors = Console(stderr=True, highlight=False)
+
+
+#: How far the lines under a block's first line (a finding, a patch) are indented.
+BLOCK_INDENT = 4
+
+
+def print_indented(text: Text | str, *, indent: int = BLOCK_INDENT) -> None:
+    """`text` wrapped to the console's width less `indent`, each line indented. Wrapped by hand, not by
+    rich's Padding, which pads every line with spaces to the full width (a pipe would keep them)."""
+    text = Text.from_markup(text) if isinstance(text, str) else text
+    for line in text.wrap(console, console.width - indent):
+        line.rstrip()
+        console.print(Text(" " * indent).append_text(line), soft_wrap=True)
 
 
 def print_json(data) -> None:
