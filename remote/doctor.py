@@ -1,17 +1,13 @@
 """What the host is: shell, Python, installed packages, GPUs, free disk.
 
 A host may hold two environments: speculators' (the host's `python`, which runs this call) and the
-vLLM server's (`server_python` in hosts.yaml). The second is read by this very file run as a
-program with that interpreter, in a process of its own (`<server_python> doctor.py`): it prints
-one JSON line, the environment's Python and package versions, read from metadata (nothing imported).
+vLLM server's (`server_python` in hosts.yaml), read from metadata by that interpreter in a process of
+its own (pkgmeta.other_environment: nothing imported).
 """
-import json
 import os
 import platform
 import pwd
 import shutil
-import subprocess
-import sys
 
 import pkgmeta
 import telemetry
@@ -33,52 +29,26 @@ def _existing_parent(path):
     return path
 
 
-def environment(packages):
-    """This interpreter's environment: {executable, version, prefix, packages: {name: version or None}}."""
-    return {"executable": sys.executable, "version": platform.python_version(), "prefix": sys.prefix,
-            "packages": pkgmeta.versions(packages)}
-
-
-def _resolve(python):
-    """`python` as hosts.yaml gives it (`~/x`, a name on PATH, a path) as a path, or None if not found."""
-    python = os.path.expanduser(python)
-    if os.sep not in python:
-        return shutil.which(python)
-    return os.path.abspath(python)
-
-
 def server_environment(python, timeout=SERVER_TIMEOUT_S):
-    """The server's environment (`python`, run in a process of its own), or None when it is this one.
-
-    {"python": as given, executable, version, prefix, packages, "error": None or why it could not be read}
-    """
-    found = _resolve(python)
-    if found and found == os.path.abspath(sys.executable):
-        return None
-    failed = {"python": python, "executable": found, "version": None, "prefix": None,
-              "packages": dict.fromkeys(SERVER_PACKAGES)}
-    if not found or not os.path.isfile(found):
-        return dict(failed, error="%s: not found" % python)
+    """The server's environment (`python`), or None when it is this one:
+    {"python": as given, executable, version, prefix, packages: {name: version or None},
+     "error": None or why it could not be read}."""
     try:
-        proc = subprocess.run([found, os.path.abspath(__file__)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, universal_newlines=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return dict(failed, error="%s did not answer within %d s" % (python, timeout))
-    except OSError as exc:
-        return dict(failed, error="cannot run %s: %s" % (python, exc.strerror or exc))
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        said = (proc.stderr or proc.stdout).strip().splitlines()
-        return dict(failed, error="%s exited with %s: %s" % (python, proc.returncode,
-                                                            said[-1] if said else "no output"))
-    return dict(json.loads(lines[-1]), python=python, error=None)
+        found = pkgmeta.other_environment(python, SERVER_PACKAGES, timeout)
+    except pkgmeta.EnvironmentUnreadable as exc:
+        return {"python": python, "executable": pkgmeta.interpreter(python), "version": None, "prefix": None,
+                "packages": dict.fromkeys(SERVER_PACKAGES), "error": str(exc)}
+    if found is None:
+        return None
+    installed = found.pop("installed")
+    return dict(found, python=python, error=None,
+                packages={name: entry["version"] if entry else None for name, entry in installed.items()})
 
 
 def run(args):
     """{"workdir", "server_python" (optional: read that environment too), "versions_only" (optional:
     the Pythons and packages alone, for a task's cheap check before it starts anything)}."""
-    facts = {"python": {key: value for key, value in environment(()).items() if key != "packages"},
+    facts = {"python": {key: value for key, value in pkgmeta.environment(()).items() if key != "installed"},
              "packages": pkgmeta.versions(PACKAGES)}
     facts["server_env"] = server_environment(args["server_python"]) if args.get("server_python") else None
     if args.get("versions_only"):
@@ -94,8 +64,3 @@ def run(args):
                  "total_bytes": usage.total},
     })
     return facts
-
-
-if __name__ == "__main__":
-    # `<server_python> doctor.py`: the environment of that interpreter, as one JSON line.
-    print(json.dumps(environment(SERVER_PACKAGES)))

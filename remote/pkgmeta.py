@@ -1,5 +1,14 @@
-"""Installed distributions, read from their metadata: nothing is imported."""
+"""Installed distributions, read from their metadata: nothing is imported.
+
+Also another environment's (hosts.yaml `server_python`): this file run as a program with that
+interpreter, `<python> pkgmeta.py PACKAGE...`, prints environment(PACKAGES) as one JSON line.
+"""
+import json
 import os
+import platform
+import shutil
+import subprocess
+import sys
 from importlib import metadata
 
 
@@ -39,3 +48,50 @@ def versions(packages):
         found = installed(package)
         result[package] = found["version"] if found else None
     return result
+
+
+def environment(packages):
+    """This interpreter's environment: {executable, version, prefix, installed: {package: installed()}}."""
+    return {"executable": sys.executable, "version": platform.python_version(), "prefix": sys.prefix,
+            "installed": {package: installed(package) for package in packages}}
+
+
+class EnvironmentUnreadable(Exception):
+    """Another interpreter's environment could not be read; the message says why."""
+
+
+def interpreter(python):
+    """An interpreter as hosts.yaml gives it (`~/x`, a name on PATH, a path) as a path, or None."""
+    python = os.path.expanduser(python)
+    if os.sep not in python:
+        return shutil.which(python)
+    return os.path.abspath(python)
+
+
+def other_environment(python, packages, timeout):
+    """environment(packages) as interpreter `python` sees it, read by running this file with it, in a
+    process of its own; None when `python` is this very interpreter. EnvironmentUnreadable says why
+    it could not be read (not found, not runnable, no answer within `timeout` seconds)."""
+    found = interpreter(python)
+    if found and found == os.path.abspath(sys.executable):
+        return None
+    if not found or not os.path.isfile(found):
+        raise EnvironmentUnreadable("%s: not found" % python)
+    try:
+        proc = subprocess.run([found, os.path.abspath(__file__)] + list(packages), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, universal_newlines=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise EnvironmentUnreadable("%s did not answer within %d s" % (python, timeout)) from None
+    except OSError as exc:
+        raise EnvironmentUnreadable("cannot run %s: %s" % (python, exc.strerror or exc)) from None
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        said = (proc.stderr or proc.stdout).strip().splitlines()
+        raise EnvironmentUnreadable("%s exited with %s: %s" % (python, proc.returncode,
+                                                              said[-1] if said else "no output"))
+    return json.loads(lines[-1])
+
+
+if __name__ == "__main__":
+    print(json.dumps(environment(sys.argv[1:])))

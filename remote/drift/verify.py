@@ -22,7 +22,6 @@ import gc
 import json
 import os
 import re
-import sys
 
 from contract import extraction_path
 from drift.analyzer import analyze
@@ -130,34 +129,21 @@ def _installed(name):
     return {"name": found["name"], "version": found["version"], "root": found["root"], "package": package}
 
 
-#: Run by the server environment's interpreter: its distribution of a package, read from metadata (pkgmeta;
-#: nothing of the package is imported), as one JSON line.
-_LOCATE = ("import json, sys; sys.path.insert(0, sys.argv[1]); import pkgmeta; "
-           "print(json.dumps(pkgmeta.installed(sys.argv[2])))")
 LOCATE_TIMEOUT_S = 60
 
 
 def _installed_elsewhere(name, python):
     """`name` as installed in the environment of interpreter `python` (hosts.yaml server_python); this
     environment's own when `python` is this interpreter."""
-    import subprocess
+    import pkgmeta
 
-    import doctor  # the one resolver of hosts.yaml interpreters
-
-    found = doctor._resolve(python)
-    if found and found == os.path.abspath(sys.executable):
-        return _installed(name)
-    if not found or not os.path.isfile(found):
-        raise RemoteFailure("not-installed", "server_python %s: not found" % python, package=name)
-    remote_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
-        proc = subprocess.run([found, "-c", _LOCATE, remote_dir, name], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, universal_newlines=True, timeout=LOCATE_TIMEOUT_S,
-                              stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise RemoteFailure("not-installed", "cannot read server_python %s: %s" % (python, exc), package=name)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith(("{", "null"))]
-    located = json.loads(lines[-1]) if proc.returncode == 0 and lines else None
+        environment = pkgmeta.other_environment(python, [name], LOCATE_TIMEOUT_S)
+    except pkgmeta.EnvironmentUnreadable as exc:
+        raise RemoteFailure("not-installed", "server_python %s" % exc, package=name) from None
+    if environment is None:
+        return _installed(name)
+    located = environment["installed"][name]
     if not located:
         raise RemoteFailure("not-installed", "%s is not installed in the server environment (%s)" % (name, python),
                             package=name)
