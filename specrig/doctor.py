@@ -73,6 +73,12 @@ def repository_scripts(speculators: str) -> str:
             f"wheel: install speculators ≤ 0.4 or ≥ 0.8")
 
 
+def installed_versions(remote: Remote) -> dict:
+    """The host's Python and the package versions of `python`'s environment, from metadata: one cheap
+    call on an open connection ({python, packages, server_env: None})."""
+    return remote.call("doctor", {"versions_only": True}, timeout=DOCTOR_TIMEOUT_S)
+
+
 def check_extraction_path(remote: Remote, host: Host, task: str) -> dict:
     """Refuse, before anything is launched or changed, a task the host's speculators cannot serve.
 
@@ -81,7 +87,7 @@ def check_extraction_path(remote: Remote, host: Host, task: str) -> dict:
     `extract` and `smoke`, whose server mode this version of specrig does not build yet. UsageError
     (exit 2); otherwise the versions found in `python`'s environment: {python, packages}.
     """
-    facts = remote.call("doctor", {"versions_only": True}, timeout=DOCTOR_TIMEOUT_S)
+    facts = installed_versions(remote)
     speculators = facts["packages"].get("speculators")
     path = contract.extraction_path(speculators)
     untouched = "nothing was changed" if task == "apply-patches" else "nothing was launched"

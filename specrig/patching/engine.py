@@ -22,7 +22,7 @@ from __future__ import annotations
 import fnmatch
 
 import specrig
-from specrig.doctor import check_extraction_path
+from specrig.doctor import check_extraction_path, installed_versions
 from specrig.drift.verify import verify_host
 from specrig.errors import CouldNotCheck, Findings
 from specrig.exit_status import ExitStatus
@@ -54,12 +54,9 @@ def label(result: dict, role: str) -> dict:
     """Say which environment (hosts.yaml key) the engine's result is about, on it and on each patch."""
     if isinstance(result.get("environment"), dict):
         result["environment"]["role"] = role
-    for record in result.get("patches") or []:
-        record["environment"] = role
-    for record in result.get("recorded") or []:
-        record["environment"] = role
-    for record in result.get("files") or []:
-        record["environment"] = role
+    for key in ("patches", "recorded", "files"):
+        for record in result.get(key) or []:
+            record["environment"] = role
     return result
 
 
@@ -74,7 +71,7 @@ def engine_target(remote: Remote, host: Host, python_packages: dict | None = Non
     if not facts:
         return {"python": host.server_interpreter, "role": "server_python", "facts": None}
     if python_packages is None:
-        python_packages = remote.call("doctor", {"versions_only": True}, timeout=PATCH_TIMEOUT_S)["packages"]
+        python_packages = installed_versions(remote)["packages"]
     return {"python": host.server_interpreter, "role": "server_python",
             "facts": {"speculators": python_packages.get("speculators")}}
 
