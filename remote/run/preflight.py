@@ -42,18 +42,21 @@ def run(args):
         if driver.get(key):
             driver[key] = os.path.abspath(os.path.expanduser(driver[key]))
     workdir = args.get("workdir") or "~"
+    # What the driver will run with where the launch leaves a setting to its default.
+    max_len = driver.get("max_length") or contract.DRIVER_DEFAULTS["max_length"]
+    batch_size = driver.get("batch_size") or contract.DRIVER_DEFAULTS["batch_size"]
     checks = [packages()]
     config, config_check = model_config(driver.get("model"))
     checks.append(config_check)
     checks.append(layers(driver.get("layer_ids"), config))
-    checks.append(max_length(driver.get("max_length") or contract.DRIVER_DEFAULTS["max_length"], config))
+    checks.append(max_length(max_len, config))
     samples, dataset_check = dataset(driver.get("dataset"), driver.get("max_samples"), driver.get("max_length"))
     checks.append(dataset_check)
     checks.append(gpus(driver.get("tensor_parallel_size")))
     checks.append(torch_arch(driver.get("tensor_parallel_size")))
     estimate = output_estimate(config, driver, samples)
     checks.append(disk(driver.get("output_dir"), estimate))
-    checks.append(reorder_hazard(driver.get("batch_size") or contract.DRIVER_DEFAULTS["batch_size"], driver.get("max_length") or contract.DRIVER_DEFAULTS["max_length"]))
+    checks.append(reorder_hazard(batch_size, max_len))
     checks.append(output_free(workdir, driver.get("output_dir")))
     return {"checks": checks, "estimate": estimate}
 

@@ -166,8 +166,7 @@ def stop(c, host, run=None, json=False):
 @guarded
 def resume(c, host, run=None, detach=False, json=False):
     """Restart a failed, stopped or lost run; the driver continues from the first missing sample."""
-    from specrig.contract import SUCCEEDED
-    from specrig.run.runs import resume as show_resume, resume_and_watch
+    from specrig.run.runs import final_verdict, resume as show_resume, resume_and_watch
     from specrig.ui.fleet import RunsBoard, resume_figures
 
     inventory = load_inventory()
@@ -184,10 +183,7 @@ def resume(c, host, run=None, detach=False, json=False):
         return resume_and_watch(target, run, on_update=(lambda state: board.update(target.name, state))
                                 if board else None, fleet=is_fleet_run_id(run))
 
-    def judge(result):
-        return ExitStatus.OK if "final" not in result or result["final"]["state"] == SUCCEEDED else ExitStatus.FINDINGS
-
-    return run_task("resume", targets, resume_host, as_json=json, figures=resume_figures, judge=judge, board=board,
+    return run_task("resume", targets, resume_host, as_json=json, figures=resume_figures, judge=final_verdict, board=board,
                     detach_note=f"detached; the runs go on. `inv status --host {host}` shows them, "
                                 f"`inv stop --host {host}` stops them." if attach else None,
                     parallel=len(targets) if attach else None)

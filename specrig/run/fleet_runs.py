@@ -14,15 +14,14 @@ import random
 import string
 from typing import Sequence
 
-from specrig.contract import ACTIVE_STATES, SUCCEEDED
+from specrig.contract import ACTIVE_STATES
 from specrig.doctor import check_extraction_path
 from specrig.errors import Findings
 from specrig.exit_status import ExitStatus, most_serious
 from specrig.fleet import HostOutcome, parallelism, run_each, run_task
 from specrig.inventory import Host
-from specrig.run.live import POLL_S
 from specrig.run.preflight import preflight
-from specrig.run.runs import runs_call
+from specrig.run.runs import final_verdict, runs_call, watch_run
 from specrig.run.settings import Request, build_request
 from specrig.transport import connect
 from specrig.ui import console, print_json
@@ -108,34 +107,18 @@ def extract(spec: str, hosts: Sequence[Host], given: dict, *, skip_preflight: bo
             result = {**launched, **shard, "out": request.driver_args["output_dir"]}
             if board is None:
                 return result
-            return {**result, "final": watch(remote, host, launched["run_id"],
-                                             lambda run: board.update(host.name, run))}
+            return {**result, "final": watch_run(remote, host, launched["run_id"],
+                                                 lambda run: board.update(host.name, run))}
 
     if not as_json:
         console.print(f"fleet run [bold]{fleet_run_id}[/]: {len(names)} shards (sample i goes to host i % "
                       f"{len(names)}: {', '.join(f'{k}={name}' for k, name in enumerate(names))})")
     return run_task(f"extract {fleet_run_id}", hosts, launch, as_json=as_json, figures=extract_figures,
-                    judge=final_judge, board=board, total=extract_total,
+                    judge=final_verdict, board=board, total=extract_total,
                     detach_note=f"detached; the runs go on. `inv status --host {spec} --run {fleet_run_id}` "
                                 f"shows them, `inv stop --host {spec} --run {fleet_run_id}` stops them."
                     if attach else None,
                     parallel=len(hosts) if attach else None)
-
-
-def watch(remote, host: Host, run_id: str, on_update) -> dict:
-    """Follow a run on an open connection until it is no longer active; its last status."""
-    import time
-
-    while True:
-        run = runs_call(remote, host, "status", {"run": run_id, "lines": 1})["runs"][0]
-        on_update(run)
-        if run["state"] not in ACTIVE_STATES:
-            return run
-        time.sleep(POLL_S)
-
-
-def final_judge(result: dict) -> ExitStatus:
-    return ExitStatus.OK if "final" not in result or result["final"]["state"] == SUCCEEDED else ExitStatus.FINDINGS
 
 
 def preflight_figures(checks: list) -> str:

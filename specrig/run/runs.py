@@ -169,9 +169,20 @@ def resume_and_watch(host: Host, run_id: str | None, *, on_update: Callable[[dic
         resumed = runs_call(remote, host, "resume", {"run": run_id, "fleet": fleet})
         if on_update is None:
             return resumed
-        while True:
-            run = runs_call(remote, host, "status", {"run": resumed["run_id"], "lines": 1})["runs"][0]
-            on_update(run)
-            if run["state"] not in ACTIVE_STATES:
-                return {**resumed, "final": run}
-            time.sleep(POLL_S)
+        return {**resumed, "final": watch_run(remote, host, resumed["run_id"], on_update)}
+
+
+def watch_run(remote: Remote, host: Host, run_id: str, on_update: Callable[[dict], None]) -> dict:
+    """Follow a run on an open connection until it is no longer active, each status handed to
+    on_update (a fleet's live board); its last status."""
+    while True:
+        run = runs_call(remote, host, "status", {"run": run_id, "lines": 1})["runs"][0]
+        on_update(run)
+        if run["state"] not in ACTIVE_STATES:
+            return run
+        time.sleep(POLL_S)
+
+
+def final_verdict(result: dict) -> ExitStatus:
+    """A host's result that followed its run to the end ("final"): OK only if the run succeeded."""
+    return ExitStatus.OK if "final" not in result or result["final"]["state"] == SUCCEEDED else ExitStatus.FINDINGS
