@@ -37,10 +37,7 @@ def check(name, ok, detail, advice=None):
 
 
 def run(args):
-    driver = dict(args.get("driver_args") or {})
-    for key in runs.PATH_ARGS:
-        if driver.get(key):
-            driver[key] = os.path.abspath(os.path.expanduser(driver[key]))
+    driver = runs.host_paths(args.get("driver_args"))
     workdir = args.get("workdir") or "~"
     # What the driver will run with where the launch leaves a setting to its default.
     max_len = driver.get("max_length") or contract.DRIVER_DEFAULTS["max_length"]

@@ -97,13 +97,19 @@ def writers_of(workdir, output_dir, *, excluding=None):
             and os.path.realpath(run.record.get("out") or "") == target]
 
 
-# -- actions ------------------------------------------------------------------------------------
-
-def launch(args, workdir):
-    driver_args = dict(args.get("driver_args") or {})
+def host_paths(driver_args):
+    """A copy of the driver's arguments with its paths absolute on this host (PATH_ARGS)."""
+    driver_args = dict(driver_args or {})
     for key in PATH_ARGS:
         if driver_args.get(key):
             driver_args[key] = os.path.abspath(os.path.expanduser(driver_args[key]))
+    return driver_args
+
+
+# -- actions ------------------------------------------------------------------------------------
+
+def launch(args, workdir):
+    driver_args = host_paths(args.get("driver_args"))
     if not driver_args.get("output_dir"):
         raise RemoteFailure("bad-argument", "no output directory given (driver_args.output_dir)")
     options = dict(SUPERVISOR_DEFAULTS)

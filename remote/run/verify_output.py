@@ -20,9 +20,9 @@ import sys
 # Started by path, so sys.path[0] is remote/run/: make it remote/, as the driver does.
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from run.driver.output import sample_is_whole  # noqa: E402
+from run.driver.output import SAMPLE_PREFIX, SAMPLE_SUFFIX, load_sample, sample_is_whole  # noqa: E402
 
-SAMPLE = re.compile(r"^data_(\d+)\.pt$")
+SAMPLE = re.compile(r"^%s(\d+)%s$" % (re.escape(SAMPLE_PREFIX), re.escape(SAMPLE_SUFFIX)))
 
 
 def check(output_dir):
@@ -36,14 +36,11 @@ def check(output_dir):
     layers = len(layer_ids) if layer_ids else None
     indices, unloadable = [], []
     names = sorted((int(m.group(1)), name) for name in os.listdir(output_dir) for m in [SAMPLE.match(name)] if m)
-    if names:
-        import torch
-
     for index, name in names:
         indices.append(index)
         path = os.path.join(output_dir, name)
         try:
-            sample = torch.load(path, mmap=True, weights_only=True, map_location="cpu")
+            sample = load_sample(path)
         except Exception as exc:  # noqa: BLE001 - any failure to load is the finding
             unloadable.append({"index": index, "reason": "%s: %s" % (type(exc).__name__, str(exc)[:200])})
             continue

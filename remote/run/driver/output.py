@@ -67,14 +67,11 @@ class OutputDir:
         return len(indices)
 
     def loads(self, index, layers):
-        import torch
-
         path = os.path.join(self.path, sample_name(index))
         if not os.path.exists(path):
             return False
         try:
-            sample = torch.load(path, mmap=True, weights_only=True, map_location="cpu")
-            return sample_is_whole(sample, layers)
+            return sample_is_whole(load_sample(path), layers)
         except Exception:  # noqa: BLE001 - any failure to load means: extract it again
             return False
 
@@ -118,6 +115,13 @@ class OutputDir:
         self.pool.shutdown(wait=True)
         if self.errors:
             raise self.errors[0]
+
+
+def load_sample(path):
+    """A saved sample, mapped rather than read (a resume scan touches every file), tensors only."""
+    import torch
+
+    return torch.load(path, mmap=True, weights_only=True, map_location="cpu")
 
 
 def sample_is_whole(sample, layers):
