@@ -6,7 +6,7 @@ import functools
 import invoke
 from rich.markup import escape
 
-from specrig.errors import SpecrigError
+from specrig.errors import SpecrigError, UsageError
 from specrig.exit_status import ExitStatus
 from specrig.ui import errors
 
@@ -31,3 +31,16 @@ def guarded(function):
             raise invoke.Exit(code=int(status))
 
     return wrapper
+
+
+def whole_number(value, *, option: str, default: int) -> int:
+    """A task option that takes a whole number, from the command line's text (None: `default`).
+
+    Such options default to None rather than to a number: Invoke casts an option whose default is an
+    int itself, and a word like 'x' then ends in its traceback instead of a one-line error."""
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"{option} {value!r}: give a whole number") from None

@@ -7,7 +7,7 @@ Exit codes: specrig/exit_status.py and the README.
 from invoke import Collection, task
 
 from specrig import lab as lab_host
-from specrig.cli.guard import guarded
+from specrig.cli.guard import guarded, whole_number
 from specrig.exit_status import ExitStatus
 from specrig.fleet import DEFAULT_PARALLEL, PARALLEL_VARIABLE, fleet_hosts, run_task
 from specrig.run.settings import task_help
@@ -58,9 +58,9 @@ def trust_host(c, host, json=False):
             "hosts": "also N fleet hosts lab-1 ... lab-N (group lab-fleet): each its own sshd and host key on "
                      "127.0.1.n:2222, sharing the lab's environments; hosts.yaml names 3, .lab/fleet.yaml all N"})
 @guarded
-def up(c, runnable=False, hosts=0):
+def up(c, runnable=False, hosts=None):
     """Build the lab host on this machine (root): sshd on 127.0.0.1, zsh/bash/dash users, remote venvs."""
-    lab_host.up(runnable=runnable, hosts=int(hosts))
+    lab_host.up(runnable=runnable, hosts=whole_number(hosts, option="--hosts", default=0))
 
 
 @task
@@ -125,16 +125,17 @@ def status(c, host, run=None, json=False):
 @task(help={"host": HOST_HELP, "run": RUN_HELP, "follow": "keep printing new lines until the run ends (Ctrl-C stops)",
             "n": "how many of the last lines to print (default 50)"})
 @guarded
-def logs(c, host, run=None, follow=False, n=50):
+def logs(c, host, run=None, follow=False, n=None):
     """The driver's log of a run (every attempt, with the supervisor's markers); several hosts' lines prefixed."""
     from specrig.run.runs import log_lines, logs as show_logs, stream_logs
     from specrig.ui.fleet import PrefixedLines, logs_figures
 
+    count = whole_number(n, option="-n", default=50)
     inventory = load_inventory()
     targets = fleet_hosts(inventory, host)
     if not targets:
-        return show_logs(inventory.host(host), run, follow=follow, lines=int(n))
-    lines = log_lines(int(n))
+        return show_logs(inventory.host(host), run, follow=follow, lines=count)
+    lines = log_lines(count)
     prefixed = PrefixedLines([target.name for target in targets])
 
     def host_logs(target):
@@ -213,20 +214,21 @@ for _task in (extract, status, logs, stop, resume, gather):
                           "samples": "conversations to extract, at least 3 (default 6: three generate() calls)",
                           "json": JSON_HELP})
 @guarded
-def smoke_task(c, host, model=None, samples=6, json=False):
+def smoke_task(c, host, model=None, samples=None, json=False):
     """Run the extraction driver on the target's config shrunk (few layers, small dims, dummy weights): drift in a minute."""
     from specrig.errors import Findings
     from specrig.run.smoke import show, show_failure, smoke
     from specrig.ui.fleet import smoke_figures
 
+    count = whole_number(samples, option="--samples", default=6)
     inventory = load_inventory()
     targets = fleet_hosts(inventory, host)
     if targets:
-        return run_task("smoke", targets, lambda target: smoke(target, model=model, samples=int(samples)),
+        return run_task("smoke", targets, lambda target: smoke(target, model=model, samples=count),
                         as_json=json, figures=smoke_figures)
     target = inventory.host(host)
     try:
-        result = smoke(target, model=model, samples=int(samples))
+        result = smoke(target, model=model, samples=count)
     except Findings as failure:
         show_failure(failure, as_json=json)
         raise
