@@ -1,6 +1,7 @@
 """Shared fixtures: the real lab host (built by `inv lab.up`), inventories, the CLI."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -121,3 +122,13 @@ def inv(*args: str, inventory: Path | None = None, timeout: float = 120,
         env["SPECRIG_HOSTS"] = str(inventory)
     return subprocess.run([sys.executable, "-m", "invoke", "-r", str(REPO), *args], capture_output=True,
                           text=True, env=env, timeout=timeout, cwd=REPO)
+
+
+def inv_json(*args: str, inventory: Path | None = None, timeout: float = 120) -> tuple[int, dict]:
+    """`inv ... --json`: its exit status and what it printed, parsed (the whole output on a parse failure)."""
+    result = inv(*args, "--json", inventory=inventory, timeout=timeout)
+    try:
+        return result.returncode, json.loads(result.stdout)
+    except json.JSONDecodeError:
+        raise AssertionError(result.stdout + result.stderr) from None
+

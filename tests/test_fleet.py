@@ -7,7 +7,6 @@ is down and one whose key is unknown or changed.
 from __future__ import annotations
 
 import io
-import json
 import socket
 import subprocess
 import threading
@@ -17,7 +16,7 @@ import uuid
 import pytest
 from rich.console import Console
 
-from conftest import inv, lab_entry
+from conftest import inv, inv_json, lab_entry
 from specrig import fleet
 from specrig.errors import ConnectionFailed, Findings, InventoryError, UsageError
 from specrig.exit_status import SEVERITY, ExitStatus, most_serious
@@ -174,13 +173,8 @@ def test_every_unknown_name_is_named_before_anything_runs(inventory):
 
 # ---- tasks on the lab ----------------------------------------------------------------------------
 
-def run_json(*args: str, inventory=None) -> tuple[int, dict]:
-    result = inv(*args, "--json", inventory=inventory)
-    return result.returncode, json.loads(result.stdout)
-
-
 def test_doctor_on_a_group_every_shell(lab):
-    code, outcomes = run_json("doctor", "--host", "lab-shells")
+    code, outcomes = inv_json("doctor", "--host", "lab-shells")
     assert code == 0, outcomes
     assert list(outcomes) == ["lab", "lab-bash", "lab-dash"]
     shells = {name: outcome["result"]["login_shell"].rsplit("/", 1)[1] for name, outcome in outcomes.items()}
@@ -190,7 +184,7 @@ def test_doctor_on_a_group_every_shell(lab):
 
 def test_verify_on_a_group_most_serious_status_wins(lab):
     # lab's venv holds speculators and vLLM; lab-bash and lab-dash run the system Python, without them.
-    code, outcomes = run_json("verify-signatures", "--host", "lab-shells")
+    code, outcomes = inv_json("verify-signatures", "--host", "lab-shells")
     assert outcomes["lab"]["exit_status"] in (0, 1) and "findings" in outcomes["lab"]["result"]
     for name in ("lab-bash", "lab-dash"):
         assert outcomes[name]["exit_status"] == ExitStatus.USAGE
@@ -226,7 +220,7 @@ def mixed_inventory(lab, make_inventory, trusted_known_hosts):
 
 
 def test_a_host_down_and_an_unknown_key_stay_with_their_hosts(mixed_inventory):
-    code, outcomes = run_json("doctor", "--host", "all", inventory=mixed_inventory)
+    code, outcomes = inv_json("doctor", "--host", "all", inventory=mixed_inventory)
     assert sorted(outcomes) == ["down", "lab", "stranger"]  # every host of the inventory
     assert outcomes["lab"]["exit_status"] == 0 and outcomes["lab"]["result"]["packages"]["speculators"]
     assert outcomes["down"]["exit_status"] == ExitStatus.CONNECTION and "refused" in outcomes["down"]["error"]
@@ -274,7 +268,7 @@ def test_logs_of_several_hosts_prefixed_and_a_host_without_the_run(lab):
     assert launched.returncode == 0, launched.stderr
     run_id = launched.stdout.split("launched run ", 1)[1].split()[0]
     deadline = time.monotonic() + 120
-    while run_json("status", "--host", "lab", "--run", run_id)[1]["runs"][0]["state"] not in ("failed", "succeeded"):
+    while inv_json("status", "--host", "lab", "--run", run_id)[1]["runs"][0]["state"] not in ("failed", "succeeded"):
         assert time.monotonic() < deadline, "the run did not end"
         time.sleep(1)
     result = inv("logs", "--host", "lab,lab-cpu,lab-bash", "--run", run_id, "-f", "-n", "5", env={"COLUMNS": "200"})

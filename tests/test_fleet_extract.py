@@ -15,13 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, inv, require_lab
+from conftest import REPO, inv, inv_json, require_lab
 from runnable_env import patch, runnable_env_or_skip  # also marks these tests runnable (they load a model)
 from specrig import lab as lab_module
 from specrig.exit_status import ExitStatus
 
 GROUP = "lab-fleet"
 HOSTS = ["lab-1", "lab-2", "lab-3"]
+#: Seconds for each task the tests run: an extract or a stop across three hosts takes a while on two cores.
+CALL_TIMEOUT_S = 300
 SAMPLES = 9
 SETTINGS = ("--max-samples", str(SAMPLES), "--batch-size", "1", "--max-len", "256")
 ACTIVE = ("starting", "running", "restarting", "stalled")
@@ -61,17 +63,9 @@ def host_path(inventory, host: str, relative: str) -> Path:
     return Path(inventory.host(host).workdir.replace("~", str(Path("~specrig").expanduser()), 1)) / relative
 
 
-def run_json(*args: str, timeout: float = 300) -> tuple[int, dict]:
-    result = inv(*args, "--json", timeout=timeout)
-    try:
-        return result.returncode, json.loads(result.stdout)
-    except json.JSONDecodeError:
-        raise AssertionError(result.stdout + result.stderr) from None
-
-
 def launch(out: str) -> str:
     """A detached fleet extraction; its fleet-run id."""
-    code, launched = run_json("extract", "--host", GROUP, *SETTINGS, "--out", out)
+    code, launched = inv_json("extract", "--host", GROUP, *SETTINGS, "--out", out, timeout=CALL_TIMEOUT_S)
     assert code == 0, launched
     assert list(launched) == HOSTS
     ids = {record["result"]["fleet_run_id"] for record in launched.values()}
@@ -82,7 +76,7 @@ def launch(out: str) -> str:
 
 
 def runs(fleet_run_id: str, hosts: str = GROUP) -> dict:
-    code, found = run_json("status", "--host", hosts, "--run", fleet_run_id)
+    code, found = inv_json("status", "--host", hosts, "--run", fleet_run_id, timeout=CALL_TIMEOUT_S)
     assert code == 0, found
     if "runs" in found:  # one host: its own answer
         return {hosts: found["runs"][0]}
@@ -100,7 +94,7 @@ def wait_until_ended(fleet_run_id: str, hosts: str = GROUP, timeout: float = 420
 
 
 def gather(fleet_run_id: str) -> tuple[int, dict]:
-    return run_json("gather", "--host", GROUP, "--run", fleet_run_id)
+    return inv_json("gather", "--host", GROUP, "--run", fleet_run_id, timeout=CALL_TIMEOUT_S)
 
 
 def ssh_kill_9(host: str, *targets: str) -> None:
@@ -155,7 +149,7 @@ def test_a_fleet_run_one_host_killed_then_resumed_alone_gathers_every_sample_onc
     assert shown.returncode == ExitStatus.FINDINGS and "missing: " in shown.stdout, shown.stdout
 
     # The whole fleet run resumed, detached: only lab-2 restarts; the others are left as they are.
-    code, resumed = run_json("resume", "--host", GROUP, "--run", fleet_run_id)
+    code, resumed = inv_json("resume", "--host", GROUP, "--run", fleet_run_id, timeout=CALL_TIMEOUT_S)
     assert code == 0, resumed
     assert resumed["lab-2"]["result"]["resumed_from"] == "lost" and not resumed["lab-2"]["result"].get("skipped")
     assert resumed["lab-1"]["result"]["skipped"] and resumed["lab-3"]["result"]["skipped"]
@@ -186,7 +180,7 @@ def test_a_fleet_run_one_host_killed_then_resumed_alone_gathers_every_sample_onc
 
 def test_stop_of_the_whole_fleet_run_leaves_every_host_clean_and_one_host_resumes_alone(fleet, out):
     fleet_run_id = launch(out)
-    code, stopped = run_json("stop", "--host", GROUP, "--run", fleet_run_id)
+    code, stopped = inv_json("stop", "--host", GROUP, "--run", fleet_run_id, timeout=CALL_TIMEOUT_S)
     assert code == 0, stopped
     for host in HOSTS:
         result = stopped[host]["result"]
@@ -194,9 +188,9 @@ def test_stop_of_the_whole_fleet_run_leaves_every_host_clean_and_one_host_resume
     assert {run["state"] for run in runs(fleet_run_id).values()} == {"stopped"}
 
     # One host of it, by the fleet-run id: only that host's run restarts.
-    code, resumed = run_json("resume", "--host", "lab-3", "--run", fleet_run_id)
+    code, resumed = inv_json("resume", "--host", "lab-3", "--run", fleet_run_id, timeout=CALL_TIMEOUT_S)
     assert code == 0 and resumed["resumed_from"] == "stopped", resumed
-    code, stopped = run_json("stop", "--host", "lab-3", "--run", fleet_run_id)
+    code, stopped = inv_json("stop", "--host", "lab-3", "--run", fleet_run_id, timeout=CALL_TIMEOUT_S)
     assert code == 0 and stopped["clean"] and stopped["was"] in ACTIVE, stopped
     assert {run["state"] for run in runs(fleet_run_id).values()} == {"stopped"}
     LAUNCHED.clear()
@@ -204,13 +198,13 @@ def test_stop_of_the_whole_fleet_run_leaves_every_host_clean_and_one_host_resume
 
 def test_a_failed_preflight_launches_nothing_on_any_host(fleet, out):
     before = {host: len(record["result"]["runs"])
-              for host, record in run_json("status", "--host", GROUP)[1].items()}
+              for host, record in inv_json("status", "--host", GROUP, timeout=CALL_TIMEOUT_S)[1].items()}
     result = inv("extract", "--host", GROUP, *SETTINGS, "--out", out, "--model", "~/no-such-model", "--detach",
                  env={"COLUMNS": "200"})
     assert result.returncode == ExitStatus.FINDINGS, result.stdout + result.stderr
     assert "nothing was launched: the preflight failed on lab-1, lab-2, lab-3" in result.stdout
     after = {host: len(record["result"]["runs"])
-             for host, record in run_json("status", "--host", GROUP)[1].items()}
+             for host, record in inv_json("status", "--host", GROUP, timeout=CALL_TIMEOUT_S)[1].items()}
     assert after == before
 
 

@@ -17,7 +17,7 @@ import subprocess
 import pytest
 import yaml
 
-from conftest import REPO, inv, lab_entry, require_lab
+from conftest import REPO, inv, inv_json, lab_entry, require_lab
 from specrig import lab as lab_module
 from specrig.exit_status import ExitStatus
 from specrig.inventory import load_inventory
@@ -34,14 +34,6 @@ def fleet(lab):
     # The fleet's hosts run the runnable environment (hosts.yaml: ~/venv-cpu/bin/python).
     require_lab(lab_module.READY.read_text() == "runnable\n", f"the lab fleet needs the runnable environments: {build}")
     return lab
-
-
-def run_json(*args: str, inventory=None) -> tuple[int, dict]:
-    result = inv(*args, "--json", inventory=inventory)
-    try:
-        return result.returncode, json.loads(result.stdout)
-    except json.JSONDecodeError:
-        raise AssertionError(result.stdout + result.stderr) from None
 
 
 def quiet(line: str) -> None:
@@ -97,7 +89,7 @@ def test_recording_a_host_key_touches_only_its_own_line(tmp_path):
 # ---- the shared fleet, read only --------------------------------------------------------------------
 
 def test_doctor_on_the_fleet_every_host_its_own_sshd(fleet):
-    code, outcomes = run_json("doctor", "--host", "lab-fleet")
+    code, outcomes = inv_json("doctor", "--host", "lab-fleet")
     assert code == 0, outcomes
     assert list(outcomes) == SHIPPED
     for number, name in enumerate(SHIPPED, 1):
@@ -122,7 +114,7 @@ def test_the_generated_inventory_names_the_whole_fleet(fleet):
     assert inventory.groups["lab-fleet"] == [f"lab-{number}" for number in range(1, size + 1)]
     known = (lab_module.fleet_inventory().parent / ".specrig" / "known_hosts").read_text()
     assert all(known_hosts_line(number) in known for number in range(1, size + 1))
-    code, outcomes = run_json("doctor", "--host", "lab-1,lab-3", inventory=lab_module.fleet_inventory())
+    code, outcomes = inv_json("doctor", "--host", "lab-1,lab-3", inventory=lab_module.fleet_inventory())
     assert code == 0 and list(outcomes) == ["lab-1", "lab-3"], outcomes
 
 
@@ -197,13 +189,13 @@ def test_one_host_down_the_others_succeed(spares):
     lab_module.stop_fleet_host(number, log=quiet)
     try:
         assert refused(lab_module.fleet_address(number), lab_module.FLEET_PORT)
-        code, outcomes = run_json("doctor", "--host", "lab-fleet", inventory=inventory)
+        code, outcomes = inv_json("doctor", "--host", "lab-fleet", inventory=inventory)
         assert outcomes[down]["exit_status"] == ExitStatus.CONNECTION and "refused" in outcomes[down]["error"]
         assert all(outcomes[name]["exit_status"] == 0 for name in (*SHIPPED, other)), outcomes
         assert code == ExitStatus.CONNECTION
     finally:
         lab_module.start_fleet_host(number, log=quiet)
-    code, outcomes = run_json("doctor", "--host", down, inventory=inventory)
+    code, outcomes = inv_json("doctor", "--host", down, inventory=inventory)
     assert code == 0, outcomes  # back up, with the key it had
 
 
@@ -211,13 +203,13 @@ def test_one_host_rekeyed_the_others_succeed(spares):
     inventory, (_, rekeyed), (_, number) = spares
     old = lab_module.rekey_fleet_host(number, log=quiet)
     try:
-        code, outcomes = run_json("doctor", "--host", "lab-fleet", inventory=inventory)
+        code, outcomes = inv_json("doctor", "--host", "lab-fleet", inventory=inventory)
         assert outcomes[rekeyed]["exit_status"] == ExitStatus.HOST_KEY and "CHANGED" in outcomes[rekeyed]["error"]
         assert all(outcomes[name]["exit_status"] == 0 for name in SHIPPED), outcomes
         assert code == ExitStatus.HOST_KEY
     finally:
         lab_module.rekey_fleet_host(number, old, log=quiet)
-    code, outcomes = run_json("doctor", "--host", rekeyed, inventory=inventory)
+    code, outcomes = inv_json("doctor", "--host", rekeyed, inventory=inventory)
     assert code == 0, outcomes  # the recorded key again
 
 
