@@ -30,6 +30,21 @@ DRIVER_DEFAULTS = {
     # One shard of a fleet run (docs/runs.md, "Fleet runs"): the driver takes the global sample indices
     # i with i % shard_count == shard_index. Both null: every sample (one host).
     "shard_index": None, "shard_count": None,
+    # The Hugging Face repo id `model` was found by in the host's cache (runs.host_paths sets it; the
+    # driver reads `model`, the snapshot directory): kept so that the run's record names both.
+    "model_id": None,
+}
+
+# -- server mode (speculators >= 0.8): the server and speculators' CLI steps (remote/run/server/) ----
+#: What a server-mode run takes beyond the driver's model, dataset, output, layers, tp, max_length
+#: (prepare-data's --seq-length), max_samples, seed, load_format and gpu_memory_utilization.
+SERVER_DEFAULTS = {
+    "port": 8000,             # the server's port on 127.0.0.1; preflight checks it is free
+    "concurrency": 32,        # generate-offline-data's requests in flight (its own default)
+    "request_timeout": 120,   # seconds per request (its own default)
+    "max_retries": 3,         # tries per sample (its own default)
+    "allow_skipped": False,   # samples the client gave up on fail the run unless allowed
+    "staging": None,          # the connector's staging directory; None: <out>/.specrig-staging/<run-id>
 }
 
 # -- how the supervisor runs the driver (hosts.yaml's `extract:` may set each one) -------------

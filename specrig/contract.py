@@ -33,5 +33,6 @@ SUCCEEDED: str = _contract.SUCCEEDED
 DRIVER_DEFAULTS: dict = _contract.DRIVER_DEFAULTS
 DRIVER_REQUIRED: tuple[str, ...] = _contract.DRIVER_REQUIRED
 SUPERVISOR_DEFAULTS: dict = _contract.SUPERVISOR_DEFAULTS
+SERVER_DEFAULTS: dict = _contract.SERVER_DEFAULTS
 #: "in-process" | "repository-scripts" | "server" | None for a speculators version (remote/contract.py).
 extraction_path = _contract.extraction_path

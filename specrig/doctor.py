@@ -83,9 +83,9 @@ def check_extraction_path(remote: Remote, host: Host, task: str) -> dict:
     """Refuse, before anything is launched or changed, a task the host's speculators cannot serve.
 
     One cheap call on the task's own connection (the Pythons and package versions, from metadata).
-    speculators 0.5-0.7 is refused for every task (`extract`, `smoke`, `apply-patches`); ≥ 0.8 for
-    `extract` and `smoke`, whose server mode this version of specrig does not build yet. UsageError
-    (exit 2); otherwise the versions found in `python`'s environment: {python, packages}.
+    speculators 0.5-0.7 is refused for every task (`extract`, `smoke`, `apply-patches`): UsageError
+    (exit 2). Otherwise the versions found in `python`'s environment and the path they take:
+    {python, packages, path}.
     """
     facts = installed_versions(remote)
     speculators = facts["packages"].get("speculators")
@@ -93,11 +93,7 @@ def check_extraction_path(remote: Remote, host: Host, task: str) -> dict:
     untouched = "nothing was changed" if task == "apply-patches" else "nothing was launched"
     if path == "repository-scripts":
         raise UsageError(f"{host.name}: {repository_scripts(speculators)}", hint=untouched)
-    if path == "server" and task in ("extract", "smoke"):
-        raise UsageError(f"{host.name}: speculators {speculators} extracts through a vLLM server "
-                         f"(extract_hidden_states), and server-mode extraction is not built yet in this "
-                         f"version of specrig", hint=untouched)
-    return facts
+    return dict(facts, path=path)
 
 
 def show(facts: dict, *, as_json: bool, host: Host) -> None:

@@ -48,8 +48,8 @@ def test_kimi_model_dir_on_vllm_0_16():
     assert KIMI_0_16 | SIGNATURE_DRIFT_0_16 <= ids(data)
     interface = next(f for f in data["findings"] if f["kind"] == "model-interface")
     assert "set_aux_hidden_state_layers" in interface["explanation"]
-    assert data["model"] == {"path": str(KIMI_CONFIG), "architectures": ["KimiK25ForConditionalGeneration"],
-                             "custom_code": True}
+    assert data["model"] == {"path": str(KIMI_CONFIG), "repo_id": None, "resolved": str(KIMI_CONFIG),
+                             "architectures": ["KimiK25ForConditionalGeneration"], "custom_code": True}
 
 
 @pytest.mark.parametrize("vllm", ["0.16.0", "0.17.0"])

@@ -112,7 +112,7 @@ def test_smoke_rejects_too_few_samples_without_touching_the_host(runnable):
 def test_smoke_without_a_model_says_how_to_give_one(runnable):
     result = inv("smoke", "--host", "lab", "--model", "/nonexistent/model")
     assert result.returncode == 2
-    assert "'/nonexistent/model' has no config.json on this host" in result.stderr
+    assert "model '/nonexistent/model' is neither a directory on this host nor a Hugging Face repo id" in result.stderr
 
 
 def test_shrinking_keeps_the_architecture_and_every_per_layer_list():

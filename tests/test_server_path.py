@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import inv, lab_entry
+from conftest import inv, inv_json, lab_entry
 from patchenv import as_lab_user, lab_home, sha256_file
 from specrig.exit_status import ExitStatus
 from specrig.inventory import load_inventory
@@ -20,7 +20,6 @@ from specrig.inventory import load_inventory
 SERVER_PYTHON = "/home/specrig/venv-cpu-0.32/bin/python"
 REPOSITORY_SCRIPTS = ("shipped its data generation only as repository scripts, outside the wheel: "
                       "install speculators ≤ 0.4 or ≥ 0.8")
-NOT_BUILT = "server-mode extraction is not built yet in this version of specrig"
 
 
 def needs_server_python():
@@ -176,9 +175,16 @@ def test_speculators_0_9_takes_the_server_path(speculators_env, make_inventory, 
     table = inv("doctor", "--host", "lab", inventory=inventory, env={"COLUMNS": "80"}).stdout
     assert "server (speculators 0.9.0, vLLM 0.32.0 in server_python)" in table, table
     before = tree_hashes(prefix)
-    for task in (["extract"], ["extract", "--skip-preflight", "--detach"], ["smoke"]):
-        result = inv(*task, "--host", "lab", inventory=inventory)
-        assert_refused(result, "lab: speculators 0.9.0 ", NOT_BUILT, "nothing was launched")
+    # A setting of the in-process driver is refused by name on a server-mode host, and the reverse.
+    result = inv("extract", "--host", "lab", "--batch-size", "4", inventory=inventory)
+    assert_refused(result, "--batch-size: batch_size applies to speculators <= 0.4's in-process extraction, and "
+                           "lab takes server mode (speculators >= 0.8)")
+    # Server mode's preflight: this venv holds speculators alone (--no-deps), the client steps need more.
+    code, result = inv_json("extract", "--host", "lab", inventory=inventory, timeout=300)
+    checks = {check["name"]: check for check in result["preflight"]}
+    assert code == ExitStatus.FINDINGS and not result["launched"], result
+    assert not checks["packages"]["ok"] and "transformers (python), datasets (python)" in checks["packages"]["advice"]
+    assert checks["server-command"]["ok"] and "[2, 4, 5, 8] of 8" in checks["server-command"]["detail"]
     assert tree_hashes(prefix) == before and not (prefix / "work").exists()
 
 

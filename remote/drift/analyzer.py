@@ -179,5 +179,7 @@ def _model_summary(model):
     if model is None:
         return None
     config = model.get("config") or {}
-    return {"path": model.get("path"), "architectures": config.get("architectures") or [],
+    # repo_id and resolved: a model named by its Hugging Face id, and the cache snapshot it was read from.
+    return {"path": model.get("path"), "repo_id": model.get("repo_id"),
+            "resolved": model.get("resolved") or model.get("path"), "architectures": config.get("architectures") or [],
             "custom_code": bool(config.get("auto_map") or (model.get("tokenizer_config") or {}).get("auto_map"))}

@@ -1,7 +1,8 @@
 """verify: find where the installed consumer (speculators) drifted from the installed provider (vLLM).
 
 args, for an installed environment (located from package metadata, nothing imported):
-    {"consumers": ["speculators"], "provider": "vllm", "model": "/path/to/model-dir" (optional)}
+    {"consumers": ["speculators"], "provider": "vllm", "model": "/path/to/model-dir" (optional; or a
+     Hugging Face repo id, read from its snapshot in this host's cache: remote/hfcache.py)}
 or, for unpacked wheels (check-compat):
     {"consumer_roots": [{"root": dir, "package": "speculators", "version": "0.3.0"}],
      "provider_root": {"root": dir, "package": "vllm", "version": "0.16.0"},
@@ -23,6 +24,7 @@ import json
 import os
 import re
 
+import hfcache
 from contract import extraction_path
 from drift.analyzer import analyze
 from rpc import RemoteFailure
@@ -54,7 +56,7 @@ def run(args):
         raise RemoteFailure("bad-argument", "no consumer package given")
     model = None
     if args.get("model"):
-        model = _model_directory(os.path.expanduser(args["model"]))
+        model = _model_directory(hfcache.resolve(args["model"], os.environ))
     elif args.get("model_config"):
         model = _model_config(os.path.expanduser(args["model_config"]))
     # The analysis allocates hundreds of thousands of AST nodes and frees none of them until it ends;
@@ -186,11 +188,13 @@ def _read_json(path):
         raise RemoteFailure("bad-argument", "%s is not valid JSON: %s" % (path, exc))
 
 
-def _model_directory(path):
-    config = os.path.join(path, "config.json")
+def _model_directory(found):
+    """The model of an hfcache.Model: a directory given, or the snapshot a repo id names in the hub cache."""
+    config = os.path.join(found.path, "config.json")
     if not os.path.isfile(config):
-        raise RemoteFailure("bad-argument", "model directory %r has no config.json" % (path,))
-    return _model_config(config, directory=path)
+        raise RemoteFailure("bad-argument", "model %s has no config.json" % hfcache.describe(found))
+    return dict(_model_config(config, directory=found.path), repo_id=found.repo_id,
+                resolved=hfcache.describe(found))
 
 
 def _model_config(config, directory=None):

@@ -1,1 +1,3 @@
-"""The run stage, host half: preflight, smoke, supervised runs (runs.py, supervisor.py, rundir.py), the extraction driver, and the failure classifier."""
+"""The run stage, host half: preflight, smoke, supervised runs (runs.py; the supervisor program
+supervisor.py and its class supervision.py; rundir.py), the extraction driver, the failure
+classifier, and server mode (server/: speculators >= 0.8)."""

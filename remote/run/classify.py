@@ -160,9 +160,11 @@ def root_cause(log_text):
     return found[first], last_chain
 
 
-def classify(log_text, exit_status, *, host="the host", rules=None):
+def classify(log_text, exit_status, *, host="the host", subject="the driver", environment="python", rules=None):
     """{"kind", "rule", "retryable", "explain", "advice", "exit_status", "signal", "callee", "caller",
-    "evidence", "signature"}."""
+    "evidence", "signature"}. `subject` is what failed, as the explanations name it (server mode: the
+    vLLM server, or one of speculators' CLI steps), `environment` the hosts.yaml key of the
+    interpreter it ran on (`python`, or the server's `server_python`)."""
     rules, fallback, caller_from = rules or load_rules()
     sig = signal_name(exit_status)
     text = without_log_prefixes(log_text)
@@ -185,7 +187,8 @@ def classify(log_text, exit_status, *, host="the host", rules=None):
                 break
         if matched:
             break
-    fields = _Defaults(groups, host=host, signal=sig or "", exit_status=exit_status)
+    fields = _Defaults(groups, host=host, signal=sig or "", exit_status=exit_status, subject=subject,
+                      environment=environment)
     source = matched.__dict__ if matched else fallback
     result = {
         "kind": source["kind"],

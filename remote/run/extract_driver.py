@@ -8,7 +8,8 @@ torch, vLLM and speculators, and only inside functions: vLLM spawns its workers,
 this file (and so every module it imports at its top).
 
 args.json (an object; only the first three are required):
-  model                 str        local model directory (config.json, tokenizer, weights)
+  model                 str        local model directory (config.json, tokenizer, weights); a launch
+                                   gives a Hugging Face repo id's snapshot directory (remote/hfcache.py)
   dataset               str        local .json/.jsonl conversations, or "sharegpt" / "ultrachat"
                                    (speculators' own names, when the host can reach the hub)
   output_dir            str        where data_{i}.pt, data_config.json, token_freq.torch go
@@ -30,6 +31,7 @@ args.json (an object; only the first three are required):
   shard_index           int|null   one shard of a fleet run (both or neither): only the global
   shard_count           int|null   sample indices i with i % shard_count == shard_index; files
                                    keep the global index, so the shards' outputs merge as they are
+  model_id              str|null   the repo id `model` was found by (recorded for people, not read)
 
 Output (the layout speculators' Eagle3SampleFileDataset reads; it takes every file under the
 directory whose name ends in "pt", so nothing else here does): data_{i}.pt holding

@@ -1,10 +1,13 @@
 """The `preflight` remote command: can this host run this extraction? (stdlib only)
 
     {"workdir", "driver_args": {model, dataset, output_dir, layer_ids, tensor_parallel_size,
-                                max_length, batch_size, max_samples}}
+                                max_length, batch_size, max_samples, (server mode) port, staging, ...},
+     "server_python": path|null}
     -> {"checks": [{"name", "ok", "detail", "advice"}], "estimate": {...}}
 
-Every check runs (one failing does not hide the others) and none changes anything.
+Every check runs (one failing does not hide the others) and none changes anything. The model may be
+a directory or a Hugging Face repo id in this host's cache (runs.host_paths): one that is neither fails
+the call itself ("bad-argument", "model-not-found"), as the launch would.
 """
 import json
 import os
@@ -14,10 +17,12 @@ import subprocess
 import sys
 
 import contract
+import hfcache
 import pkgmeta
 import procs
 import telemetry
 from run import runs
+from run.server import preflight as server_preflight
 
 #: speculators' default EAGLE-3 choice captures four layers.
 DEFAULT_LAYER_COUNT = 4
@@ -42,13 +47,19 @@ def run(args):
     # What the driver will run with where the launch leaves a setting to its default.
     max_len = driver.get("max_length") or contract.DRIVER_DEFAULTS["max_length"]
     batch_size = driver.get("batch_size") or contract.DRIVER_DEFAULTS["batch_size"]
-    checks = [packages()]
-    config, config_check = model_config(driver.get("model"))
+    server_mode = contract.extraction_path(pkgmeta.versions(("speculators",))["speculators"]) == "server"
+    checks = [] if server_mode else [packages()]
+    config, config_check = model_config(driver.get("model"), driver.get("model_id"))
     checks.append(config_check)
-    checks.append(layers(driver.get("layer_ids"), config))
+    if not server_mode:  # server mode checks the layer ids with the whole server command
+        checks.append(layers(driver.get("layer_ids"), config))
     checks.append(max_length(max_len, config))
     samples, dataset_check = dataset(driver.get("dataset"), driver.get("max_samples"), driver.get("max_length"))
     checks.append(dataset_check)
+    if server_mode:
+        found, estimate = server_preflight.checks(sys.modules[__name__], driver, workdir=workdir, samples=samples,
+                                                  server_python=args.get("server_python"), config=config)
+        return {"checks": checks + found, "estimate": estimate}
     checks.append(gpus(driver.get("tensor_parallel_size")))
     checks.append(torch_arch(driver.get("tensor_parallel_size")))
     estimate = output_estimate(config, driver, samples)
@@ -82,26 +93,27 @@ def _dtype(config):
     return "bfloat16"
 
 
-def _size(count):
+def human_size(count):
     for unit in ("B", "kB", "MB", "GB", "TB"):
         if count < 1000 or unit == "TB":
             return "%.1f %s" % (count, unit)
         count /= 1000.0
 
 
-def model_config(model):
+def model_config(model, model_id):
+    """The model's config.json and its check; `model` is the directory runs.host_paths found (a snapshot
+    of the hub cache when the run names the model by `model_id`)."""
     if not model:
         return None, check("model", False, "no model given", "pass --model or set extract.model in hosts.yaml")
     path = os.path.join(model, "config.json")
-    if not os.path.isdir(model):
-        return None, check("model", False, "%s is not a directory" % model, "check --model / extract.model")
     try:
         with open(path, encoding="utf-8") as handle:
             config = json.load(handle)
     except (OSError, ValueError) as exc:
         return None, check("model", False, "cannot read %s: %s" % (path, exc), "is the model fully downloaded?")
     text = _text_config(config)
-    detail = "%s: %s, hidden %s, %s layers, %s" % (model, (config.get("architectures") or ["?"])[0],
+    detail = "%s: %s, hidden %s, %s layers, %s" % (hfcache.describe(hfcache.Model(model, model_id)),
+                                                   (config.get("architectures") or ["?"])[0],
                                                    text.get("hidden_size"), text.get("num_hidden_layers"),
                                                    _dtype(config))
     return config, check("model", text.get("hidden_size") and text.get("num_hidden_layers"), detail,
@@ -237,13 +249,14 @@ def gpu_check(tp, seen, apps, visible):
 
 # -- torch's build against the GPUs' compute capability ----------------------------------------------------
 
-def torch_arch(tp):
-    """torch in this environment has kernels the visible GPUs can run (read from the build and nvidia-smi)."""
+def torch_arch(tp, python=None):
+    """torch in `python`'s environment (default: this one) has kernels the visible GPUs can run (read from
+    the build and nvidia-smi)."""
     caps = telemetry.compute_caps(timeout=15)
     if not caps["available"] and caps["reason"] == telemetry.NOT_FOUND:
         return check("torch-arch", True, "no NVIDIA GPUs: nothing to match torch's build against")
     rows = _visible(caps["gpus"], os.environ.get("CUDA_VISIBLE_DEVICES"))
-    build = torch_build() if caps["available"] and rows else None
+    build = torch_build(python) if caps["available"] and rows else None
     return torch_arch_check(build, caps, rows[:tp or len(rows)])
 
 
@@ -396,7 +409,7 @@ def output_estimate(config, driver, samples):
             "bytes": per_token * sum(samples), "layers": layer_count, "hidden_size": hidden, "dtype": dtype}
 
 
-def _existing_parent(path):
+def existing_parent(path):
     while path and not os.path.exists(path):
         parent = os.path.dirname(path)
         if parent == path:
@@ -408,15 +421,15 @@ def _existing_parent(path):
 def disk(output_dir, estimate):
     if not output_dir:
         return check("disk", False, "no output directory given", "pass --out or set extract.out in hosts.yaml")
-    where = _existing_parent(output_dir)
+    where = existing_parent(output_dir)
     free = shutil.disk_usage(where).free
     if not os.access(where, os.W_OK):
         return check("disk", False, "%s is not writable" % where, "choose an --out this user can write")
     if not estimate or not estimate["tokens"]:
-        return check("disk", True, "%s free at %s (output size unknown)" % (_size(free), where))
+        return check("disk", True, "%s free at %s (output size unknown)" % (human_size(free), where))
     need = estimate["bytes"] * DISK_MARGIN
     return check("disk", free >= need, "%s free at %s; the output needs about %s (%d B/token x %d tokens)"
-                 % (_size(free), where, _size(estimate["bytes"]), estimate["bytes_per_token"], estimate["tokens"]),
+                 % (human_size(free), where, human_size(estimate["bytes"]), estimate["bytes_per_token"], estimate["tokens"]),
                  "free space or choose another --out; or lower --max-samples")
 
 

@@ -1,9 +1,13 @@
 """The `runs` remote command: launch, status, logs, stop and resume supervised runs (stdlib only).
 
     {"action": "launch", "workdir", "host", "driver_args": {...}, "env": {...}, "options": {...},
-     "driver_program": path|null}
+     "driver_program": path|null, "server_python": path|null}
+                                                             speculators >= 0.8 on this python: a
+                                                             server-mode run (run/server/plan.py)
     {"action": "status", "workdir", "run": id|null}          null: every run
-    {"action": "logs",   "workdir", "run": id|null, "offset": int|null, "lines": int}
+    {"action": "logs",   "workdir", "run": id|null, "offset": int|null, "lines": int,
+     "log": "driver"|"server"}                               driver.log: the driver, or speculators'
+                                                             CLI steps; server.log: the vLLM server
     {"action": "stop",   "workdir", "run": id|null}          null: the newest active run
     {"action": "resume", "workdir", "run": id|null, "fleet": bool}   null: the newest run; fleet: a run
                                                              that succeeded or is active is left as it is
@@ -25,20 +29,27 @@ import sys
 import time
 
 import atomic
+import contract
+import hfcache
+import pkgmeta
 import procs
 import telemetry
 from contract import ACTIVE_STATES, SUCCEEDED, SUPERVISOR_DEFAULTS
 from rpc import RemoteFailure
 from run import rundir
+from run.server import outputs, plan
 
 #: The bundle's remote/ (this file is remote/run/runs.py): what a run copies into its code/.
 REMOTE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-#: Driver arguments that are paths on the host (`~` is expanded here, where it means the host user's home).
-PATH_ARGS = ("model", "dataset", "output_dir")
+#: Driver arguments that are paths on the host (`~` is expanded here, where it means the host user's home);
+#: the model is a path or a Hugging Face repo id (hfcache.resolve).
+PATH_ARGS = ("dataset", "output_dir")
 SUPERVISOR_START_S = 15
 #: How long a stop waits for the GPUs to give back the memory of the run's ended processes.
 GPU_RELEASE_S = 30
 LOG_LINES = 50
+#: The logs a run keeps, by the name `logs` takes.
+LOGS = {"driver": "driver.log", "server": "server.log"}
 
 
 def run(args):
@@ -98,11 +109,18 @@ def writers_of(workdir, output_dir, *, excluding=None):
 
 
 def host_paths(driver_args):
-    """A copy of the driver's arguments with its paths absolute on this host (PATH_ARGS)."""
+    """A copy of the driver's arguments with its paths absolute on this host (PATH_ARGS) and its model a
+    directory: a Hugging Face repo id becomes its snapshot in this host's cache, the id kept as model_id
+    (the run's record holds both). The environment is the call's: hosts.yaml `env:` over the login's."""
     driver_args = dict(driver_args or {})
     for key in PATH_ARGS:
         if driver_args.get(key):
             driver_args[key] = os.path.abspath(os.path.expanduser(driver_args[key]))
+    if driver_args.get("model"):
+        model = hfcache.resolve(driver_args["model"], os.environ)
+        driver_args["model"] = model.path
+        if model.repo_id:
+            driver_args["model_id"] = model.repo_id
     return driver_args
 
 
@@ -129,6 +147,8 @@ def launch(args, workdir):
         driver_args["heartbeat"] = run.file("heartbeat.json")
         program = args.get("driver_program")
         atomic.write_json(run.file("driver-args.json"), driver_args)
+        server_python = args.get("server_python")
+        server = None if program else _server_plan(run, driver_args, server_python)
         atomic.write_json(run.file("run.json"), {
             "run_id": run.run_id, "created_at": rundir.now_iso(), "host": args.get("host"),
             "python": sys.executable, "workdir": workdir, "out": driver_args["output_dir"],
@@ -137,7 +157,9 @@ def launch(args, workdir):
             "fleet": args.get("fleet"),
             # Another program in the driver's place (same argv and heartbeat contract): smoke and
             # process-mechanics checks. None: the bundled extract_driver.py.
-            "driver_program": os.path.abspath(os.path.expanduser(program)) if program else None})
+            "driver_program": os.path.abspath(os.path.expanduser(program)) if program else None,
+            # Server mode (speculators >= 0.8): the plan of the server and the client steps; else None.
+            "server": server, "server_python": server_python})
         pid = _start_supervisor(run)
     return {"run_id": run.run_id, "path": run.path, "supervisor_pid": pid}
 
@@ -157,13 +179,13 @@ def resume(args, workdir):
         busy = writers_of(workdir, run.record["out"], excluding=run.run_id)
         if busy:
             raise RemoteFailure("output-busy", "run %s is writing %s now" % (busy[0].run_id, run.record["out"]))
-        job = _job(run)
-        if job and job.members():
-            # A lost run's driver may outlive its supervisor; two drivers must not share the output.
-            job.terminate(run.record["options"]["grace_s"])
+        # A lost run's driver (or server and client) may outlive its supervisor; two must not share the output.
+        _terminate(_jobs(run), run.record["options"]["grace_s"])
         # The driver runs on this call's python: the environment may have been fixed or moved since.
         record = run.record
         record.update(python=sys.executable, resumed_at=record.get("resumed_at", []) + [rundir.now_iso()])
+        if record.get("server"):
+            record["server"] = _server_plan(run, record["driver_args"], record.get("server_python"))
         atomic.write_json(run.file("run.json"), record)
         for name in ("exit.json", "stop.request"):
             try:
@@ -172,6 +194,21 @@ def resume(args, workdir):
                 pass
         pid = _start_supervisor(run)
     return {"run_id": run.run_id, "path": run.path, "supervisor_pid": pid, "resumed_from": state}
+
+
+def _server_plan(run, driver_args, server_python):
+    """The server-mode plan when this python's speculators takes the server path (>= 0.8), else None.
+    A plan that cannot be made removes the run directory: nothing was launched."""
+    speculators = pkgmeta.versions(("speculators",))["speculators"]
+    if contract.extraction_path(speculators) != "server":
+        return None
+    try:
+        return plan.make(run.path, run.run_id, driver_args, client_python=sys.executable,
+                         server_python=server_python)
+    except plan.PlanError as exc:
+        if not os.path.exists(run.file("run.json")):
+            shutil.rmtree(run.path, ignore_errors=True)
+        raise RemoteFailure("bad-argument", str(exc)) from None
 
 
 def _start_supervisor(run):
@@ -202,7 +239,7 @@ def _start_supervisor(run):
 def status(args, workdir):
     if args.get("run"):
         run = find_run(workdir, args["run"])
-        return {"runs": [_summary(run)], "log_tail": _tail(run, args.get("lines") or 10)}
+        return {"runs": [_summary(run)], "log_tail": _tail(run.file("driver.log"), args.get("lines") or 10)}
     return {"runs": [_summary(run) for run in rundir.all_runs(workdir)]}
 
 
@@ -213,11 +250,11 @@ def _summary(run):
 def logs(args, workdir):
     """The last `lines` lines, or (with `offset`) everything written since that byte offset."""
     run = find_run(workdir, args.get("run"))
-    path = run.file("driver.log")
+    path = _log_path(run, args.get("log"))
     size = os.path.getsize(path) if os.path.exists(path) else 0
     offset = args.get("offset")
     if offset is None:
-        text = _tail(run, args.get("lines") or LOG_LINES)
+        text = _tail(path, args.get("lines") or LOG_LINES)
     else:
         with open(path, "rb") as handle:
             handle.seek(min(offset, size))
@@ -226,8 +263,13 @@ def logs(args, workdir):
     return {"run_id": run.run_id, "text": text, "offset": size, "state": run.state()}
 
 
-def _tail(run, lines):
-    path = run.file("driver.log")
+def _log_path(run, name):
+    if (name or "driver") not in LOGS:
+        raise RemoteFailure("bad-argument", "unknown log %r; known: %s" % (name, ", ".join(LOGS)))
+    return run.file(LOGS[name or "driver"])
+
+
+def _tail(path, lines):
     try:
         with open(path, "rb") as handle:
             handle.seek(max(0, os.path.getsize(path) - 256 * 1024))
@@ -237,12 +279,26 @@ def _tail(run, lines):
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _job(run):
-    """The run's current driver job, following the processes its supervisor saw, or None."""
+def _jobs(run):
+    """The run's current jobs, following the processes its supervisor saw: the driver's, or the
+    server's and the client step's (server mode)."""
     status_now = run.status
-    if not status_now.get("driver_pgid"):
+    jobs = [procs.Job(job["pgid"], seen=job.get("seen")) for job in (status_now.get("jobs") or {}).values()]
+    if status_now.get("driver_pgid"):
+        jobs.append(procs.Job(status_now["driver_pgid"], seen=status_now.get("job_seen")))
+    return jobs
+
+
+def _members(jobs):
+    return [member for job in jobs for member in job.members()]
+
+
+def _terminate(jobs, grace_s):
+    """End every job that still has a process: {"pids", "killed", "left"} over them all, or None."""
+    ended = [job.terminate(grace_s) for job in jobs if job.members()]
+    if not ended:
         return None
-    return procs.Job(status_now["driver_pgid"], seen=status_now.get("job_seen"))
+    return {key: [item for result in ended for item in result[key]] for key in ("pids", "killed", "left")}
 
 
 def stop(args, workdir):
@@ -251,9 +307,9 @@ def stop(args, workdir):
     state = run.state()
     grace = float(args.get("grace_s") or run.record.get("options", {}).get("grace_s", SUPERVISOR_DEFAULTS["grace_s"]))
     status_now = run.status
-    job = _job(run)
-    # Every pid the job had, and the GPU memory they held, before anything is killed.
-    pids = {m["pid"] for m in job.members()} if job else set()
+    jobs = _jobs(run)
+    # Every pid the jobs had, and the GPU memory they held, before anything is killed.
+    pids = {m["pid"] for m in _members(jobs)}
     before = telemetry.snapshot()
     with open(run.file("stop.request"), "w") as handle:
         handle.write(rundir.now_iso() + "\n")
@@ -263,16 +319,14 @@ def stop(args, workdir):
         deadline = time.monotonic() + grace + 30
         while procs.alive(supervisor) and time.monotonic() < deadline:
             time.sleep(0.1)
-    ended_by_us = None
-    if job and job.members():
-        # No supervisor to do it (lost), or it did not finish: end the job from here.
-        ended_by_us = job.terminate(grace)
+    # No supervisor to do it (lost), or it did not finish: end the jobs from here.
+    ended_by_us = _terminate(jobs, grace)
     if supervisor and procs.alive(supervisor):
         os.kill(supervisor, signal.SIGKILL)
     if not run.exit_record:
         atomic.write_json(run.file("exit.json"), {"state": "stopped", "ended_at": rundir.now_iso(),
                                                   "stopped_by": "inv stop", "was": state})
-    left = job.members() if job else []
+    left = _members(jobs)
     gpu = telemetry.wait_released(before, pids | {m["pid"] for m in left}, GPU_RELEASE_S)
     return {"run_id": run.run_id, "was": state, "state": run.state(), "pids": sorted(pids),
             "supervisor_pid": supervisor, "ended_by_stop_command": ended_by_us, "left": left,
@@ -291,6 +345,8 @@ def verify_output(args, workdir):
     result = {"run_id": run.run_id, "state": run.state(), "out": out, "fleet": run.record.get("fleet")}
     if not out or not os.path.isdir(out):
         return dict(result, indices=[], unloadable=[], layers=None, dataset_samples=None, missing_dir=True)
+    if run.record.get("server"):
+        return dict(result, missing_dir=False, **_server_output(run))
     python = run.record.get("python") or sys.executable
     if not os.path.exists(python):
         python = sys.executable
@@ -307,6 +363,23 @@ def verify_output(args, workdir):
                             traceback=done.stderr.decode(errors="replace")[-4000:])
     found = json.loads(lines[-1])
     return dict(result, missing_dir=False, **found)
+
+
+def _server_output(run):
+    """verify_output.py's answer for a server-mode run's hs_{i}.safetensors, checked here (stdlib:
+    run/server/outputs.py reads every header and scans the states for NaN/Inf)."""
+    server = run.record["server"]
+    present = outputs.existing_indices(server["out"])
+    report = outputs.check_dataset(server["out"], None, indices=present, n_layers=len(server["layer_ids"]),
+                                   hidden_size=server["hidden_size"])
+    total = run.status.get("samples_total")
+    fleet = run.record.get("fleet") or {}
+    return {"indices": present, "layers": len(server["layer_ids"]),
+            "unloadable": [{"index": index, "reason": "%s: %s" % (found["status"], found["detail"])}
+                           for index, found in sorted(report["files"].items())],
+            # The samples the run covers: min(max_samples, N) as generate-offline-data counts them.
+            "dataset_samples": None if total is None else min(total, server["max_samples"] or total),
+            "shard_index": fleet.get("shard_index"), "shard_count": fleet.get("shard_count")}
 
 
 ACTIONS = {"launch": launch, "status": status, "logs": logs, "stop": stop, "resume": resume,

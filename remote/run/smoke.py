@@ -1,6 +1,10 @@
 """`inv smoke`: the extraction driver on a shrunk copy of the target, to show runtime drift in a minute.
 
-args: {"model": path (required), "samples": int, "timeout_s": float, "keep": bool}
+args: {"model": directory or Hugging Face repo id (required), "samples": int, "timeout_s": float, "keep": bool,
+       "server_python": path|null (server mode: the vLLM server's interpreter), "host": its name in hosts.yaml}
+
+speculators >= 0.8 takes server mode: run/server/smoke.py, the same differences on `inv extract`'s
+server run. Otherwise:
 
 The driver runs exactly as `inv extract` runs it (same file, same code path through
 speculators and vLLM) with three differences: the model's own config.json shrunk to a few
@@ -17,8 +21,12 @@ import tempfile
 import time
 
 import atomic
-from run import classify
+import contract
+import hfcache
+import pkgmeta
 from rpc import RemoteFailure
+from run import classify
+from run.server import smoke as server_smoke
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DRIVER = os.path.join(HERE, "extract_driver.py")
@@ -99,9 +107,12 @@ def name_failure(log_text, exit_status):
 
 
 def run(args):
-    model = os.path.expanduser(str(args.get("model") or ""))
-    if not model or not os.path.isfile(os.path.join(model, "config.json")):
-        raise RemoteFailure("bad-argument", "model %r has no config.json on this host" % (args.get("model"),))
+    if not args.get("model"):
+        raise RemoteFailure("bad-argument", "no model given")
+    found = hfcache.resolve(args["model"], os.environ)
+    model = found.path
+    if not os.path.isfile(os.path.join(model, "config.json")):
+        raise RemoteFailure("bad-argument", "model %s has no config.json" % hfcache.describe(found))
     samples = int(args.get("samples") or 6)
     if samples < BATCH_SIZE + 1:
         raise RemoteFailure("bad-argument", "samples=%r: give at least %d (two generate() calls)"
@@ -110,18 +121,32 @@ def run(args):
         config = json.load(handle)
     os.makedirs(SMOKE_ROOT, exist_ok=True)
     work = tempfile.mkdtemp(prefix="smoke-", dir=SMOKE_ROOT)
+    timeout_s = float(args.get("timeout_s") or 540)
+    server_mode = contract.extraction_path(pkgmeta.versions(("speculators",))["speculators"]) == "server"
     try:
-        return _run_driver(model, config, samples, work, float(args.get("timeout_s") or 540))
+        if server_mode:
+            result = server_smoke.run(sys.modules[__name__], model=model, config=config, samples=samples, work=work,
+                                      timeout_s=timeout_s, server_python=args.get("server_python"),
+                                      host=args.get("host"))
+        else:
+            result = _run_driver(model, config, samples, work, timeout_s)
+        return dict(result, model_id=found.repo_id, resolved=hfcache.describe(found))
     finally:
         if not args.get("keep"):
             shutil.rmtree(work, ignore_errors=True)
 
 
-def _run_driver(model, config, samples, work, timeout_s):
+def write_conversations(work):
+    """The built-in conversations as a ShareGPT-style .jsonl in `work`; its path."""
     dataset = os.path.join(work, "conversations.jsonl")
     with open(dataset, "w", encoding="utf-8") as handle:
         for turns in CONVERSATIONS:
             handle.write(json.dumps({"conversations": [{"from": r, "value": v} for r, v in turns]}) + "\n")
+    return dataset
+
+
+def _run_driver(model, config, samples, work, timeout_s):
+    dataset = write_conversations(work)
     overrides = shrunk_overrides(config)
     driver_args = {"model": model, "dataset": dataset, "output_dir": os.path.join(work, "out"),
                    "max_length": MAX_LENGTH, "batch_size": BATCH_SIZE, "max_samples": samples,
@@ -147,7 +172,7 @@ def _run_driver(model, config, samples, work, timeout_s):
     shrunk = {k: v for k, v in overrides.items() if not isinstance(v, (dict, list))}
     if exit_status != 0:
         failure = name_failure(log_text, exit_status)
-        raise RemoteFailure("smoke-failed", _failure_message(failure), failure=failure, elapsed_s=elapsed,
+        raise RemoteFailure("smoke-failed", failure_message(failure), failure=failure, elapsed_s=elapsed,
                             shrunk=shrunk)
     data_config = atomic.read_json(os.path.join(work, "out", "data_config.json")) or {}
     return {"ok": True, "model": model, "architectures": config.get("architectures"), "shrunk": shrunk,
@@ -156,6 +181,6 @@ def _run_driver(model, config, samples, work, timeout_s):
             "versions": (data_config.get("reproducibility") or {}).get("package_versions")}
 
 
-def _failure_message(failure):
+def failure_message(failure):
     where = (" at %s" % failure["where"]) if failure["where"] else ""
     return "%s%s [%s]" % (failure["exception"], where, failure["kind"])

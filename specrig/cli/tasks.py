@@ -80,25 +80,32 @@ RUN_HELP = ("run id, or a fleet-run id: each host's run of it (default: the newe
 
 
 @task(help={"host": HOST_HELP + "; several hosts split the dataset, one shard each (docs/runs.md, 'Fleet runs')",
-            **task_help("model", "data", "out", "tp", "layers", "batch_size", "max_len", "max_samples"),
+            **task_help("model", "data", "out", "tp", "layers", "batch_size", "max_len", "max_samples", "port",
+                        "concurrency", "allow_skipped"),
             "skip_preflight": "launch without the preflight checks (drift, GPUs, model, disk, batch hazard)",
             "detach": "launch and return at once instead of showing the live view",
             "json": JSON_HELP})
 @guarded
 def extract(c, host, model=None, data=None, out=None, tp=None, layers=None, batch_size=None, max_len=None,
-            max_samples=None, skip_preflight=False, detach=False, json=False):
+            max_samples=None, port=None, concurrency=None, allow_skipped=False, skip_preflight=False, detach=False,
+            json=False):
     """Preflight, launch the supervised extraction on a host, and show it live (Ctrl-C detaches; the run goes on).
 
-    On several hosts (a group, a list): one fleet run, the dataset split by sample index (host k of n takes
-    i % n == k); every host's preflight first, nothing launched unless all pass; `{host}` in --out is each
-    host's name. `inv gather` checks the union."""
+    The host's speculators picks the path: <= 0.4 drives vLLM in-process; >= 0.8 runs a vLLM server and
+    speculators' prepare-data and generate-offline-data (server mode, docs/server-mode.md).
+
+    On several hosts (a group, a list): one fleet run, the dataset split by global sample index (in-process:
+    host k of n takes i % n == k; server mode: speculators' own --world-size/--rank chunks); every host's
+    preflight first, nothing launched unless all pass; `{host}` in --out is each host's name. `inv gather`
+    checks the union."""
     from specrig.run import fleet_runs
     from specrig.run.runs import extract as run_extract
 
     inventory = load_inventory()
     targets = fleet_hosts(inventory, host)
     given = {"model": model, "data": data, "out": out, "tp": tp, "layers": layers, "batch_size": batch_size,
-             "max_len": max_len, "max_samples": max_samples}
+             "max_len": max_len, "max_samples": max_samples, "port": port, "concurrency": concurrency,
+             "allow_skipped": allow_skipped or None}
     if targets and len(targets) > 1:
         return fleet_runs.extract(host, targets, given, skip_preflight=skip_preflight, attach=not (detach or json),
                                   as_json=json)
@@ -123,24 +130,27 @@ def status(c, host, run=None, json=False):
 
 
 @task(help={"host": HOST_HELP, "run": RUN_HELP, "follow": "keep printing new lines until the run ends (Ctrl-C stops)",
-            "n": "how many of the last lines to print (default 50)"})
+            "n": "how many of the last lines to print (default 50)",
+            "server": "server mode: the vLLM server's log instead of the client steps'"})
 @guarded
-def logs(c, host, run=None, follow=False, n=None):
-    """The driver's log of a run (every attempt, with the supervisor's markers); several hosts' lines prefixed."""
+def logs(c, host, run=None, follow=False, n=None, server=False):
+    """A run's log, every attempt with the supervisor's markers: the driver's, or in server mode speculators'
+    CLI steps' (--server: the vLLM server's). Several hosts' lines are prefixed with the host."""
     from specrig.run.runs import log_lines, logs as show_logs, stream_logs
     from specrig.ui.fleet import PrefixedLines, logs_figures
 
     count = whole_number(n, option="-n", default=50)
+    log = "server" if server else "driver"
     inventory = load_inventory()
     targets = fleet_hosts(inventory, host)
     if not targets:
-        return show_logs(inventory.host(host), run, follow=follow, lines=count)
+        return show_logs(inventory.host(host), run, follow=follow, lines=count, log=log)
     lines = log_lines(count)
     prefixed = PrefixedLines([target.name for target in targets])
 
     def host_logs(target):
         with prefixed.writer(target.name) as write:
-            return stream_logs(target, run, follow=follow, lines=lines, write=write)
+            return stream_logs(target, run, follow=follow, lines=lines, write=write, log=log)
 
     return run_task("logs", targets, host_logs, as_json=False, figures=logs_figures,
                     detach_note="stopped following; the runs go on" if follow else None,
@@ -210,7 +220,8 @@ for _task in (extract, status, logs, stop, resume, gather):
 # ---- smoke: the extraction on a shrunk model with dummy weights (issue 5) ---------------------
 
 @task(name="smoke", help={"host": HOST_HELP,
-                          "model": "model directory on the host (default: hosts.yaml extract.model)",
+                          "model": "model directory on the host, or a Hugging Face repo id in the host's cache "
+                                   "(default: hosts.yaml extract.model)",
                           "samples": "conversations to extract, at least 3 (default 6: three generate() calls)",
                           "json": JSON_HELP})
 @guarded
@@ -241,7 +252,9 @@ namespace.add_task(smoke_task)
 # ---- drift: verify-signatures, check-compat (issue 3) -------------------------------------------
 
 @task(name="verify-signatures",
-      help={"host": HOST_HELP, "model": "model directory on the host: also check its class and custom code",
+      help={"host": HOST_HELP,
+            "model": "model directory on the host, or a Hugging Face repo id in the host's cache: also check its "
+                     "class and custom code",
             "json": JSON_HELP, "show_source": "print the provider's source lines each finding points at"})
 @guarded
 def verify_signatures(c, host, model=None, json=False, show_source=False):
@@ -311,7 +324,8 @@ def _patch_task(action: str, host: str, *, as_json: bool, **options) -> ExitStat
 @task(name="apply-patches", help={
     "host": HOST_HELP, "patchset": PATCHSET_HELP, "json": JSON_HELP,
     "dry_run": "print the unified diffs and change nothing",
-    "model": "model directory on the host for the verification (default: the host's extract.model)"})
+    "model": "model directory or Hugging Face repo id on the host for the verification (default: the host's "
+             "extract.model)"})
 @guarded
 def apply_patches(c, host, patchset=None, dry_run=False, model=None, json=False):
     """Apply the patchset matching the host's speculators/vLLM, then verify the drift it fixes is gone."""

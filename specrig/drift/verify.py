@@ -56,9 +56,12 @@ def verify_host(remote: Remote, *, model: str | None = None) -> Report:
     except CouldNotCheck:
         raise
     except UsageError as exc:
-        # The one argument of this call a host can find bad is the model directory.
-        raise CouldNotCheck(exc.message, hint=f"check --model {model!r}: it must be a model directory on the "
-                                              f"host holding config.json") from None
+        # The one argument of this call a host can find bad is the model; a repo id missing from the
+        # host's cache comes with its own fix.
+        hint = None if exc.kind == "model-not-found" else (
+            f"check --model {model!r}: a model directory on the host holding config.json, or the Hugging Face "
+            f"repo id of a model in the host's cache")
+        raise CouldNotCheck(exc.message, hint=hint) from None
     return Report(data=data, source=remote.host.name)
 
 

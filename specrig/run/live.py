@@ -16,7 +16,7 @@ from rich.text import Text
 from specrig.contract import ACTIVE_STATES, SUCCEEDED
 from specrig.errors import ConnectionFailed, RemoteTimeout
 from specrig.inventory import Host
-from specrig.run.view import STATE_STYLE, describe_failure, format_duration, show_run
+from specrig.run.view import STATE_STYLE, describe_failure, format_duration, rate_text, show_run
 from specrig.transport import Remote
 from specrig.ui import console, gpu_table
 
@@ -64,12 +64,13 @@ def samples_bar() -> tuple[Progress, int]:
 def render(run: dict, tail: str, progress: Progress, bar) -> Panel:
     beat = run.get("heartbeat") or {}
     done, total = beat.get("samples_done") or 0, beat.get("samples_total")
-    rate = f"{beat['tokens_per_s']:.0f} tokens/s" if beat.get("tokens_per_s") else ""
+    rate = rate_text(beat)
     eta = format_duration(beat["eta_s"]) if beat.get("eta_s") else "-"
     progress.update(bar, completed=done, total=total, rate=rate, eta=eta)
     style = STATE_STYLE.get(run["state"], "")
     header = Text.from_markup(f"[{style}]{run['state']}[/]  phase [bold]{beat.get('phase') or '-'}[/]  "
                               f"attempt {len(run.get('attempts') or [])}"
+                              + (f"  server [bold]{beat['server']}[/]" if beat.get("server") else "")
                               + (f"  [yellow]stalled {run.get('seconds_since_progress')} s[/]"
                                  if run.get("stalled") else ""))
     parts = [header, progress]

@@ -12,7 +12,8 @@ PREFLIGHT_TIMEOUT_S = 120
 
 def preflight(remote: Remote, host: Host, request: Request) -> list[dict]:
     """The host's checks plus verify-signatures, each {name, ok, detail, advice}."""
-    result = remote.call("preflight", {"workdir": host.workdir, "driver_args": request.driver_args},
+    result = remote.call("preflight", {"workdir": host.workdir, "driver_args": request.driver_args,
+                                       "server_python": host.server_python},
                          timeout=PREFLIGHT_TIMEOUT_S)
     return [verify_check(remote, host, request.driver_args.get("model"))] + result["checks"]
 

@@ -16,7 +16,7 @@ from specrig.exit_status import ExitStatus
 from specrig.inventory import Host
 from specrig.run.live import POLL_S, follow
 from specrig.run.preflight import preflight
-from specrig.run.settings import build_request
+from specrig.run.settings import Request, build_request
 from specrig.run.view import show_checks, show_run, show_runs, show_stop
 from specrig.transport import Remote, connect
 from specrig.ui import console, print_json
@@ -32,7 +32,8 @@ def runs_call(remote: Remote, host: Host, action: str, args: dict, *, timeout: f
 def extract(host: Host, given: dict, *, skip_preflight: bool, attach: bool, as_json: bool) -> int:
     request = build_request(host, given)
     with connect(host) as remote:
-        check_extraction_path(remote, host, "extract")  # speculators 0.5-0.7, or server mode: exit 2
+        path = check_extraction_path(remote, host, "extract")["path"]  # speculators 0.5-0.7: exit 2
+        request = request.for_path(path, host)
         checks = [] if skip_preflight else preflight(remote, host, request)
         failed = [c for c in checks if not c["ok"]]
         if failed:
@@ -45,8 +46,7 @@ def extract(host: Host, given: dict, *, skip_preflight: bool, attach: bool, as_j
                            hint="fix what it says, or pass --skip-preflight to launch anyway")
         if checks and not as_json:
             show_checks(checks)
-        launched = runs_call(remote, host, "launch", {"host": host.name, "driver_args": request.driver_args,
-                                                      "env": request.env, "options": request.options})
+        launched = runs_call(remote, host, "launch", launch_args(host, request))
         if as_json:
             print_json({"launched": True, "preflight": checks, **launched})
             return ExitStatus.OK
@@ -54,6 +54,12 @@ def extract(host: Host, given: dict, *, skip_preflight: bool, attach: bool, as_j
         if not attach:
             return ExitStatus.OK
         return _attach(remote, host, launched["run_id"])
+
+
+def launch_args(host: Host, request: Request, **more) -> dict:
+    """The host's `runs launch` arguments for `request` (server mode reads `server_python`)."""
+    return {"host": host.name, "driver_args": request.driver_args, "env": request.env, "options": request.options,
+            "server_python": host.server_python, **more}
 
 
 def _attach(remote: Remote, host: Host, run_id: str) -> int:
@@ -88,28 +94,28 @@ def log_lines(lines: int) -> int:
     return lines
 
 
-def new_log_text(remote: Remote, host: Host, run_id: str, offset: int) -> Iterator[dict]:
+def new_log_text(remote: Remote, host: Host, run_id: str, offset: int, *, log: str) -> Iterator[dict]:
     """The log's new text each second from byte `offset` ({text, offset, state}), until the run
     is no longer active: the last chunk's state says how it ended."""
     while True:
         time.sleep(1)
-        chunk = runs_call(remote, host, "logs", {"run": run_id, "offset": offset})
+        chunk = runs_call(remote, host, "logs", {"run": run_id, "offset": offset, "log": log})
         yield chunk
         if chunk["state"] not in ACTIVE_STATES:
             return
         offset = chunk["offset"]
 
 
-def logs(host: Host, run_id: str | None, *, follow: bool, lines: int) -> int:
+def logs(host: Host, run_id: str | None, *, follow: bool, lines: int, log: str = "driver") -> int:
     log_lines(lines)
     with connect(host) as remote:
-        result = runs_call(remote, host, "logs", {"run": run_id, "lines": lines})
+        result = runs_call(remote, host, "logs", {"run": run_id, "lines": lines, "log": log})
         console.print(result["text"], markup=False, highlight=False, soft_wrap=True)
         if not follow:
             return ExitStatus.OK
         run_id = result["run_id"]
         try:
-            for chunk in new_log_text(remote, host, run_id, result["offset"]):
+            for chunk in new_log_text(remote, host, run_id, result["offset"], log=log):
                 if chunk["text"]:
                     console.out(chunk["text"], end="", highlight=False)
             console.print(f"\n(run {run_id} is {chunk['state']})", markup=False)
@@ -120,16 +126,16 @@ def logs(host: Host, run_id: str | None, *, follow: bool, lines: int) -> int:
 
 
 def stream_logs(host: Host, run_id: str | None, *, follow: bool, lines: int,
-                write: Callable[[str], None]) -> dict:
+                write: Callable[[str], None], log: str = "driver") -> dict:
     """`logs` of one host among many: its text goes to `write` (the fleet view prefixes whole lines
     with the host), and {run_id, state} comes back."""
     with connect(host) as remote:
-        result = runs_call(remote, host, "logs", {"run": run_id, "lines": lines})
+        result = runs_call(remote, host, "logs", {"run": run_id, "lines": lines, "log": log})
         if result["text"]:
             write(result["text"] + "\n")  # the last lines come without their final line end
         state = result["state"]
         if follow:
-            for chunk in new_log_text(remote, host, result["run_id"], result["offset"]):
+            for chunk in new_log_text(remote, host, result["run_id"], result["offset"], log=log):
                 write(chunk["text"])
                 state = chunk["state"]
     return {"run_id": result["run_id"], "state": state}

@@ -1,14 +1,15 @@
 """What `inv extract` takes: one table of settings, mapped to the driver's arguments.
 
 The table is the one definition of each setting's name (on the command line and in hosts.yaml's
-`extract:`), its driver argument, its type and its help text; the task's help is built from it
-and the defaults come from the driver's own (remote/contract.py).
+`extract:`), its driver argument, its type, the extraction paths it applies to, and its help text;
+the task's help is built from it and the defaults come from the host's own (remote/contract.py:
+the driver's and server mode's).
 """
 from __future__ import annotations
 
 import dataclasses
 
-from specrig.contract import DRIVER_DEFAULTS, SUPERVISOR_DEFAULTS
+from specrig.contract import DRIVER_DEFAULTS, SERVER_DEFAULTS, SUPERVISOR_DEFAULTS
 from specrig.errors import UsageError
 from specrig.inventory import Host
 
@@ -21,31 +22,44 @@ class Setting:
     driver_key: str
     kind: type
     help: str
-    #: What happens without a value, where the driver's default (remote/contract.py) does not say it.
+    #: What happens without a value, where the host's default (remote/contract.py) does not say it.
     fallback: str | None = None
+    #: The one extraction path it applies to ("in-process": speculators <= 0.4, "server": >= 0.8), or None.
+    path: str | None = None
 
     @property
     def task_help(self) -> str:
         """The task's help: what it is, then where its value comes from when not given."""
-        fallback = self.fallback if self.fallback is not None else DRIVER_DEFAULTS.get(self.driver_key)
+        fallback = self.fallback if self.fallback is not None else {**DRIVER_DEFAULTS, **SERVER_DEFAULTS}.get(
+            self.driver_key)
         return f"{self.help} (default: extract.{self.name}" + (f", else {fallback})" if fallback is not None else ")")
 
 
 #: What `inv extract` takes and hosts.yaml's `extract:` may hold, mapped to the driver's arguments.
 SETTINGS = {s.name: s for s in (
-    Setting("model", "model", str, "model directory on the host"),
+    Setting("model", "model", str, "model directory on the host, or a Hugging Face repo id in its cache"),
     Setting("data", "dataset", str, "dataset on the host: .json/.jsonl conversations, or sharegpt/ultrachat"),
     Setting("out", "output_dir", str, "output directory on the host"),
     Setting("tp", "tensor_parallel_size", int, "tensor-parallel size", "all visible GPUs"),
     Setting("layers", "layer_ids", list, "layer ids to capture, comma-separated, e.g. 2,30,58,60",
             "speculators' choice"),
-    Setting("batch_size", "batch_size", int, "samples per generate() call"),
-    Setting("max_len", "max_length", int, "tokens per sample"),
-    Setting("max_samples", "max_samples", int, "take at most this many conversations", "all"),
+    Setting("batch_size", "batch_size", int, "samples per generate() call", path="in-process"),
+    Setting("max_len", "max_length", int, "tokens per sample (server mode: prepare-data's --seq-length)"),
+    Setting("max_samples", "max_samples", int, "take at most this many samples", "all"),
     Setting("seed", "seed", int, "dataset shuffle seed"),
     Setting("load_format", "load_format", str, "vLLM load format (dummy: random weights)", "the model's weights"),
     Setting("gpu_memory_utilization", "gpu_memory_utilization", float, "fraction of GPU memory vLLM may take"),
+    Setting("port", "port", int, "server mode: the vLLM server's port on the host's 127.0.0.1", path="server"),
+    Setting("concurrency", "concurrency", int, "server mode: requests in flight", path="server"),
+    Setting("request_timeout", "request_timeout", int, "server mode: seconds per request", path="server"),
+    Setting("max_retries", "max_retries", int, "server mode: tries per sample", path="server"),
+    Setting("allow_skipped", "allow_skipped", bool,
+            "server mode: succeed even when the client skipped samples (they are listed)", path="server"),
+    Setting("staging", "staging", str, "server mode: the connector's staging directory, on the output's "
+            "filesystem", "<out>/.specrig-staging/<run-id>", path="server"),
 )}
+#: What each extraction path is called where a setting is refused.
+PATH_NAMES = {"in-process": "speculators <= 0.4's in-process extraction", "server": "server mode (speculators >= 0.8)"}
 #: Supervision options hosts.yaml's `extract:` may also hold, typed by their defaults.
 OPTIONS = {name: type(default) for name, default in SUPERVISOR_DEFAULTS.items()}
 REQUIRED = ("model", "data", "out")
@@ -91,6 +105,17 @@ class Request:
     driver_args: dict
     options: dict
     env: dict
+    #: Where each setting came from (`--port`, `hosts.yaml: hosts.h.extract.port`), for messages.
+    sources: dict = dataclasses.field(default_factory=dict)
+
+    def for_path(self, path: str | None, host: Host) -> "Request":
+        """This request on the host's extraction path: a setting of the other path is refused."""
+        for name, setting in SETTINGS.items():
+            if setting.driver_key in self.driver_args and setting.path and path and setting.path != path:
+                raise UsageError(f"{self.sources[name]}: {name} applies to {PATH_NAMES[setting.path]}, and "
+                                 f"{host.name} takes {PATH_NAMES[path]}",
+                                 hint="drop it; `inv extract --help` marks what each path takes")
+        return self
 
 
 def build_request(host: Host, given: dict) -> Request:
@@ -100,13 +125,14 @@ def build_request(host: Host, given: dict) -> Request:
     if unknown:
         raise UsageError(f"hosts.yaml: hosts.{host.name}.extract.{unknown[0]}: unknown key",
                          hint=f"allowed: {', '.join([*SETTINGS, *OPTIONS])}")
-    driver_args, options = {}, {}
+    driver_args, options, sources = {}, {}, {}
     for name, setting in SETTINGS.items():
         value, where = given.get(name), f"--{name.replace('_', '-')}"
         if value is None:
             value, where = defaults.get(name), f"hosts.yaml: hosts.{host.name}.extract.{name}"
         if value is not None:
             driver_args[setting.driver_key] = _coerce(name, value, setting.kind, where)
+            sources[name] = where
     for name, kind in OPTIONS.items():
         if name in defaults:
             options[name] = _coerce(name, defaults[name], kind, f"hosts.yaml: hosts.{host.name}.extract.{name}")
@@ -114,4 +140,4 @@ def build_request(host: Host, given: dict) -> Request:
         if SETTINGS[name].driver_key not in driver_args:
             raise UsageError(f"no --{name} given and hosts.yaml has no hosts.{host.name}.extract.{name}",
                              hint=f"pass --{name} or add it under `extract:` for {host.name}")
-    return Request(driver_args=driver_args, options=options, env=dict(host.env))
+    return Request(driver_args=driver_args, options=options, env=dict(host.env), sources=sources)

@@ -2,11 +2,14 @@
 
 The host does it (remote/run/smoke.py): the target's own config.json with a few layers and small
 dimensions, `load_format: dummy`, a few built-in conversations, through the very driver and code
-path `inv extract` uses. Every runtime drift (signature, behaviour, platform) shows in about a
+path `inv extract` uses (server mode, speculators >= 0.8: the same vLLM server and CLI steps, with
+`--hf-overrides` and `--load-format dummy`). Every runtime drift (signature, behaviour, platform) shows in about a
 minute instead of after a full model load; the failure is named (exception, the speculators
 line that raised it, the classifier's kind) and the exit status is FINDINGS.
 """
 from __future__ import annotations
+
+from rich.markup import escape
 
 from specrig.doctor import check_extraction_path
 from specrig.errors import Findings, UsageError
@@ -23,13 +26,15 @@ def smoke(host: Host, *, model: str | None = None, samples: int = 6) -> dict:
     model = model or host.extract.get("model")
     if not model:
         raise UsageError(f"inv smoke: no model for host {host.name!r}",
-                         hint=f"pass --model PATH, or set hosts.{host.name}.extract.model in hosts.yaml")
+                         hint=f"pass --model (a directory or a Hugging Face repo id in the host's cache), or set "
+                              f"hosts.{host.name}.extract.model in hosts.yaml")
     if samples < 3:
         raise UsageError(f"--samples {samples!r}: give 3 or more (the driver must call generate() twice)")
     with connect(host) as remote:
-        check_extraction_path(remote, host, "smoke")  # speculators 0.5-0.7, or server mode: exit 2
+        check_extraction_path(remote, host, "smoke")  # speculators 0.5-0.7: exit 2
         try:
-            return remote.call("smoke", {"model": model, "samples": samples, "timeout_s": DRIVER_TIMEOUT_S},
+            return remote.call("smoke", {"model": model, "samples": samples, "timeout_s": DRIVER_TIMEOUT_S,
+                                         "server_python": host.server_python, "host": host.name},
                                timeout=DRIVER_TIMEOUT_S + 60)
         except Findings as failed:
             raise Findings(f"{host.name}: smoke failed: {failed.error.get('message')}", payload=failed.payload,
@@ -42,8 +47,10 @@ def show(result: dict, *, host: Host, as_json: bool) -> None:
         print_json(result)
         return
     versions = result.get("versions") or {}
-    console.print(f"[bold green]smoke passed[/] on {host.name}: {result['samples']} samples of "
-                  f"{', '.join(result.get('architectures') or ['?'])} shrunk to {result['shrunk']}, "
+    mode = " (server mode)" if result.get("path") == "server" else ""
+    console.print(f"[bold green]smoke passed[/] on {host.name}{mode}: {result['samples']} samples of "
+                  f"{', '.join(result.get('architectures') or ['?'])} ({escape(result['resolved'])}) "
+                  f"shrunk to {result['shrunk']}, "
                   f"layers {result['layer_ids']}, {result['elapsed_s']} s "
                   f"(speculators {versions.get('speculators')}, vllm {versions.get('vllm')})")
 

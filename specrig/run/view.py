@@ -31,6 +31,15 @@ def _progress(run: dict) -> str:
     return f"{done}/{total}" if total else str(done)
 
 
+def rate_text(beat: dict) -> str:
+    """The run's speed: tokens/s (in-process driver) or samples/s (server mode), or ''."""
+    if beat.get("tokens_per_s"):
+        return f"{beat['tokens_per_s']:.0f} tokens/s"
+    if beat.get("samples_per_s"):
+        return f"{beat['samples_per_s']:.2f} samples/s"
+    return ""
+
+
 def show_runs(runs: list[dict], host: Host) -> None:
     if not runs:
         console.print(f"no runs on {host.name} yet")
@@ -55,9 +64,11 @@ def show_run(run: dict, *, log_tail: str | None = None) -> None:
     grid.add_row("run", run["run_id"])
     grid.add_row("state", f"[{style}]{run['state']}[/]" if style else run["state"])
     beat = run.get("heartbeat") or {}
-    grid.add_row("phase", f"{beat.get('phase') or '-'}, {_progress(run)} samples"
-                          + (f", {beat['tokens_per_s']:.0f} tokens/s" if beat.get("tokens_per_s") else "")
-                          + (f", ETA {format_duration(beat['eta_s'])}" if beat.get("eta_s") else ""))
+    grid.add_row("phase", ", ".join(filter(None, (f"{beat.get('phase') or '-'}", f"{_progress(run)} samples",
+                                                  rate_text(beat),
+                                                  f"ETA {format_duration(beat['eta_s'])}" if beat.get("eta_s") else ""))))
+    if beat.get("server"):
+        grid.add_row("server", f"vLLM server {beat['server']}")
     grid.add_row("output", run.get("out") or "-")
     grid.add_row("attempts", f"{len(run.get('attempts') or [])} (restarts this supervisor: {run.get('restarts', 0)})")
     for attempt in run.get("attempts") or []:

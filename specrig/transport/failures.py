@@ -38,6 +38,8 @@ FAILURE_KINDS: dict[str, FailureKind] = {
     # -- bad input or a check that could not run; nothing on the host was changed -----------------
     "bad-argument": FailureKind(UsageError),
     "not-installed": FailureKind(CouldNotCheck, _VERSIONS_HINT),
+    # A Hugging Face repo id the host's cache lacks: the host's message names the cache and the fix.
+    "model-not-found": FailureKind(UsageError),
     "bad-patchset": FailureKind(UsageError, "fix the patchset; see patchsets/README.md"),
     "no-patchset": FailureKind(UsageError, "install versions a patchset covers, or add a patchset "
                                            "(patchsets/README.md)"),

@@ -4,7 +4,15 @@ speculators 0.8 and newer no longer drive vLLM in process: a vLLM server runs wi
 `extract_hidden_states` speculative method and a hidden-states KV connector, and speculators' CLI
 (`prepare-data`, `generate-offline-data`) talks to it over HTTP. See docs/server-mode.md.
 
-    launch.py   the server's argv, built as speculators' scripts/launch_vllm.py builds it
-    outputs.py  validation of the `hs_{i}.safetensors` files without torch: header, shapes,
-                truncation, NaN/Inf
+    launch.py       the server's argv, built as speculators' scripts/launch_vllm.py builds it
+    client.py       the argv of speculators' prepare-data and generate-offline-data, a rank's share
+                    of the rows, the skipped samples in the client's log
+    prepared.py     prepare-data's output: complete?, its row count (Arrow IPC, no pyarrow)
+    health.py       the server's /health, asked without a proxy
+    plan.py         a run's plan: the three commands, the layer ids and what they mean (run.json "server")
+    supervision.py  the supervisor of a server-mode run (the in-process one's rules around two jobs)
+    preflight.py    the checks a server-mode launch adds: environments, the command, port, staging
+    smoke.py        `inv smoke` on this path: the same run on a shrunk model with dummy weights
+    outputs.py      validation of the `hs_{i}.safetensors` files without torch: header, shapes,
+                    truncation, NaN/Inf
 """

@@ -1,0 +1,105 @@
+"""A server-mode run's plan: the three commands and what the supervisor checks (stdlib only).
+
+Made once when a run is launched and again when it is resumed (a fix of specrig or of the host's
+environments applies to the next attempt), from the driver's arguments (contract.DRIVER_DEFAULTS
+and SERVER_DEFAULTS keys) and the two environments: `python`, speculators' (the client steps), and
+`server_python`, vLLM's (hosts.yaml; the same interpreter by default). Stored in run.json as
+"server"; the supervisor (server/supervision.py) reads nothing else.
+"""
+import json
+import os
+
+import contract
+import pkgmeta
+from run.server import client, launch
+
+#: How long reading the server environment's packages may take (a cold network disk).
+ENVIRONMENT_TIMEOUT_S = 60
+#: Which activation a stored layer id is, on this path (docs/server-mode.md §3 and §12, measured on
+#: vLLM 0.32: id k is the output of decoder layer k-1 within bf16 rounding).
+LAYER_CONVENTION = ("id k = the input of decoder layer k (the output of layer k-1, before the final "
+                    "norm); 0 = the embeddings; L = the last layer's output")
+
+
+class PlanError(Exception):
+    """Settings that cannot make a server-mode run; the message names the value and the fix."""
+
+
+def text_config(config):
+    return config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+
+
+def overridden(config, overrides):
+    """config.json as the server sees it under --hf-overrides (nested dicts merged; None removes a key):
+    the layer count and the hidden size of the files follow it (inv smoke shrinks the model so)."""
+    merged = dict(config)
+    for key, value in (overrides or {}).items():
+        if value is None:
+            merged.pop(key, None)
+        elif isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = overridden(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def server_environment(server_python):
+    """(distribution providing `import vllm`, its `vllm/` directory) in the server's environment."""
+    other = None
+    if server_python:
+        try:
+            other = pkgmeta.other_environment(server_python, ["vllm"], ENVIRONMENT_TIMEOUT_S)
+        except pkgmeta.EnvironmentUnreadable as exc:
+            raise PlanError("server_python %s: %s" % (server_python, exc))
+    found = (other["installed"] if other else {"vllm": pkgmeta.installed("vllm")})["vllm"]
+    if not found:
+        raise PlanError("no vLLM in the server's environment (%s): install vLLM there, or set server_python in "
+                        "hosts.yaml to the environment that has it" % (server_python or "python"))
+    return found["name"], os.path.join(found["root"], "vllm")
+
+
+def make(run_path, run_id, driver_args, *, client_python, server_python=None):
+    """The plan of run `run_id` in `run_path` ({"server_argv", "prepare_argv", "generate_argv", ...})."""
+    settings = dict(contract.DRIVER_DEFAULTS)
+    settings.update(contract.SERVER_DEFAULTS)
+    settings.update({k: v for k, v in driver_args.items() if v is not None})
+    model, out = settings["model"], settings["output_dir"]
+    try:
+        config = overridden(launch.read_model_config(model), settings["hf_overrides"])
+        layers, layer_ids = launch.resolve_layer_ids({"model_config": config, "layer_ids": settings["layer_ids"]})
+    except (OSError, ValueError) as exc:
+        raise PlanError("model %s: %s" % (model, exc))
+    distribution, vllm_dir = server_environment(server_python)
+    staging = os.path.abspath(os.path.expanduser(settings["staging"] or os.path.join(out, ".specrig-staging",
+                                                                                      run_id)))
+    prepared_dir = os.path.join(run_path, "prepared")
+    extra = []
+    if settings["load_format"]:
+        extra += ["--load-format", settings["load_format"]]
+    if settings["hf_overrides"]:
+        extra += ["--hf-overrides", json.dumps(settings["hf_overrides"])]
+    if driver_args.get("gpu_memory_utilization") is not None:
+        extra += ["--gpu-memory-utilization", str(settings["gpu_memory_utilization"])]
+    server_argv = launch.server_argv({
+        "model": model, "python": os.path.expanduser(server_python or client_python),
+        "distribution": distribution, "enable_scale_out": launch.scale_out_flag_known(vllm_dir),
+        "num_hidden_layers": layers, "layer_ids": layer_ids, "hidden_states_path": staging,
+        "tensor_parallel_size": settings["tensor_parallel_size"], "port": settings["port"], "host": "127.0.0.1",
+        "extra_args": extra})
+    sharded = settings["shard_count"] is not None
+    return {
+        "port": settings["port"], "staging": staging, "prepared": prepared_dir, "out": out,
+        "num_hidden_layers": layers, "layer_ids": layer_ids, "layer_convention": LAYER_CONVENTION,
+        "hidden_size": text_config(config).get("hidden_size"),
+        "max_samples": settings["max_samples"], "allow_skipped": bool(settings["allow_skipped"]),
+        "world_size": settings["shard_count"] if sharded else 1, "rank": settings["shard_index"] if sharded else 0,
+        "server_argv": server_argv,
+        "prepare_argv": client.prepare_argv(
+            client_python, model=model, dataset=settings["dataset"], output=prepared_dir, port=settings["port"],
+            seq_length=settings["max_length"], max_samples=settings["max_samples"], seed=settings["seed"]),
+        "generate_argv": client.generate_argv(
+            client_python, model=model, prepared=prepared_dir, output=out, port=settings["port"],
+            concurrency=settings["concurrency"], request_timeout=settings["request_timeout"],
+            max_retries=settings["max_retries"], max_samples=settings["max_samples"],
+            world_size=settings["shard_count"] if sharded else None, rank=settings["shard_index"]),
+    }

