@@ -40,19 +40,35 @@ def rate_text(beat: dict) -> str:
     return ""
 
 
+#: Terminal width from which the runs table has room for an output column.
+WIDE_COLUMNS = 110
+
+
+def short_path(path: str | None) -> str:
+    """An output directory in a table cell: its last two parts (`inv status --run` shows it whole)."""
+    if not path:
+        return "-"
+    parts = path.rstrip("/").split("/")
+    return path if len(parts) <= 3 else "…/" + "/".join(parts[-2:])
+
+
 def show_runs(runs: list[dict], host: Host) -> None:
     if not runs:
         console.print(f"no runs on {host.name} yet")
         return
     table = Table(title=f"runs on {host.name}")
-    for column in ("run", "state", "phase", "samples", "attempts", "output", "last failure"):
+    # The run id stays whole (it is what --run takes); the output directory only where there is room
+    # for it (`inv status --run ID` shows it whole).
+    wide = console.width >= WIDE_COLUMNS
+    table.add_column("run", no_wrap=True)
+    for column in ("state", "phase", "samples", "tries", *(("output",) if wide else ()), "last failure"):
         table.add_column(column, overflow="fold")
     for run in runs:
         failure = run.get("last_failure") or {}
         style = STATE_STYLE.get(run["state"], "")
         table.add_row(run["run_id"], f"[{style}]{run['state']}[/]" if style else run["state"],
                       (run.get("heartbeat") or {}).get("phase") or "-", _progress(run),
-                      str(len(run.get("attempts") or [])), run.get("out") or "-",
+                      str(len(run.get("attempts") or [])), *((short_path(run.get("out")),) if wide else ()),
                       escape(failure["kind"] + (f" ({failure['callee']})" if failure.get("callee") else ""))
                       if failure else "")
     console.print(table)
