@@ -47,13 +47,21 @@ SERVER = HOME / "venv-server-0.32" / "bin" / "python"
 MODEL, DATA = HOME / "models" / "tiny-llama", HOME / "data" / "tiny-chat.jsonl"
 RUNS = HOME / "specrig-work" / "runs"
 SEQ_LENGTH = 1024
-ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1", "COLUMNS": "200"}
+#: As lab-server's hosts.yaml env: gives inv extract's processes (COLUMNS: the supervisor sets it for the client).
+ENV = {"VLLM_CPU_KVCACHE_SPACE": "2", "COLUMNS": "200"}
+
+
+#: The environment of an SSH session of the lab user (what `inv extract`'s processes get too): this
+#: script's own (root's) must not leak in; e.g. PYTHONDONTWRITEBYTECODE makes every import compile.
+SESSION = {"HOME": str(HOME), "USER": "specrig", "LOGNAME": "specrig", "SHELL": "/usr/bin/zsh",
+           "PATH": "/usr/local/bin:/usr/bin:/bin", "LC_CTYPE": "C.UTF-8"}
 
 
 def as_lab_user(argv: list[str], **kwargs) -> subprocess.Popen:
     """A process of the lab user, as an SSH session of it would start one."""
-    return subprocess.Popen(["runuser", "-u", "specrig", "--", "env", *[f"{k}={v}" for k, v in ENV.items()],
-                             *argv], stdin=subprocess.DEVNULL, start_new_session=True, **kwargs)
+    environment = [f"{k}={v}" for k, v in {**SESSION, **ENV}.items()]
+    return subprocess.Popen(["runuser", "-u", "specrig", "--", "env", "-i", *environment, *argv],
+                            stdin=subprocess.DEVNULL, start_new_session=True, **kwargs)
 
 
 def free_port() -> int:
@@ -82,37 +90,49 @@ def by_hand(work: Path, data: Path, concurrency: int) -> dict:
             raise SystemExit(f"by hand: the server exited {server.returncode}; see {work / 'server.log'}")
         time.sleep(0.1)
     loaded = time.perf_counter()
+    steps = {}
     for step in (client.prepare_argv(str(CLIENT), model=str(MODEL), dataset=str(data), output=str(prepared),
                                      port=port, seq_length=SEQ_LENGTH),
                  client.generate_argv(str(CLIENT), model=str(MODEL), prepared=str(prepared), output=str(out),
                                       port=port, concurrency=concurrency, request_timeout=120, max_retries=3)):
+        step_started = time.perf_counter()
         with open(work / "client.log", "ab") as log:
             done = as_lab_user(step, stdout=log, stderr=subprocess.STDOUT, cwd=work).wait()
+        steps[step[3]] = time.perf_counter() - step_started
         if done != 0:
             raise SystemExit(f"by hand: {step[3]} exited {done}; see {work / 'client.log'}")
+    stopping = time.perf_counter()
     os.killpg(server.pid, signal.SIGTERM)
     server.wait()
     ended = time.perf_counter()
-    return {"wall_s": ended - started, "excl_load_s": ended - loaded, "samples": len(outputs.existing_indices(str(out)))}
+    steps["server stop"] = ended - stopping
+    return {"wall_s": ended - started, "excl_load_s": ended - loaded, "steps": steps,
+            "samples": len(outputs.existing_indices(str(out)))}
 
 
-def follow_run(run_id: str, loaded_when) -> tuple[float | None, float]:
-    """(time the model was loaded, time the run ended): `loaded_when(heartbeat)`, then the exit record."""
+def follow_run(run_id: str, loaded_when) -> tuple[float | None, float, dict]:
+    """(time the model was loaded, time the run ended, seconds in each heartbeat phase after the load):
+    `loaded_when(heartbeat)`, then the exit record."""
     run = RUNS / run_id
-    loaded = None
+    loaded, phases, phase, since = None, {}, None, None
     while True:
         try:
             beat = json.loads((run / "heartbeat.json").read_text())
         except (OSError, ValueError):
             beat = {}
+        now = time.perf_counter()
         if loaded is None and loaded_when(beat):
-            loaded = time.perf_counter()
+            loaded, since = now, now
+        if loaded is not None and beat.get("phase") != phase:
+            if phase is not None:
+                phases[phase] = phases.get(phase, 0.0) + now - since
+            phase, since = beat.get("phase"), now
         if (run / "exit.json").exists():
             ended = time.perf_counter()
             state = json.loads((run / "exit.json").read_text())["state"]
             if state != "succeeded":
                 raise SystemExit(f"run {run_id} {state}: inv status --host ... --run {run_id}")
-            return loaded, ended
+            return loaded, ended, phases
         time.sleep(0.1)
 
 
@@ -124,9 +144,10 @@ def through_inv(host: str, out: Path, data: Path, loaded_when, *settings: str) -
     if launched.returncode != 0:
         raise SystemExit(f"inv extract --host {host}: {launched.stdout[-2000:]}{launched.stderr[-2000:]}")
     run_id = json.loads(launched.stdout)["run_id"]
-    loaded, ended = follow_run(run_id, loaded_when)
+    loaded, ended, phases = follow_run(run_id, loaded_when)
     samples = len(outputs.existing_indices(str(out))) or len(list(out.glob("data_*.pt")))
-    return {"wall_s": ended - started, "excl_load_s": ended - loaded, "samples": samples, "run_id": run_id}
+    return {"wall_s": ended - started, "excl_load_s": ended - loaded, "samples": samples, "run_id": run_id,
+            "steps": phases}
 
 
 def inv(*argv: str) -> None:
@@ -173,6 +194,9 @@ def main() -> None:
         ratio = found["excl_load_s"] / hand["excl_load_s"] if way != "in-process (old path)" else None
         print(f"{way:<24}{found['wall_s']:>9.1f}{found['excl_load_s']:>14.1f}{found['samples']:>9}{rate:>11.2f}"
               + (f"{ratio:>12.3f}" if ratio else f"{'-':>12}"))
+    for way in ("by hand", "inv extract"):
+        print(f"  {way}, after the load: " + ", ".join(f"{name} {seconds:.1f} s"
+                                                      for name, seconds in results[way]["steps"].items()))
     ours = results["inv extract"]
     overhead = (ours["excl_load_s"] - hand["excl_load_s"]) / hand["wall_s"]
     print(f"inv extract's overhead, excluding model load: {overhead * 100:+.1f} % of by-hand wall time "
