@@ -23,6 +23,7 @@ COMMANDS = {
     "verify": "drift.verify",         # analyze: drift between the installed packages
     "patch": "patching.patch",        # patch: apply, status, revert
     "preflight": "run.preflight",     # run: the checks before a launch
+    "node-preflight": "run.server.node_preflight",  # run: a multi-node job's checks on one node
     "smoke": "run.smoke",             # run: the driver on a shrunk model
     "runs": "run.runs",               # run: launch, status, logs, stop, resume
 }

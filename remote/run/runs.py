@@ -1,9 +1,12 @@
 """The `runs` remote command: launch, status, logs, stop and resume supervised runs (stdlib only).
 
     {"action": "launch", "workdir", "host", "driver_args": {...}, "env": {...}, "options": {...},
-     "driver_program": path|null, "server_python": path|null}
+     "driver_program": path|null, "server_python": path|null, "nodes": {...}|null}
                                                              speculators >= 0.8 on this python: a
-                                                             server-mode run (run/server/plan.py)
+                                                             server-mode run (run/server/plan.py);
+                                                             nodes: this node's part of a multi-node
+                                                             job (run/server/nodes.py), server mode
+                                                             whatever this python holds
     {"action": "status", "workdir", "run": id|null}          null: every run
     {"action": "logs",   "workdir", "run": id|null, "offset": int|null, "lines": int,
      "log": "driver"|"server"}                               driver.log: the driver, or speculators'
@@ -13,7 +16,8 @@
                                                              that succeeded or is active is left as it is
     {"action": "verify-output", "workdir", "run": id|null}   the run's output: sample indices, each loaded
 
-`run` is a run id or a fleet-run id (launch's `fleet.fleet_run_id`: that host's run of the fleet run).
+`run` is a run id, a fleet-run id (launch's `fleet.fleet_run_id`: that host's run of the fleet run) or
+a multi-node job's id (`nodes.job_id`: this node's run of the job).
 
 Runs live in <workdir>/runs/<run-id>/ (see rundir.py). The supervisor is
 started in a new session with stdio on files and stdin from /dev/null, so
@@ -65,8 +69,10 @@ def run(args):
 
 # -- finding runs -------------------------------------------------------------------------------
 
-def fleet_id(run):
-    return (run.record.get("fleet") or {}).get("fleet_run_id")
+def group_id(run):
+    """The id of the fleet run or the multi-node job the run is a part of, or None."""
+    record = run.record
+    return (record.get("fleet") or {}).get("fleet_run_id") or (record.get("nodes") or {}).get("job_id")
 
 
 def find_run(workdir, run_id, *, prefer_active=False):
@@ -75,9 +81,9 @@ def find_run(workdir, run_id, *, prefer_active=False):
         for run in runs:
             if run.run_id == run_id:
                 return run
-        # A fleet-run id: this host's run of it (the newest, should there be several).
+        # A fleet-run or multi-node job id: this host's run of it (the newest, should there be several).
         for run in reversed(runs):
-            if fleet_id(run) == run_id:
+            if group_id(run) == run_id:
                 return run
         known = ", ".join(r.run_id for r in runs[-5:]) or "none"
         raise RemoteFailure("unknown-run", "no run %r under %s (newest: %s)" % (run_id, rundir.runs_root(workdir),
@@ -148,13 +154,15 @@ def launch(args, workdir):
         program = args.get("driver_program")
         atomic.write_json(run.file("driver-args.json"), driver_args)
         server_python = args.get("server_python")
-        server = None if program else _server_plan(run, driver_args, server_python)
+        server = None if program else _server_plan(run, driver_args, server_python, args.get("nodes"))
         atomic.write_json(run.file("run.json"), {
             "run_id": run.run_id, "created_at": rundir.now_iso(), "host": args.get("host"),
             "python": sys.executable, "workdir": workdir, "out": driver_args["output_dir"],
             "driver_args": driver_args, "options": options, "env": args.get("env") or {},
             # One shard of a fleet run: {fleet_run_id, hosts, shard_index, shard_count}; else None.
             "fleet": args.get("fleet"),
+            # One node of a multi-node job (run/server/nodes.py record: job_id, role, node_rank, ...); else None.
+            "nodes": args.get("nodes"),
             # Another program in the driver's place (same argv and heartbeat contract): smoke and
             # process-mechanics checks. None: the bundled extract_driver.py.
             "driver_program": os.path.abspath(os.path.expanduser(program)) if program else None,
@@ -185,7 +193,8 @@ def resume(args, workdir):
         record = run.record
         record.update(python=sys.executable, resumed_at=record.get("resumed_at", []) + [rundir.now_iso()])
         if record.get("server"):
-            record["server"] = _server_plan(run, record["driver_args"], record.get("server_python"))
+            record["server"] = _server_plan(run, record["driver_args"], record.get("server_python"),
+                                            record.get("nodes"))
         atomic.write_json(run.file("run.json"), record)
         for name in ("exit.json", "stop.request"):
             try:
@@ -196,15 +205,16 @@ def resume(args, workdir):
     return {"run_id": run.run_id, "path": run.path, "supervisor_pid": pid, "resumed_from": state}
 
 
-def _server_plan(run, driver_args, server_python):
-    """The server-mode plan when this python's speculators takes the server path (>= 0.8), else None.
+def _server_plan(run, driver_args, server_python, nodes=None):
+    """The server-mode plan when this python's speculators takes the server path (>= 0.8), or the run is a
+    node of a multi-node job (a worker runs vLLM alone: its python needs no speculators); else None.
     A plan that cannot be made removes the run directory: nothing was launched."""
     speculators = pkgmeta.versions(("speculators",))["speculators"]
-    if contract.extraction_path(speculators) != "server":
+    if not nodes and contract.extraction_path(speculators) != "server":
         return None
     try:
         return plan.make(run.path, run.run_id, driver_args, client_python=sys.executable,
-                         server_python=server_python)
+                         server_python=server_python, nodes=nodes)
     except plan.PlanError as exc:
         if not os.path.exists(run.file("run.json")):
             shutil.rmtree(run.path, ignore_errors=True)
@@ -244,7 +254,7 @@ def status(args, workdir):
 
 
 def _summary(run):
-    return dict(run.summary(), fleet=run.record.get("fleet"))
+    return dict(run.summary(), fleet=run.record.get("fleet"), nodes=run.record.get("nodes"))
 
 
 def logs(args, workdir):

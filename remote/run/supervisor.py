@@ -3,7 +3,8 @@
 Started detached by runs.launch (its own session, stdio to files, stdin from /dev/null), so it
 outlives the SSH connection that started it. The run's record says which extraction path it takes:
 the in-process driver of speculators <= 0.4 (run/supervision.py) or a vLLM server and speculators'
-CLI (run/server/supervision.py, speculators >= 0.8).
+CLI (run/server/supervision.py, speculators >= 0.8), or one node of a multi-node job
+(run/server/node_supervision.py).
 """
 import os
 import sys
@@ -20,7 +21,9 @@ def main(argv):
         sys.stderr.write("usage: supervisor.py <run-dir>\n")
         return 2
     run = rundir.RunDir(os.path.abspath(argv[0]))
-    if run.record.get("server"):
+    if run.record.get("nodes"):
+        from run.server.node_supervision import for_node as supervisor
+    elif run.record.get("server"):
         from run.server.supervision import ServerSupervisor as supervisor
     else:
         from run.supervision import Supervisor as supervisor

@@ -8,6 +8,7 @@ from invoke import Collection, task
 
 from specrig import lab as lab_host
 from specrig.cli.guard import guarded, whole_number
+from specrig.errors import UsageError
 from specrig.exit_status import ExitStatus
 from specrig.fleet import DEFAULT_PARALLEL, PARALLEL_VARIABLE, fleet_hosts, run_task
 from specrig.run.settings import task_help
@@ -79,16 +80,28 @@ RUN_HELP = ("run id, or a fleet-run id: each host's run of it (default: the newe
             "`inv status --host H` lists them)")
 
 
+NODE_OPTIONS = {
+    "nodes": "one multi-node job over the group's hosts instead of a fleet run: dp (data parallel over the nodes) "
+             "or tp-pp (tensor x pipeline parallel); the first host is the head and gives the settings "
+             "(docs/runs.md, 'Multi-node'; server mode only)",
+    "pp": "--nodes tp-pp: pipeline-parallel size (default: the number of nodes)",
+    "dp_local": "--nodes dp: data-parallel engines per node (default 1)",
+    "rendezvous_port": "--nodes: the head's rendezvous port (default: vLLM's, 29550 for dp, 29501 for tp-pp)",
+    "watch_port": "--nodes: the port where each node's supervisor answers the others (default 29650)",
+}
+
+
 @task(help={"host": HOST_HELP + "; several hosts split the dataset, one shard each (docs/runs.md, 'Fleet runs')",
             **task_help("model", "data", "out", "tp", "layers", "batch_size", "max_len", "max_samples", "port",
                         "concurrency", "allow_skipped"),
+            **NODE_OPTIONS,
             "skip_preflight": "launch without the preflight checks (drift, GPUs, model, disk, batch hazard)",
             "detach": "launch and return at once instead of showing the live view",
             "json": JSON_HELP})
 @guarded
 def extract(c, host, model=None, data=None, out=None, tp=None, layers=None, batch_size=None, max_len=None,
-            max_samples=None, port=None, concurrency=None, allow_skipped=False, skip_preflight=False, detach=False,
-            json=False):
+            max_samples=None, port=None, concurrency=None, allow_skipped=False, nodes=None, pp=None, dp_local=None,
+            rendezvous_port=None, watch_port=None, skip_preflight=False, detach=False, json=False):
     """Preflight, launch the supervised extraction on a host, and show it live (Ctrl-C detaches; the run goes on).
 
     The host's speculators picks the path: <= 0.4 drives vLLM in-process; >= 0.8 runs a vLLM server and
@@ -97,8 +110,12 @@ def extract(c, host, model=None, data=None, out=None, tp=None, layers=None, batc
     On several hosts (a group, a list): one fleet run, the dataset split by global sample index (in-process:
     host k of n takes i % n == k; server mode: speculators' own --world-size/--rank chunks); every host's
     preflight first, nothing launched unless all pass; `{host}` in --out is each host's name. `inv gather`
-    checks the union."""
-    from specrig.run import fleet_runs
+    checks the union.
+
+    With --nodes: one job over the group's hosts, for a target larger than one host: vLLM spans the nodes
+    (data parallel, or tensor x pipeline parallel), specrig starts the head then the workers and follows
+    them as one; `inv stop --host GROUP --run JOB` ends every node."""
+    from specrig.run import fleet_runs, node_runs
     from specrig.run.runs import extract as run_extract
 
     inventory = load_inventory()
@@ -106,6 +123,19 @@ def extract(c, host, model=None, data=None, out=None, tp=None, layers=None, batc
     given = {"model": model, "data": data, "out": out, "tp": tp, "layers": layers, "batch_size": batch_size,
              "max_len": max_len, "max_samples": max_samples, "port": port, "concurrency": concurrency,
              "allow_skipped": allow_skipped or None}
+    multinode = {"pp": whole_number(pp, option="--pp", default=None),
+                 "dp_local": whole_number(dp_local, option="--dp-local", default=None),
+                 "rendezvous_port": whole_number(rendezvous_port, option="--rendezvous-port", default=None),
+                 "watch_port": whole_number(watch_port, option="--watch-port", default=None)}
+    if nodes is not None:
+        if nodes not in node_runs.MODES:
+            raise UsageError(f"--nodes {nodes!r}: one of {', '.join(node_runs.MODES)}")
+        return node_runs.extract(host, targets or [inventory.host(host)], given, mode=nodes, **multinode,
+                                 skip_preflight=skip_preflight, attach=not (detach or json), as_json=json)
+    given_alone = [name for name, value in multinode.items() if value is not None]
+    if given_alone:
+        raise UsageError(f"--{given_alone[0].replace('_', '-')} applies to a multi-node job",
+                         hint="add --nodes dp or --nodes tp-pp (docs/runs.md, 'Multi-node')")
     if targets and len(targets) > 1:
         return fleet_runs.extract(host, targets, given, skip_preflight=skip_preflight, attach=not (detach or json),
                                   as_json=json)
@@ -180,19 +210,23 @@ def resume(c, host, run=None, detach=False, json=False):
     from specrig.run.runs import final_verdict, resume as show_resume, resume_and_watch
     from specrig.ui.fleet import RunsBoard, resume_figures
 
+    from specrig.run.fleet_runs import JOB_PREFIX, is_group_id
+
     inventory = load_inventory()
     targets = fleet_hosts(inventory, host)
     attach = not (detach or json)
+    if run and run.startswith(JOB_PREFIX) and not targets:
+        # A worker alone would wait for a head that is not coming back; the head alone for its workers.
+        raise UsageError(f"--run {run!r} is a multi-node job: it resumes on every node at once",
+                         hint="pass its group: `inv resume --host GROUP --run JOB`")
     if not targets:
         return show_resume(inventory.host(host), run, attach=attach, as_json=json)
     board = RunsBoard([target.name for target in targets]) if attach else None
 
-    from specrig.run.fleet_runs import is_fleet_run_id
-
     def resume_host(target):
-        # The whole fleet run: hosts whose shard succeeded or still runs are left as they are.
+        # The whole fleet run (or multi-node job): hosts whose run succeeded or still runs are left as they are.
         return resume_and_watch(target, run, on_update=(lambda state: board.update(target.name, state))
-                                if board else None, fleet=is_fleet_run_id(run))
+                                if board else None, fleet=is_group_id(run))
 
     return run_task("resume", targets, resume_host, as_json=json, figures=resume_figures, judge=final_verdict, board=board,
                     detach_note=f"detached; the runs go on. `inv status --host {host}` shows them, "

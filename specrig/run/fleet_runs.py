@@ -27,20 +27,23 @@ from specrig.transport import connect
 from specrig.ui import console, print_json
 
 FLEET_PREFIX = "fleet-"
+#: A multi-node job's id (specrig/run/node_runs.py): one run per node, found by it as a fleet run's shards are.
+JOB_PREFIX = "nodes-"
 #: In --out (or hosts.yaml's extract.out), replaced by each host's name: hosts sharing a filesystem
 #: (the lab's) need an output directory each.
 HOST_FIELD = "{host}"
 GATHER_TIMEOUT_S = 3600
 
 
-def new_fleet_run_id() -> str:
+def new_group_id(prefix: str = FLEET_PREFIX) -> str:
+    """The id of a run over several hosts: a fleet run's, or with JOB_PREFIX a multi-node job's."""
     stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
-    return FLEET_PREFIX + stamp + "-" + "".join(random.choice(string.ascii_lowercase + string.digits)
-                                                for _ in range(4))
+    return prefix + stamp + "-" + "".join(random.choice(string.ascii_lowercase + string.digits) for _ in range(4))
 
 
-def is_fleet_run_id(run_id: str | None) -> bool:
-    return bool(run_id) and run_id.startswith(FLEET_PREFIX)
+def is_group_id(run_id: str | None) -> bool:
+    """Whether `run_id` names a fleet run or a multi-node job (each host finds its own run of it)."""
+    return bool(run_id) and run_id.startswith((FLEET_PREFIX, JOB_PREFIX))
 
 
 def shard_requests(hosts: Sequence[Host], given: dict) -> dict[str, Request]:
@@ -105,7 +108,7 @@ def extract(spec: str, hosts: Sequence[Host], given: dict, *, skip_preflight: bo
             hint="install the same speculators on every host (`inv doctor --host ...` shows them); nothing was "
                  "launched")
 
-    fleet_run_id = new_fleet_run_id()
+    fleet_run_id = new_group_id()
     board = view.RunsBoard(names) if attach else None
 
     def launch(host: Host) -> dict:

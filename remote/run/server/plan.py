@@ -11,7 +11,7 @@ import os
 
 import contract
 import pkgmeta
-from run.server import client, launch
+from run.server import client, launch, nodes as node_layout
 
 #: How long reading the server environment's packages may take (a cold network disk).
 ENVIRONMENT_TIMEOUT_S = 60
@@ -58,11 +58,26 @@ def server_environment(server_python):
     return found["name"], os.path.join(found["root"], "vllm")
 
 
-def make(run_path, run_id, driver_args, *, client_python, server_python=None):
-    """The plan of run `run_id` in `run_path` ({"server_argv", "prepare_argv", "generate_argv", ...})."""
+def settings_of(driver_args):
+    """The driver's arguments over the defaults of both paths."""
     settings = dict(contract.DRIVER_DEFAULTS)
     settings.update(contract.SERVER_DEFAULTS)
     settings.update({k: v for k, v in driver_args.items() if v is not None})
+    return settings
+
+
+def staging_dir(settings, key):
+    """The connector's staging directory: `staging`, else <out>/.specrig-staging/<key> (the run id, or
+    a multi-node job's id: every node's connector writes the same directory)."""
+    return os.path.abspath(os.path.expanduser(settings["staging"] or os.path.join(
+        settings["output_dir"], ".specrig-staging", key)))
+
+
+def make(run_path, run_id, driver_args, *, client_python, server_python=None, nodes=None):
+    """The plan of run `run_id` in `run_path` ({"server_argv", "prepare_argv", "generate_argv", ...});
+    `nodes`: this node's part of a multi-node job (server/nodes.py record), whose workers run the server
+    alone (no client steps: None)."""
+    settings = settings_of(driver_args)
     model, out = settings["model"], settings["output_dir"]
     try:
         config = overridden(launch.read_model_config(model), settings["hf_overrides"])
@@ -70,8 +85,7 @@ def make(run_path, run_id, driver_args, *, client_python, server_python=None):
     except (OSError, ValueError) as exc:
         raise PlanError("model %s: %s" % (model, exc))
     distribution, vllm_dir = server_environment(server_python)
-    staging = os.path.abspath(os.path.expanduser(settings["staging"] or os.path.join(out, ".specrig-staging",
-                                                                                      run_id)))
+    staging = staging_dir(settings, nodes["job_id"] if nodes else run_id)
     prepared_dir = os.path.join(run_path, "prepared")
     extra = []
     if settings["load_format"]:
@@ -86,7 +100,12 @@ def make(run_path, run_id, driver_args, *, client_python, server_python=None):
         "num_hidden_layers": layers, "layer_ids": layer_ids, "hidden_states_path": staging,
         "tensor_parallel_size": settings["tensor_parallel_size"], "port": settings["port"], "host": "127.0.0.1",
         "extra_args": extra})
+    if nodes:
+        server_argv = node_layout.server_argv(
+            server_argv, nodes, distribution=distribution, invocation=launch.INVOCATIONS[distribution][0],
+            serve_program=os.path.join(run_path, "code", "run", "server", "vllm_serve.py"))
     sharded = settings["shard_count"] is not None
+    clients = not nodes or nodes["role"] == node_layout.HEAD
     return {
         "port": settings["port"], "staging": staging, "prepared": prepared_dir, "out": out,
         "num_hidden_layers": layers, "layer_ids": layer_ids, "layer_convention": LAYER_CONVENTION,
@@ -96,10 +115,12 @@ def make(run_path, run_id, driver_args, *, client_python, server_python=None):
         "server_argv": server_argv,
         "prepare_argv": client.prepare_argv(
             client_python, model=model, dataset=settings["dataset"], output=prepared_dir, port=settings["port"],
-            seq_length=settings["max_length"], max_samples=settings["max_samples"], seed=settings["seed"]),
+            seq_length=settings["max_length"], max_samples=settings["max_samples"], seed=settings["seed"])
+        if clients else None,
         "generate_argv": client.generate_argv(
             client_python, model=model, prepared=prepared_dir, output=out, port=settings["port"],
             concurrency=settings["concurrency"], request_timeout=settings["request_timeout"],
             max_retries=settings["max_retries"], max_samples=settings["max_samples"],
-            world_size=settings["shard_count"] if sharded else None, rank=settings["shard_index"]),
+            world_size=settings["shard_count"] if sharded else None, rank=settings["shard_index"])
+        if clients else None,
     }

@@ -211,6 +211,9 @@ class ServerSupervisor(Supervisor):
                 return None, None
             if server.poll() is not None:
                 return None, self.server_failure(server.returncode, offsets)
+            found = self.other_nodes_failure()
+            if found:
+                return None, found
             now = time.monotonic()
             if now - last_probe >= (HEALTH_EVERY_LOADING_S if state == health.LOADING else HEALTH_EVERY_S):
                 last_probe = now
@@ -249,6 +252,11 @@ class ServerSupervisor(Supervisor):
                     return None, failure
             time.sleep(POLL_S)
 
+    def other_nodes_failure(self):
+        """The failure of another node of a multi-node job that ends this attempt
+        (server/node_supervision.py); None on one host."""
+        return None
+
     def progress(self, started, done_at_start, total):
         done = self.count_done(set(self.share(self.status["samples_total"])))
         elapsed = time.monotonic() - started
@@ -280,7 +288,7 @@ class ServerSupervisor(Supervisor):
             found["advice"] = "`inv logs --server` shows the server's traceback"
         found["role"] = "server"
         found["signature"] = classify.signature(found)
-        self.log_marker("%s; ending the client" % found["explain"])
+        self.log_marker(found["explain"] + ("; ending the client" if "client" in self.jobs else ""))
         return found
 
     def validate(self, share, client_log):
