@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import selectors
 import socket
 import time
 import uuid
@@ -35,6 +36,10 @@ CONNECT_TIMEOUT_S = 10
 #: port then fails on the banner, with that cause, instead of a later "No existing session".
 BANNER_TIMEOUT_S = 7
 KEEPALIVE_S = 15
+#: Longest sleep of a call waiting on its channel (it wakes at once for data, EOF or exit status).
+WAKE_S = 1.0
+#: How long, after the exit status, a call waits for the EOF that ends its output.
+EOF_GRACE_S = 0.5
 
 
 class SshRemote(Remote):
@@ -101,31 +106,45 @@ class SshRemote(Remote):
 
 
 def _drain(channel: paramiko.Channel, limit: float | None, name: str) -> tuple[int, str, str]:
+    """Read a channel's stdout and stderr to their end and its exit status, asleep while it is silent.
+
+    The channel's fileno() (paramiko: a pipe set while stdout or stderr holds data, and for good
+    from EOF or close on) wakes the thread when bytes arrive; after EOF only the exit status is
+    left, and its event is waited on. No polling: on a fleet, dozens of calls wait at once. The
+    exit status may come before the last bytes of stderr: the end is EOF (or close) and the status.
+    """
     out, err = bytearray(), bytearray()
     deadline = time.monotonic() + limit if limit else None
-    channel.settimeout(0.2)
-    while True:
-        progressed = False
-        while channel.recv_ready():
-            out += channel.recv(65536)
-            progressed = True
-        while channel.recv_stderr_ready():
-            err += channel.recv_stderr(65536)
-            progressed = True
-        if channel.exit_status_ready() and not channel.recv_ready() and not channel.recv_stderr_ready():
-            # Data may still arrive after the exit status; read to EOF.
-            try:
-                while chunk := channel.recv(65536):
-                    out += chunk
-            except socket.timeout:
-                pass
-            return channel.recv_exit_status(), out.decode(errors="replace"), err.decode(errors="replace")
-        if deadline and time.monotonic() > deadline:
-            raise RemoteTimeout(f"{name}: no answer within {limit:.0f} s; the channel was closed")
-        if not progressed:
-            time.sleep(0.005 if channel.transport.is_active() else 0)
-            if not channel.transport.is_active():
+    status_at = None
+    with selectors.DefaultSelector() as selector:
+        selector.register(channel.fileno(), selectors.EVENT_READ)
+        while True:
+            while channel.recv_ready():
+                out += channel.recv(65536)
+            while channel.recv_stderr_ready():
+                err += channel.recv_stderr(65536)
+            now = time.monotonic()
+            if channel.exit_status_ready():
+                ended = (channel.eof_received or channel.closed) and not (channel.recv_ready()
+                                                                          or channel.recv_stderr_ready())
+                status_at = status_at or now
+                if ended or now - status_at > EOF_GRACE_S:  # the grace: a server that sends no EOF
+                    break
+            if deadline and now > deadline:
+                raise RemoteTimeout(f"{name}: no answer within {limit:.0f} s; the channel was closed")
+            if not channel.transport.is_active() and not channel.recv_ready() and not channel.recv_stderr_ready():
                 raise ConnectionFailed(f"{name}: the SSH connection dropped during a call")
+            wait = WAKE_S if deadline is None else max(0.0, min(WAKE_S, deadline - now))
+            if status_at:
+                wait = max(0.0, min(wait, status_at + EOF_GRACE_S - now))
+            if channel.eof_received:
+                channel.status_event.wait(wait)
+            else:
+                selector.select(wait)
+    if channel.exit_status == -1 and not channel.transport.is_active():
+        # Closed by the connection's end, not by the command's: no exit status came.
+        raise ConnectionFailed(f"{name}: the SSH connection dropped during a call")
+    return channel.recv_exit_status(), out.decode(errors="replace"), err.decode(errors="replace")
 
 
 def _relative_to_home(path: str) -> str:
