@@ -37,3 +37,17 @@ def test_a_failure_shows_its_kind_callee_and_advice():
                   "last_failure": failure})
     assert "api-drift" in text and "callee: SchedulerConfig" in text and "inv apply-patches --host h" in text
     assert "not restarted: it would repeat" in text
+
+
+def test_server_mode_shows_samples_per_second_and_the_servers_state_at_80_columns():
+    """Server mode's heartbeat (written by its supervisor): samples/s, not tokens/s, and the server."""
+    run = {"run_id": "20261130-120018-ghhd", "state": "running", "attempts": [{}, {}],
+           "heartbeat": {"phase": "generating", "samples_done": 53, "samples_total": 189, "samples_per_s": 4.94,
+                         "tokens_per_s": None, "eta_s": 27.5, "server": "ready"}}
+    progress, bar = samples_bar()
+    console = Console(record=True, width=80)
+    console.print(render(run, "", progress, bar))
+    text = console.export_text()
+    assert "phase generating" in text and "attempt 2" in text and "server ready" in text
+    assert "53/189" in text and "4.94 samples/s" in text and "ETA 0m27s" in text
+    assert max(len(line) for line in text.splitlines()) <= 80

@@ -177,6 +177,10 @@ def test_stop_ends_both_groups_and_a_resume_regenerates_a_truncated_file(server_
         assert set(pids) <= set(stopped["pids"]), stopped
         assert not _processes_of(run_id) and not any(_processes_with_pid(pid) for pid in pids)
         assert _status(run_id)["state"] == "stopped"
+        server_log = inv("logs", "--host", HOST, "--run", run_id, "--server", "-n", "400")
+        assert server_log.returncode == 0 and "(APIServer pid=" in server_log.stdout, server_log.stderr
+        client_log = inv("logs", "--host", HOST, "--run", run_id, "-n", "400").stdout
+        assert "generate-offline-data" in client_log and "(APIServer pid=" not in client_log
 
         done = outputs.existing_indices(str(out))
         victim = out / outputs.file_name(done[0])
