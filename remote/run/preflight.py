@@ -22,7 +22,7 @@ import pkgmeta
 import procs
 import telemetry
 from run import runs
-from run.server import preflight as server_preflight
+from run.server import launch, preflight as server_preflight
 
 #: speculators' default EAGLE-3 choice captures four layers.
 DEFAULT_LAYER_COUNT = 4
@@ -78,14 +78,9 @@ def packages():
                  "them" % ", ".join(missing))
 
 
-def _text_config(config):
-    # Multimodal targets (Kimi-K2.5) keep the language model's shape under text_config.
-    return config.get("text_config") or config
-
-
 def _dtype(config):
     # transformers >= 4.56 writes `dtype`, older versions `torch_dtype`.
-    text = _text_config(config)
+    text = launch.text_config(config)
     for source in (text, config):
         for key in ("dtype", "torch_dtype"):
             if source.get(key):
@@ -111,7 +106,7 @@ def model_config(model, model_id):
             config = json.load(handle)
     except (OSError, ValueError) as exc:
         return None, check("model", False, "cannot read %s: %s" % (path, exc), "is the model fully downloaded?")
-    text = _text_config(config)
+    text = launch.text_config(config)
     detail = "%s: %s, hidden %s, %s layers, %s" % (hfcache.describe(hfcache.Model(model, model_id)),
                                                    (config.get("architectures") or ["?"])[0],
                                                    text.get("hidden_size"), text.get("num_hidden_layers"),
@@ -123,7 +118,7 @@ def model_config(model, model_id):
 def layers(layer_ids, config):
     if config is None:
         return check("layers", False, "unknown: the model config could not be read", "fix the model check first")
-    count = _text_config(config).get("num_hidden_layers") or 0
+    count = launch.text_config(config).get("num_hidden_layers") or 0
     if layer_ids is None:
         return check("layers", True, "speculators' default choice of %d layers (of %d)" % (DEFAULT_LAYER_COUNT,
                                                                                           count))
@@ -136,7 +131,7 @@ def max_length(length, config):
     """The driver asks vLLM for max_length + 1 tokens (room for the one decode step)."""
     if config is None:
         return check("max-len", False, "unknown: the model config could not be read", "fix the model check first")
-    limit = _text_config(config).get("max_position_embeddings")
+    limit = launch.text_config(config).get("max_position_embeddings")
     if not limit:
         return check("max-len", True, "max_len %d (the model names no max_position_embeddings)" % length)
     return check("max-len", length + 1 <= limit, "max_len %d + 1 of the model's %d positions" % (length, limit),
@@ -400,7 +395,7 @@ def output_estimate(config, driver, samples):
     """Bytes the hidden states take: layers x tokens x hidden size x dtype bytes."""
     if config is None:
         return None
-    text = _text_config(config)
+    text = launch.text_config(config)
     hidden = text.get("hidden_size") or 0
     dtype = _dtype(config)
     layer_count = len(driver.get("layer_ids") or []) or DEFAULT_LAYER_COUNT

@@ -72,16 +72,21 @@ INVOCATIONS = {
 RENDER_THROUGHPUT_DEFAULTS = {"--api-server-count": "4", "--renderer-num-workers": "2"}
 
 
+def text_config(config):
+    """The language model's part of a config.json dict: multimodal targets (Kimi-K2.5) keep its
+    shape under `text_config`."""
+    text = config.get("text_config")
+    return text if isinstance(text, dict) else config
+
+
 def num_hidden_layers(config):
     """L from a config.json dict, as launch_vllm.py reads it (AutoConfig, then `text_config` when
     the config has one, then `num_hidden_layers`)."""
-    text = config.get("text_config")
-    if isinstance(text, dict):
-        config = text
-    value = config.get("num_hidden_layers")
+    text = text_config(config)
+    value = text.get("num_hidden_layers")
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError("config has no usable num_hidden_layers%s: %r"
-                         % (" (in text_config)" if isinstance(text, dict) else "", value))
+                         % (" (in text_config)" if text is not config else "", value))
     return value
 
 

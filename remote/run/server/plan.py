@@ -25,10 +25,6 @@ class PlanError(Exception):
     """Settings that cannot make a server-mode run; the message names the value and the fix."""
 
 
-def text_config(config):
-    return config.get("text_config") if isinstance(config.get("text_config"), dict) else config
-
-
 def overridden(config, overrides):
     """config.json as the server sees it under --hf-overrides (nested dicts merged; None removes a key):
     the layer count and the hidden size of the files follow it (inv smoke shrinks the model so)."""
@@ -44,7 +40,8 @@ def overridden(config, overrides):
 
 
 def server_environment(server_python):
-    """(distribution providing `import vllm`, its `vllm/` directory) in the server's environment."""
+    """(distribution providing `import vllm`, its `vllm/` directory, its version) in the server's
+    environment."""
     other = None
     if server_python:
         try:
@@ -55,7 +52,7 @@ def server_environment(server_python):
     if not found:
         raise PlanError("no vLLM in the server's environment (%s): install vLLM there, or set server_python in "
                         "hosts.yaml to the environment that has it" % (server_python or "python"))
-    return found["name"], os.path.join(found["root"], "vllm")
+    return found["name"], os.path.join(found["root"], "vllm"), found["version"]
 
 
 def settings_of(driver_args):
@@ -84,7 +81,7 @@ def make(run_path, run_id, driver_args, *, client_python, server_python=None, no
         layers, layer_ids = launch.resolve_layer_ids({"model_config": config, "layer_ids": settings["layer_ids"]})
     except (OSError, ValueError) as exc:
         raise PlanError("model %s: %s" % (model, exc))
-    distribution, vllm_dir = server_environment(server_python)
+    distribution, vllm_dir, vllm_version = server_environment(server_python)
     staging = staging_dir(settings, nodes["job_id"] if nodes else run_id)
     prepared_dir = os.path.join(run_path, "prepared")
     extra = []
@@ -107,9 +104,10 @@ def make(run_path, run_id, driver_args, *, client_python, server_python=None, no
     sharded = settings["shard_count"] is not None
     clients = not nodes or nodes["role"] == node_layout.HEAD
     return {
-        "port": settings["port"], "staging": staging, "prepared": prepared_dir, "out": out,
+        "vllm_version": vllm_version, "port": settings["port"], "staging": staging, "prepared": prepared_dir,
+        "out": out,
         "num_hidden_layers": layers, "layer_ids": layer_ids, "layer_convention": LAYER_CONVENTION,
-        "hidden_size": text_config(config).get("hidden_size"),
+        "hidden_size": launch.text_config(config).get("hidden_size"),
         "max_samples": settings["max_samples"], "allow_skipped": bool(settings["allow_skipped"]),
         "world_size": settings["shard_count"] if sharded else 1, "rank": settings["shard_index"] if sharded else 0,
         "server_argv": server_argv,

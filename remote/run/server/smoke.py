@@ -73,14 +73,11 @@ def run(smoke, *, model, config, samples, work, timeout_s, server_python, host=N
     if ended.get("state") != "succeeded":
         message, failure = _failure(smoke, run_dir, ended)
         raise RemoteFailure("smoke-failed", message, failure=failure, elapsed_s=elapsed, shrunk=shrunk)
-    server_env = pkgmeta.other_environment(server_python, ["vllm"], plan.ENVIRONMENT_TIMEOUT_S) \
-        if server_python else None
-    vllm = (server_env["installed"]["vllm"] if server_env else pkgmeta.installed("vllm")) or {}
     return {"ok": True, "path": "server", "model": model, "architectures": config.get("architectures"),
             "shrunk": shrunk, "samples": (ended.get("result") or {}).get("ok"), "layer_ids": made["layer_ids"],
             "tokens_per_s": None, "elapsed_s": elapsed,
             "versions": {"speculators": pkgmeta.versions(("speculators",))["speculators"],
-                         "vllm": vllm.get("version")}}
+                         "vllm": made["vllm_version"]}}
 
 
 def _failure(smoke, run_dir, ended):
