@@ -16,19 +16,16 @@ import socket
 import subprocess
 import time
 import uuid
-from pathlib import Path
 
 import pytest
-import yaml
 
-from conftest import REPO, inv, inv_json
+from conftest import inv, inv_json
 from runnable_env import HOME, runnable_env_or_skip  # noqa: F401 (marks the module runnable)
+from server_lab import require_server_fleet, run_files, server_fleet_inventory
 from run.server import outputs
-from specrig import lab as lab_module
 
 HOSTS = ["lab-1", "lab-2"]
 CALL_TIMEOUT_S = 300
-CLIENT = HOME / "venv-spec-0.9"
 #: Two servers load on this 2-core machine, once per attempt: 60-120 s each.
 LOAD_TIMEOUT_S = 600
 
@@ -42,47 +39,19 @@ def free_port() -> int:
 @pytest.fixture
 def pair(lab, tmp_path):
     """hosts.yaml with lab-1 and lab-2 in server mode, group `pair`; the job's output directory."""
-    if not (CLIENT / "bin" / "python").exists() or lab_module.fleet_size() < len(HOSTS):
-        pytest.skip("needs `inv lab.up --runnable --hosts 2` (server mode's environments and two fleet hosts)")
-    patched = inv("apply-patches", "--host", "lab-server", timeout=300)  # venv-server-0.32, shared by the pair
-    assert patched.returncode == 0, patched.stdout + patched.stderr
-    fleet = yaml.safe_load((REPO / ".lab" / "fleet.yaml").read_text())["hosts"]
+    fleet = require_server_fleet(HOSTS)
     out = HOME / "specrig-fleet" / "out" / f"nodes-{uuid.uuid4().hex[:8]}"
-    hosts = {}
-    for host in HOSTS:
-        entry = dict(fleet[host], identity_file=str(REPO / ".lab" / "client_key"),
-                     python="~/venv-spec-0.9/bin/python", server_python="~/venv-server-0.32/bin/python",
-                     env={"VLLM_CPU_KVCACHE_SPACE": 1})
-        entry["extract"] = dict(entry["extract"], port=free_port(), out=str(out), load_timeout_s=LOAD_TIMEOUT_S)
-        hosts[host] = entry
-    inventory = tmp_path / "hosts.yaml"
-    inventory.write_text(yaml.safe_dump({"hosts": hosts, "groups": {"pair": HOSTS}}))
-    (tmp_path / ".specrig").mkdir()
-    shutil.copy(REPO / ".specrig" / "known_hosts", tmp_path / ".specrig" / "known_hosts")
+    inventory = server_fleet_inventory(tmp_path, fleet, HOSTS, env={"VLLM_CPU_KVCACHE_SPACE": 1}, extract=lambda _: {
+        "port": free_port(), "out": str(out), "load_timeout_s": LOAD_TIMEOUT_S})
     yield inventory, out
     shutil.rmtree(out, ignore_errors=True)
-
-
-def run_files(host: str, run_id: str) -> dict:
-    """The run's status.json and heartbeat.json as the host has them (the lab is this machine)."""
-    run = HOME / "specrig-fleet" / host / "runs" / run_id
-
-    def read(name):
-        try:
-            return json.loads((run / name).read_text())
-        except (OSError, ValueError):  # not written yet
-            return {}
-
-    exit_record = read("exit.json")
-    return dict(read("status.json"), heartbeat=read("heartbeat.json"),
-                **({"state": exit_record["state"]} if exit_record else {}))
 
 
 def wait(runs: dict, until, what: str, timeout: float = LOAD_TIMEOUT_S) -> dict:
     """Each node's files once `until(head, worker)` holds."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        head, worker = (run_files(host, runs[host]) for host in HOSTS)
+        head, worker = (run_files(HOME / "specrig-fleet" / host / "runs" / runs[host]) for host in HOSTS)
         if head and worker and until(head, worker):
             return {"lab-1": head, "lab-2": worker}
         for found in (head, worker):

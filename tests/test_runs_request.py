@@ -48,3 +48,21 @@ def test_bad_settings_name_where_they_came_from(make_inventory, extract, given, 
 def test_bad_layers_are_refused(text):
     with pytest.raises(UsageError, match="--layers"):
         parse_layers(text)
+
+
+@pytest.mark.parametrize("extract, given, path, message", [
+    ({"port": 8001}, {}, "in-process", "hosts.yaml: hosts.h.extract.port: port applies to server mode "
+                                       "(speculators >= 0.8), and h takes speculators <= 0.4's in-process extraction"),
+    ({}, {"allow_skipped": True}, "in-process", "--allow-skipped: allow_skipped applies to server mode"),
+    ({}, {"batch_size": "4"}, "server", "--batch-size: batch_size applies to speculators <= 0.4's in-process "
+                                        "extraction, and h takes server mode (speculators >= 0.8)"),
+])
+def test_a_setting_of_the_other_extraction_path_is_refused_by_name(make_inventory, extract, given, path, message):
+    host = load_inventory(make_inventory({"hosts": {"h": {"extract": {"model": "/m", "data": "/d", "out": "/o",
+                                                                      **extract}}}})).host("h")
+    request = build_request(host, given)
+    with pytest.raises(UsageError) as raised:
+        request.for_path(path, host)
+    assert message in raised.value.one_line()
+    own = "server" if path == "in-process" else "in-process"
+    assert request.for_path(own, host) is request  # on its own path the same request passes

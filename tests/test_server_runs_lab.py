@@ -19,22 +19,18 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, inv, inv_json
+from conftest import inv, inv_json
 from patchenv import as_lab_user
 from run.server import outputs
 from runnable_env import HOME, clean_venv_copy, private_inventory, runnable_env_or_skip  # noqa: F401 (runnable)
+from server_lab import CLIENT, LAYERS, TOLERANCE, run_files, states_against_transformers
 
 HOST = "lab-server"
-CLIENT = HOME / "venv-spec-0.9"
-MODEL = HOME / "models" / "tiny-llama"
 #: The tiny chat dataset's rows: 96 conversations fan out to one row per assistant turn.
 ROWS = 189
 RUNS = HOME / "specrig-work" / "runs"
-LAYERS = [2, 4, 5, 8]
 HIDDEN = 128
 RUN_TIMEOUT_S = 900
-#: bf16 keeps 8 bits of mantissa: a few ulps of the largest value.
-TOLERANCE = 2 ** -6
 
 
 @pytest.fixture(scope="module")
@@ -71,26 +67,10 @@ def _status(run_id: str) -> dict:
     return result["runs"][0]
 
 
-def _files(run_id: str) -> dict:
-    """The run's status.json and heartbeat.json as the host has them: read directly (the lab is this
-    machine), so that a wait polls in tenths of a second, faster than the tiny model extracts."""
-    run = RUNS / run_id
-
-    def read(name):
-        try:
-            return json.loads((run / name).read_text())
-        except (OSError, ValueError):  # not written yet
-            return {}
-
-    exit_record = read("exit.json")
-    return dict(read("status.json"), heartbeat=read("heartbeat.json"), **({"state": exit_record["state"]}
-                                                                         if exit_record else {}))
-
-
 def _wait(run_id: str, until, what: str, timeout: float = RUN_TIMEOUT_S) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        run = _files(run_id)
+        run = run_files(RUNS / run_id)
         if run and until(run):
             return run
         if run.get("state") in ("succeeded", "failed", "stopped"):
@@ -148,18 +128,9 @@ def test_extract_survives_kill_9_of_the_server_and_of_the_client_and_matches_tra
     assert described["layer_ids"] == LAYERS and "input of decoder layer k" in described["convention"]
     assert not _processes_of(run_id)
 
-    reference = subprocess.run([str(CLIENT / "bin" / "python"),
-                                str(REPO / "tests" / "programs" / "server_hidden_states_reference.py"),
-                                str(out), str(MODEL), ",".join(map(str, LAYERS))],
-                               capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
-    assert reference.returncode == 0, reference.stderr[-3000:]
-    measured = json.loads(reference.stdout.strip().splitlines()[-1])
-    assert measured["files"] == ROWS and not measured["problems"], measured
-    tolerance = TOLERANCE * measured["max_abs_value"]
-    for k in LAYERS:  # id k = the input of decoder layer k: docs/server-mode.md §3, §12
-        assert measured["max_abs_diff"]["input"][str(k)] <= tolerance, measured
-        if k < max(LAYERS):  # and not the output of layer k, which the in-process path stores for id k
-            assert measured["max_abs_diff"]["output"][str(k)] > 4 * tolerance, measured
+    measured = states_against_transformers(out, files=ROWS)
+    for k in LAYERS[:-1]:  # and id k is not the output of layer k, which the in-process path stores for id k
+        assert measured["max_abs_diff"]["output"][str(k)] > 4 * TOLERANCE * measured["max_abs_value"], measured
 
 
 def _processes_with_pid(pid: int) -> bool:
