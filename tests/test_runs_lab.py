@@ -5,6 +5,7 @@ has not built it); lab is the analysis-only venv, where the driver fails for rea
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -12,6 +13,8 @@ import subprocess
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -77,11 +80,35 @@ def wait_for(what, predicate, timeout=RUN_TIMEOUT_S, interval=1.0):
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
-def extracting(out, at_least):
-    """The run writing `out` once it has written `at_least` samples (None before)."""
+def extracting(out):
+    """The run writing `out` once its status shows it extracting (None before)."""
     run = run_writing(out)
-    beat = (run or {}).get("heartbeat") or {}
-    return run if beat.get("phase") == "extracting" and (beat.get("samples_done") or 0) >= at_least else None
+    return run if ((run or {}).get("heartbeat") or {}).get("phase") == "extracting" else None
+
+
+@contextlib.contextmanager
+def held_mid_extraction(out, at_least):
+    """Hold the driver of the run writing `out` (SIGSTOP to its process group) once `at_least` samples
+    are in `out`, and let it go on (SIGCONT) on leaving; yields the run's directory.
+
+    The tiny model extracts the whole dataset in seconds, and faster on a faster machine, while one
+    `inv status` takes about a second: unheld, the run can finish before a test acts on it. The lab
+    host is this machine, so the files are watched directly, twenty times a second.
+    """
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    runs_dir = lab_home() / "specrig-work" / "runs"
+    while len(list(Path(out).glob("data_*.pt"))) < at_least:
+        assert time.monotonic() < deadline, f"timed out after {RUN_TIMEOUT_S} s waiting for {at_least} samples in {out}"
+        time.sleep(0.05)
+    run_dir = max((record.parent for record in runs_dir.glob("*/run.json")
+                   if json.loads(record.read_text())["out"] == out), key=lambda d: d.name)
+    group = os.getpgid(json.loads((run_dir / "heartbeat.json").read_text())["pid"])
+    os.killpg(group, signal.SIGSTOP)
+    try:
+        yield run_dir
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGCONT)
 
 
 def finished(run_id, host="lab-cpu", inventory=None):
@@ -184,8 +211,9 @@ def test_dropping_the_ssh_connection_mid_run_does_not_stop_the_job(runnable, dat
     client = subprocess.Popen([sys.executable, "-m", "invoke", "-r", str(REPO), *extract_args(dataset, out)],
                               cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        run = wait_for("the run to extract", lambda: extracting(out, 2))
-        drop(client)
+        with held_mid_extraction(out, 2):
+            run = wait_for("the run to extract", lambda: extracting(out))
+            drop(client)
         if drop is kill_serving_sshd:
             # The attached view loses its connection and says so; it does not stop the run.
             assert client.wait(timeout=60) != 0
@@ -206,8 +234,9 @@ def test_dropping_the_ssh_connection_mid_run_does_not_stop_the_job(runnable, dat
 def test_kill_9_of_the_driver_is_recorded_and_resumed_with_every_sample_once(runnable, dataset, out):
     launched = inv(*extract_args(dataset, out, "--detach"))
     assert launched.returncode == 0, launched.stderr
-    run = wait_for("the run to extract", lambda: extracting(out, 5))
-    ssh_kill_9(run["driver_pid"])
+    with held_mid_extraction(out, 5):
+        run = wait_for("the run to extract", lambda: extracting(out))
+        ssh_kill_9(run["driver_pid"])
     final = wait_for("the run to finish", lambda: finished(run["run_id"]))
     assert final["state"] == "succeeded", final
     first, last = final["attempts"][0], final["attempts"][-1]
@@ -227,17 +256,21 @@ def test_ctrl_c_detaches_stop_leaves_no_process_of_the_run_and_resume_completes_
                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               preexec_fn=interruptible)
     try:
-        run = wait_for("the run to extract", lambda: extracting(out, 2))
-        client.send_signal(signal.SIGINT)
-        shown, errors = client.communicate(timeout=60)
+        with ThreadPoolExecutor(1) as pool, held_mid_extraction(out, 2) as run_dir:
+            run = wait_for("the run to extract", lambda: extracting(out))
+            client.send_signal(signal.SIGINT)
+            shown, errors = client.communicate(timeout=60)
+            assert status(run=run["run_id"])["runs"][0]["state"] == "running"
+            assert len(session_members(run["driver_pgid"])) >= 2, "vLLM's worker should run beside the driver"
+            # Let the driver go on only once the stop is under way, so that the run cannot finish first.
+            stopping = pool.submit(inv, "stop", "--host", "lab-cpu", "--run", run["run_id"], "--json", timeout=300)
+            wait_for("the stop to begin", lambda: (run_dir / "stop.request").exists(), interval=0.05)
     finally:
         client.kill()
     assert client.returncode == 0, errors
     assert f"detached from run {run['run_id']}; it goes on" in shown
-    assert status(run=run["run_id"])["runs"][0]["state"] == "running"
-    assert len(session_members(run["driver_pgid"])) >= 2, "vLLM's worker should run beside the driver"
 
-    stopped = inv("stop", "--host", "lab-cpu", "--run", run["run_id"], "--json", timeout=300)
+    stopped = stopping.result()
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     report = json.loads(stopped.stdout)
     assert report["clean"] and report["left"] == [] and report["state"] == "stopped"
