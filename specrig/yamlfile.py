@@ -8,11 +8,15 @@ import yaml
 
 from specrig.errors import UsageError
 
+#: libyaml's loader where PyYAML was built with it: the same safe types, ten times faster than the
+#: pure-Python one (every patchset.yaml is read into each new bundle).
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 
 def parse_yaml(text: str | bytes, *, path: Path, error: type[UsageError] = UsageError,
                hint: str | None = None) -> Any:
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=SAFE_LOADER)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""

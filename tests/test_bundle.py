@@ -5,10 +5,13 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from conftest import REPO
+from specrig.transport import bundle
 from specrig.transport.bundle import Bundle, bundle_files
 from specrig.errors import UsageError
 from specrig.exit_status import ExitStatus
@@ -47,3 +50,24 @@ def test_broken_patchset_stops_any_task_with_exit_2_before_reaching_a_host(tmp_p
                             capture_output=True, text=True, cwd=copy, timeout=120)
     assert result.returncode == ExitStatus.USAGE, result.stderr
     assert "not valid YAML" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_the_hosts_of_a_fleet_task_share_one_build_of_the_bundle(monkeypatch):
+    """Every host's thread asks for the bundle at the same moment (after its SSH handshake): one builds
+    it, the others wait and get the same one."""
+    builds, arrived = [], threading.Barrier(16)
+
+    def counted(remote, patchsets):
+        builds.append(threading.get_ident())
+        return bundle_files(remote, patchsets)
+
+    def ask(_):
+        arrived.wait()
+        return bundle.current_bundle()
+
+    bundle._bundle_of.cache_clear()
+    monkeypatch.setattr(bundle, "bundle_files", counted)
+    with ThreadPoolExecutor(16) as pool:
+        shared = list(pool.map(ask, range(16)))
+    bundle._bundle_of.cache_clear()
+    assert len(builds) == 1 and all(each is shared[0] for each in shared)

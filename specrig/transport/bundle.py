@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 import tarfile
+import threading
 from pathlib import Path
 
 from specrig.paths import patchsets_dir, remote_dir
@@ -58,10 +59,17 @@ class Bundle:
         return buffer.getvalue()
 
 
+#: The hosts of a fleet task ask for the bundle at once, each from its own thread: one builds it,
+#: the others wait for it (lru_cache alone would let all of them build it side by side).
+_BUILDING = threading.Lock()
+
+
 def current_bundle() -> Bundle:
     """The bundle of the code as it is now: built again only when a file changed (by path, size and
     mtime), so the hosts of one task share it instead of each hashing every file again."""
-    return _bundle_of(_signature(remote_dir(), patchsets_dir()))
+    signature = _signature(remote_dir(), patchsets_dir())
+    with _BUILDING:
+        return _bundle_of(signature)
 
 
 def _signature(*tops: Path) -> tuple:
