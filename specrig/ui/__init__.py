@@ -27,8 +27,10 @@ def print_indented(text: Text | str, *, indent: int = BLOCK_INDENT) -> None:
 
 
 def print_json(data) -> None:
-    """Machine output: plain JSON on stdout, nothing else."""
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    """Machine output: plain JSON on stdout, nothing else; indented for a person at a terminal, one
+    line for a pipe or a file (json's C encoder, which cannot indent: a fleet's answers are megabytes)."""
+    indent = 2 if sys.stdout.isatty() else None
+    sys.stdout.write(json.dumps(data, indent=indent, default=str) + "\n")
 
 
 def human_bytes(n: float | None) -> str:
