@@ -22,6 +22,9 @@ The machine may be shared: each timed run waits until it is quiet (under 15% bus
 code timed is a snapshot of the checkout taken at the start (its bundle uploaded by a warm-up run).
 
     python benchmarks/bench_fleet_verify.py [--sizes 1,8,32] [--rtt-ms 100] [--repeat 3]
+
+benchmarks/device_fleet/ brings the same lab fleet up on a device machine (16 cores, no sshd), where
+the hosts have cores to spare, and runs this script there.
 """
 from __future__ import annotations
 
