@@ -13,13 +13,22 @@ except (ImportError, SyntaxError):
 SENTINEL = "@@SPECRIG-RESULT@@"
 
 # -- run states (remote/run/rundir.py writes them; status, logs, the live view read them) -------
-#: A supervisor is (or should be) working on the run.
-ACTIVE_STATES = ("starting", "running", "restarting", "stalled")
-#: The supervisor ended the run.
-FINAL_STATES = ("succeeded", "failed", "stopped")
-#: An active state whose supervisor is gone (host rebooted, killed): resumable.
-LOST = "lost"
+# Every state is named here once; code writes and compares these names, never the bare strings, so a
+# renamed state cannot go unnoticed.
+STARTING = "starting"        # the supervisor is up; the workload not yet started
+RUNNING = "running"          # the workload is working
+RESTARTING = "restarting"    # an attempt failed with a retryable failure; the next one waits its back-off
+STALLED = "stalled"          # no progress for the stall timeout (the workload is still alive)
 SUCCEEDED = "succeeded"
+FAILED = "failed"
+STOPPED = "stopped"          # a stop asked for it
+#: An active state whose supervisor is gone (host rebooted, killed): resumable. Never written: status
+#: derives it from a dead supervisor.
+LOST = "lost"
+#: A supervisor is (or should be) working on the run.
+ACTIVE_STATES = (STARTING, RUNNING, RESTARTING, STALLED)
+#: The supervisor ended the run.
+FINAL_STATES = (SUCCEEDED, FAILED, STOPPED)
 
 # -- the extraction driver's arguments (remote/run/extract_driver.py reads them) ------------------
 DRIVER_REQUIRED = ("model", "dataset", "output_dir")

@@ -1,7 +1,7 @@
 """The host half of the remote primitive: read the call, run it, print the result.
 
 A call file holds {"command": str, "args": dict, "env": dict, "timeout_s": float|null}.
-The command is a wire name of COMMANDS; its module's run(args) returns a dict.
+The command is a wire name of COMMANDS, which names the one function that runs it: f(args) -> dict.
 The result is printed as one line, SENTINEL + JSON, so that whatever libraries
 print to stdout before it does no harm.
 """
@@ -15,17 +15,26 @@ import traceback
 
 from contract import SENTINEL
 
-#: Every command a call may name (the wire name the laptop sends) and the module that runs it.
-#: A table, not a naming pattern: a call can reach these modules and nothing else.
+#: Every command a call may name (the wire name the laptop sends) and the function that runs it,
+#: "module:function". One flat table, not a naming pattern and no second dispatch inside a module:
+#: a call can reach these functions and nothing else.
 COMMANDS = {
-    "probe": "probe",                 # the primitive's own diagnostics
-    "doctor": "doctor",               # what is on the host
-    "verify": "drift.verify",         # analyze: drift between the installed packages
-    "patch": "patching.patch",        # patch: apply, status, revert
-    "preflight": "run.preflight",     # run: the checks before a launch
-    "node-preflight": "run.server.node_preflight",  # run: a multi-node job's checks on one node
-    "smoke": "run.smoke",             # run: the driver on a shrunk model
-    "runs": "run.runs",               # run: launch, status, logs, stop, resume
+    "probe": "probe:run",                                   # the primitive's own diagnostics
+    "doctor": "doctor:run",                                 # what is on the host
+    "verify": "drift.verify:run",                           # analyze: drift between the installed packages
+    "patch.status": "patching.patch:status",                # patch: what is applied, pending, missing
+    "patch.apply": "patching.patch:apply",                  # patch: apply (or dry-run) the patchset
+    "patch.revert": "patching.patch:revert",                # patch: put the files back
+    "preflight": "run.preflight:run",                       # run: the checks before a launch
+    "node-preflight.facts": "run.server.node_preflight:facts",            # run: one node's facts
+    "node-preflight.rendezvous": "run.server.node_preflight:rendezvous",  # run: the nodes reach each other
+    "smoke": "run.smoke:run",                               # run: the driver on a shrunk model
+    "runs.launch": "run.runs:launch",                       # run: start a supervised run
+    "runs.status": "run.runs:status",
+    "runs.logs": "run.runs:logs",
+    "runs.stop": "run.runs:stop",
+    "runs.resume": "run.runs:resume",
+    "runs.verify-output": "run.runs:verify_output",         # run: the run's output, each sample loaded
 }
 _print_lock = threading.Lock()
 _printed = False
@@ -108,8 +117,8 @@ def main(argv):
     if call.get("timeout_s"):
         _arm_deadline(float(call["timeout_s"]))
     try:
-        module = importlib.import_module(COMMANDS[call["command"]])
-        result = module.run(call.get("args") or {})
+        module_name, function = COMMANDS[call["command"]].split(":")
+        result = getattr(importlib.import_module(module_name), function)(call.get("args") or {})
     except RemoteFailure as failure:
         emit({"ok": False, "error": failure.as_error()})
         os._exit(3)

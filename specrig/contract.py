@@ -26,10 +26,17 @@ Version = _versions.Version
 InvalidVersion = _versions.InvalidVersion
 
 SENTINEL: str = _contract.SENTINEL
+# The run states (remote/contract.py names each once).
+STARTING: str = _contract.STARTING
+RUNNING: str = _contract.RUNNING
+RESTARTING: str = _contract.RESTARTING
+STALLED: str = _contract.STALLED
+SUCCEEDED: str = _contract.SUCCEEDED
+FAILED: str = _contract.FAILED
+STOPPED: str = _contract.STOPPED
+LOST: str = _contract.LOST
 ACTIVE_STATES: tuple[str, ...] = _contract.ACTIVE_STATES
 FINAL_STATES: tuple[str, ...] = _contract.FINAL_STATES
-LOST: str = _contract.LOST
-SUCCEEDED: str = _contract.SUCCEEDED
 DRIVER_DEFAULTS: dict = _contract.DRIVER_DEFAULTS
 DRIVER_REQUIRED: tuple[str, ...] = _contract.DRIVER_REQUIRED
 SUPERVISOR_DEFAULTS: dict = _contract.SUPERVISOR_DEFAULTS

@@ -228,11 +228,12 @@ def engine_bundle() -> Path:
     return root
 
 
-def start_engine(env: PatchEnv, args: dict) -> subprocess.Popen:
-    """`<python> remote/entry.py <args.json>` as the lab user: the engine exactly as a call runs it."""
+def start_engine(env: PatchEnv, action: str, args: dict | None = None) -> subprocess.Popen:
+    """`<python> remote/entry.py <args.json>` as the lab user: the engine's `patch.<action>` exactly as a
+    call runs it."""
     bundle = engine_bundle()
     call = env.prefix / f"call-{uuid.uuid4().hex[:8]}.json"
-    call.write_text(json.dumps({"command": "patch", "args": args}))
+    call.write_text(json.dumps({"command": f"patch.{action}", "args": args or {}}))
     user = pwd.getpwnam(LAB_USER)
     os.chown(call, user.pw_uid, user.pw_gid)
     return subprocess.Popen([env.python, str(bundle / "remote" / "entry.py"), str(call)], user=user.pw_uid,
@@ -248,5 +249,5 @@ def engine_result(process: subprocess.Popen, timeout: float = 120) -> dict:
     return json.loads(line.split(" ", 1)[1])
 
 
-def run_engine(env: PatchEnv, args: dict) -> dict:
-    return engine_result(start_engine(env, args))
+def run_engine(env: PatchEnv, action: str, args: dict | None = None) -> dict:
+    return engine_result(start_engine(env, action, args))

@@ -77,7 +77,7 @@ def patch(runnable: Runnable, action: str) -> dict:
     from specrig.transport import connect
 
     with connect(runnable.host) as remote:
-        return remote.call("patch", {"action": action, "force": action == "revert"}, timeout=300)
+        return remote.call(f"patch.{action}", {"force": action == "revert"}, timeout=300)
 
 
 def private_clean_copy(runnable: Runnable, directory: Path) -> Runnable:

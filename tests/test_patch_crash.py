@@ -52,7 +52,7 @@ def assert_consistent(env, original, patched):
 
 
 def patch_states(env):
-    reply = run_engine(env, {"action": "status"})
+    reply = run_engine(env, "status")
     assert reply["ok"], reply
     return reply["result"]
 
@@ -72,7 +72,7 @@ def test_kill_9_during_apply_never_leaves_a_half_patched_file(patch_env):
 
     # Calibrate: how long a whole apply takes, and when it starts writing (the manifest's intent appears).
     started = time.monotonic()
-    process = start_engine(env, {"action": "apply"})
+    process = start_engine(env, "apply")
     first_write = None
     while process.poll() is None:
         if first_write is None and (env.state_dir / "manifest.json").exists():
@@ -89,7 +89,7 @@ def test_kill_9_during_apply_never_leaves_a_half_patched_file(patch_env):
     for trial in range(KILL_TRIALS):
         # Half the kills anywhere in the run, half inside the part that writes.
         window = (0.0, whole) if trial % 2 else (max(0.0, first_write - 0.002), whole)
-        process = start_engine(env, {"action": "apply"})
+        process = start_engine(env, "apply")
         time.sleep(rng.uniform(*window))
         os.kill(process.pid, signal.SIGKILL)
         process.wait()
@@ -102,11 +102,11 @@ def test_kill_9_during_apply_never_leaves_a_half_patched_file(patch_env):
         assert {r["state"] for r in states["recorded"]} <= {"intact"}
 
         # The next run recovers: it completes the apply, and a revert then restores the original bytes.
-        reply = run_engine(env, {"action": "apply"})
+        reply = run_engine(env, "apply")
         assert reply["ok"], reply
         assert env.target_hashes() == patched and env.manifest()["intent"] is None
         assert not [p for path in target_paths() for p in env.target(path).parent.glob(".*.specrig-tmp-*")]
-        reply = run_engine(env, {"action": "revert"})
+        reply = run_engine(env, "revert")
         assert reply["ok"], reply
         assert env.target_hashes() == original
         reset(env, original_bytes)
@@ -116,20 +116,20 @@ def test_kill_9_during_apply_never_leaves_a_half_patched_file(patch_env):
 def test_kill_9_during_revert_never_leaves_a_half_restored_file(patch_env):
     env = patch_env
     original = env.target_hashes()
-    assert run_engine(env, {"action": "apply"})["ok"]
+    assert run_engine(env, "apply")["ok"]
     patched = env.target_hashes()
     started = time.monotonic()
-    assert run_engine(env, {"action": "revert"})["ok"]
+    assert run_engine(env, "revert")["ok"]
     whole = time.monotonic() - started
     rng = random.Random(9)
     for _ in range(REVERT_KILL_TRIALS):
-        assert run_engine(env, {"action": "apply"})["ok"]
-        process = start_engine(env, {"action": "revert"})
+        assert run_engine(env, "apply")["ok"]
+        process = start_engine(env, "revert")
         time.sleep(rng.uniform(0, whole))
         os.kill(process.pid, signal.SIGKILL)
         process.wait()
         assert_consistent(env, original, patched)
-        assert run_engine(env, {"action": "revert"})["ok"]
+        assert run_engine(env, "revert")["ok"]
         assert env.target_hashes() == original
 
 
@@ -160,8 +160,8 @@ def test_two_applies_at_once_one_waits_or_fails_clearly(patch_env):
     # Engines started together, several times: never a corrupt file or manifest.
     patched = env.target_hashes()
     for _ in range(5):
-        assert run_engine(env, {"action": "revert"})["ok"]
-        pair = [start_engine(env, {"action": "apply"}) for _ in range(2)]
+        assert run_engine(env, "revert")["ok"]
+        pair = [start_engine(env, "apply") for _ in range(2)]
         replies = [json.loads(p.communicate(timeout=120)[0].decode().rsplit("@@SPECRIG-RESULT@@ ", 1)[1])
                    for p in pair]
         assert any(r["ok"] for r in replies)
@@ -172,8 +172,8 @@ def test_two_applies_at_once_one_waits_or_fails_clearly(patch_env):
 
 def test_a_held_lock_refuses_apply_and_revert_naming_the_holder(patch_env):
     env = patch_env
-    assert run_engine(env, {"action": "apply"})["ok"]
-    assert run_engine(env, {"action": "revert", "patch": "scheduler-block-size"})["ok"]
+    assert run_engine(env, "apply")["ok"]
+    assert run_engine(env, "revert", {"patch": "scheduler-block-size"})["ok"]
     before = env.target_hashes()
     with open(env.state_dir / "lock", "r+") as lock:
         # Another client (the engine's own protocol: flock, then its holder record).

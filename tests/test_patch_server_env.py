@@ -127,31 +127,31 @@ def test_the_speculators_fact_from_python_is_what_matches(server_env):
     server = host.server_interpreter
     with connect(host) as remote:
         # Untold, the server's environment would take its own speculators 0.4.0.1: lab-cpu-032's patchset.
-        own = call_engine(remote, {"action": "status", "patchset": None}, python=server, role="server_python")
+        own = call_engine(remote, "status", {"patchset": None}, python=server, role="server_python")
         assert own["patchset"]["name"] == "speculators-0.4-vllm-0.32"
         assert own["facts"]["given"] == {} and "given" not in own["facts"]["packages"]["speculators"]
-        given = call_engine(remote, {"action": "status", "patchset": None, "facts": {"speculators": "0.9.0"}},
+        given = call_engine(remote, "status", {"patchset": None, "facts": {"speculators": "0.9.0"}},
                             python=server, role="server_python")
         assert given["patchset"]["name"] == PATCHSET
         assert given["facts"]["given"] == {"speculators": "0.9.0"}
         # Told 0.4.0.1, it picks lab-cpu-032's patchset, whose targets are speculators' files: those
         # of the given version are in the other environment, so it is refused (nothing changed).
         with pytest.raises(UsageError) as elsewhere:
-            call_engine(remote, {"action": "status", "patchset": None, "facts": {"speculators": "0.4.0.1"}},
+            call_engine(remote, "status", {"patchset": None, "facts": {"speculators": "0.4.0.1"}},
                         python=server)
         assert elsewhere.value.kind == "other-environment"
         assert "patchset speculators-0.4-vllm-0.32 patch pydantic-torch-namespace targets speculators" in \
             elsewhere.value.message
-        absent = call_engine(remote, {"action": "status", "patchset": None, "facts": {"speculators": None}},
+        absent = call_engine(remote, "status", {"patchset": None, "facts": {"speculators": None}},
                              python=server, role="server_python")
         assert absent["patchset"] is None and "speculators is not installed" in absent["patchset_problem"]
         for bad in ({"speculators": "not a version"}, {"torch": "2.13.0"}, ["speculators"]):
             with pytest.raises(UsageError, match="facts"):
-                call_engine(remote, {"action": "status", "facts": bad}, python=server)
+                call_engine(remote, "status", {"facts": bad}, python=server)
         # The other way round: the engine in the client's environment, told vLLM's version. The
         # patchset is picked, but its targets are vLLM's files, which are not there: refused.
         with pytest.raises(UsageError) as refused:
-            call_engine(remote, {"action": "apply", "patchset": PATCHSET, "facts": {"vllm": "0.32.0"}})
+            call_engine(remote, "apply", {"patchset": PATCHSET, "facts": {"vllm": "0.32.0"}})
         assert refused.value.kind == "other-environment"
         assert "patch cpu-connector-no-pinned-memory targets vllm" in refused.value.message
     assert not (client / ".specrig").exists() and not (prefix / ".specrig").exists()

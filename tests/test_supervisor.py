@@ -33,7 +33,7 @@ def local(tmp_path):
 
 def launch(local, tmp_path, job: dict, **options) -> str:
     host, remote = local
-    result = remote.call("runs", {"action": "launch", "workdir": host.workdir, "host": "local",
+    result = remote.call("runs.launch", {"workdir": host.workdir, "host": "local",
                                   "driver_program": str(JOB_TREE),
                                   "driver_args": {"output_dir": str(tmp_path / "out"), "children": 1, **job},
                                   "options": {**FAST, **options}})
@@ -44,7 +44,7 @@ def wait_state(local, run_id, states, timeout=120):
     host, remote = local
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        run = remote.call("runs", {"action": "status", "workdir": host.workdir, "run": run_id})["runs"][0]
+        run = remote.call("runs.status", {"workdir": host.workdir, "run": run_id})["runs"][0]
         if run["state"] in states:
             return run
         time.sleep(0.3)
@@ -64,7 +64,7 @@ def test_a_stalled_run_is_only_marked_when_restarts_are_not_configured(local, tm
     run_id = launch(local, tmp_path, {"stall_after": 1}, stall_restart=False)
     run = wait_state(local, run_id, ("stalled",))
     assert run["stalled"] and len(run["attempts"]) == 1 and run["driver_pid"]
-    stopped = remote.call("runs", {"action": "stop", "workdir": host.workdir, "run": run_id}, timeout=120)
+    stopped = remote.call("runs.stop", {"workdir": host.workdir, "run": run_id}, timeout=120)
     assert stopped["clean"] and stopped["state"] == "stopped"
 
 
@@ -117,25 +117,25 @@ def test_a_lost_run_whose_driver_outlived_its_supervisor_is_resumed_with_one_dri
         run = wait_state(local, run_id, ("running",))
     os.kill(run["supervisor_pid"], signal.SIGKILL)  # the supervisor dies (OOM killer, a bug); its driver goes on
     assert wait_state(local, run_id, ("lost",))["driver_pid"] == run["driver_pid"]
-    resumed = remote.call("runs", {"action": "resume", "workdir": host.workdir, "run": run_id})
+    resumed = remote.call("runs.resume", {"workdir": host.workdir, "run": run_id})
     assert resumed["resumed_from"] == "lost"
     assert procs.members(run["driver_pgid"]) == []  # the old driver and its child were ended first
     again = wait_state(local, run_id, ("running",))
     assert again["driver_pid"] != run["driver_pid"] and len(again["attempts"]) == 2
     assert again["attempts"][0]["lost"] and again["attempts"][0]["ended_at"]
-    assert remote.call("runs", {"action": "stop", "workdir": host.workdir, "run": run_id}, timeout=120)["clean"]
+    assert remote.call("runs.stop", {"workdir": host.workdir, "run": run_id}, timeout=120)["clean"]
 
 
 def test_a_driver_that_cannot_be_started_fails_the_run_with_the_reason(local, tmp_path):
     run_id = launch(local, tmp_path, {})
     host, remote = local
     wait_state(local, run_id, ("running",))
-    remote.call("runs", {"action": "stop", "workdir": host.workdir, "run": run_id}, timeout=120)
+    remote.call("runs.stop", {"workdir": host.workdir, "run": run_id}, timeout=120)
     # The program is gone when the run is resumed (a venv removed, a path mistyped).
     record_path = Path(host.workdir) / "runs" / run_id / "run.json"
     record = json.loads(record_path.read_text())
     record_path.write_text(json.dumps(dict(record, driver_program=str(tmp_path / "gone.py"))))
-    remote.call("runs", {"action": "resume", "workdir": host.workdir, "run": run_id})
+    remote.call("runs.resume", {"workdir": host.workdir, "run": run_id})
     run = wait_state(local, run_id, ("failed",))
     assert run["last_failure"]["kind"] == "driver-not-started" and not run["last_failure"]["retryable"]
 
@@ -153,6 +153,6 @@ def test_stop_ends_a_child_that_left_the_session_and_one_that_ignores_sigterm(lo
     # Once the supervisor has seen the children, it follows the one that leaves the session.
     while not {str(pid) for pid in children} <= set(wait_state(local, run_id, ("running",)).get("job_seen", {})):
         assert time.monotonic() < deadline
-    stopped = remote.call("runs", {"action": "stop", "workdir": host.workdir, "run": run_id}, timeout=120)
+    stopped = remote.call("runs.stop", {"workdir": host.workdir, "run": run_id}, timeout=120)
     assert stopped["clean"] and set(stopped["pids"]) >= {run["driver_pid"], *children}
     assert not any(procs.alive(pid) for pid in children)

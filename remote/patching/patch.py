@@ -1,7 +1,7 @@
 """The patch engine: status, apply (or dry-run) and revert a patchset in this Python's environment.
 
-    args: {"action": "status" | "apply" | "revert",
-           "patchset": NAME | null,      # default: the one whose applies-to matches
+    patch.status / patch.apply / patch.revert, each taking
+    args: {"patchset": NAME | null,      # default: the one whose applies-to matches
            "dry_run": bool,              # apply: print diffs, change nothing
            "patch": ID | null,           # revert: only this patch
            "force": bool,                # revert: even if the file changed since we patched it
@@ -33,13 +33,22 @@ from patching import store as patchstore
 from patching.store import file_sha256, sha256
 from rpc import RemoteFailure
 
-ACTIONS = ("status", "apply", "revert")
+def status(args):
+    """The `patch.status` command: each patch's state and what specrig recorded."""
+    return _engine(args).status(args.get("patchset"))
 
 
-def run(args):
-    action = args.get("action")
-    if action not in ACTIONS:
-        raise RemoteFailure("bad-argument", "action %r is not one of %s" % (action, ", ".join(ACTIONS)))
+def apply(args):
+    """The `patch.apply` command: plan every patch, then write all or nothing (`dry_run`: nothing)."""
+    return _engine(args).apply(args.get("patchset"), dry_run=args.get("dry_run", False))
+
+
+def revert(args):
+    """The `patch.revert` command: put back the original bytes (`patch`: of that patch only)."""
+    return _engine(args).revert(args.get("patch"), force=args.get("force", False))
+
+
+def _engine(args):
     for flag in ("dry_run", "force"):
         if not isinstance(args.get(flag, False), bool):
             raise RemoteFailure("bad-argument", "%s must be true or false, got %r" % (flag, args.get(flag)))
@@ -47,12 +56,7 @@ def run(args):
         given = patchsets.check_given(args.get("facts"))
     except patchsets.InvalidFacts as exc:
         raise RemoteFailure("bad-argument", str(exc)) from None
-    engine = Engine(specrig_version=str(args.get("specrig_version") or "unknown"), facts=given)
-    if action == "status":
-        return engine.status(args.get("patchset"))
-    if action == "apply":
-        return engine.apply(args.get("patchset"), dry_run=args.get("dry_run", False))
-    return engine.revert(args.get("patch"), force=args.get("force", False))
+    return Engine(specrig_version=str(args.get("specrig_version") or "unknown"), facts=given)
 
 
 class FilePlan:

@@ -1,20 +1,19 @@
-"""The `runs` remote command: launch, status, logs, stop and resume supervised runs (stdlib only).
+"""The `runs.*` remote commands: launch, status, logs, stop and resume supervised runs (stdlib only).
 
-    {"action": "launch", "workdir", "host", "driver_args": {...}, "env": {...}, "options": {...},
-     "driver_program": path|null, "server_python": path|null, "nodes": {...}|null}
-                                                             speculators >= 0.8 on this python: a
-                                                             server-mode run (run/server/plan.py);
-                                                             nodes: this node's part of a multi-node
-                                                             job (run/server/nodes.py), server mode
-                                                             whatever this python holds
-    {"action": "status", "workdir", "run": id|null}          null: every run
-    {"action": "logs",   "workdir", "run": id|null, "offset": int|null, "lines": int,
-     "log": "driver"|"server"}                               driver.log: the driver, or speculators'
-                                                             CLI steps; server.log: the vLLM server
-    {"action": "stop",   "workdir", "run": id|null}          null: the newest active run
-    {"action": "resume", "workdir", "run": id|null, "fleet": bool}   null: the newest run; fleet: a run
-                                                             that succeeded or is active is left as it is
-    {"action": "verify-output", "workdir", "run": id|null}   the run's output: sample indices, each loaded
+    runs.launch   {"workdir", "host", "driver_args": {...}, "env": {...}, "options": {...},
+                   "driver_program": path|null, "server_python": path|null, "nodes": {...}|null}
+                                                  speculators >= 0.8 on this python: a server-mode
+                                                  run (run/server/plan.py); nodes: this node's part
+                                                  of a multi-node job (run/server/nodes.py), server
+                                                  mode whatever this python holds
+    runs.status   {"workdir", "run": id|null}     null: every run
+    runs.logs     {"workdir", "run": id|null, "offset": int|null, "lines": int,
+                   "log": "driver"|"server"}      driver.log: the driver, or speculators' CLI steps;
+                                                  server.log: the vLLM server
+    runs.stop     {"workdir", "run": id|null}     null: the newest active run
+    runs.resume   {"workdir", "run": id|null, "fleet": bool}   null: the newest run; fleet: a run
+                                                  that succeeded or is active is left as it is
+    runs.verify-output {"workdir", "run": id|null}   the run's output: sample indices, each loaded
 
 `run` is a run id, a fleet-run id (launch's `fleet.fleet_run_id`: that host's run of the fleet run) or
 a multi-node job's id (`nodes.job_id`: this node's run of the job).
@@ -56,15 +55,12 @@ LOG_LINES = 50
 LOGS = {"driver": "driver.log", "server": "server.log"}
 
 
-def run(args):
-    action = args.get("action")
-    handler = ACTIONS.get(action)
-    if handler is None:
-        raise RemoteFailure("bad-argument", "unknown runs action %r; known: %s" % (action, ", ".join(ACTIONS)))
+def workdir_of(args):
+    """The call's workdir: every `runs.*` command takes one."""
     workdir = args.get("workdir")
     if not workdir:
         raise RemoteFailure("bad-argument", "runs: no workdir given")
-    return handler(args, workdir)
+    return workdir
 
 
 # -- finding runs -------------------------------------------------------------------------------
@@ -132,7 +128,8 @@ def host_paths(driver_args):
 
 # -- actions ------------------------------------------------------------------------------------
 
-def launch(args, workdir):
+def launch(args):
+    workdir = workdir_of(args)
     driver_args = host_paths(args.get("driver_args"))
     if not driver_args.get("output_dir"):
         raise RemoteFailure("bad-argument", "no output directory given (driver_args.output_dir)")
@@ -172,7 +169,8 @@ def launch(args, workdir):
     return {"run_id": run.run_id, "path": run.path, "supervisor_pid": pid}
 
 
-def resume(args, workdir):
+def resume(args):
+    workdir = workdir_of(args)
     with _lock(workdir):
         run = find_run(workdir, args.get("run"))
         state = run.state()
@@ -246,7 +244,8 @@ def _start_supervisor(run):
                         traceback=output)
 
 
-def status(args, workdir):
+def status(args):
+    workdir = workdir_of(args)
     if args.get("run"):
         run = find_run(workdir, args["run"])
         return {"runs": [_summary(run)], "log_tail": _tail(run.file("driver.log"), args.get("lines") or 10)}
@@ -257,8 +256,9 @@ def _summary(run):
     return dict(run.summary(), fleet=run.record.get("fleet"), nodes=run.record.get("nodes"))
 
 
-def logs(args, workdir):
+def logs(args):
     """The last `lines` lines, or (with `offset`) everything written since that byte offset."""
+    workdir = workdir_of(args)
     run = find_run(workdir, args.get("run"))
     path = _log_path(run, args.get("log"))
     size = os.path.getsize(path) if os.path.exists(path) else 0
@@ -311,8 +311,9 @@ def _terminate(jobs, grace_s):
     return {key: [item for result in ended for item in result[key]] for key in ("pids", "killed", "left")}
 
 
-def stop(args, workdir):
+def stop(args):
     """Stop the run's supervisor and driver, then check what is left: processes, and GPU memory."""
+    workdir = workdir_of(args)
     run = find_run(workdir, args.get("run"), prefer_active=True)
     state = run.state()
     grace = float(args.get("grace_s") or run.record.get("options", {}).get("grace_s", SUPERVISOR_DEFAULTS["grace_s"]))
@@ -347,9 +348,10 @@ def stop(args, workdir):
 VERIFY_TIMEOUT_S = 3600
 
 
-def verify_output(args, workdir):
+def verify_output(args):
     """The run's output directory: which data_{i}.pt it holds and which fail to load whole, checked
     by run/verify_output.py on the run's python (torch is imported there, not in this call)."""
+    workdir = workdir_of(args)
     run = find_run(workdir, args.get("run"))
     out = run.record.get("out")
     result = {"run_id": run.run_id, "state": run.state(), "out": out, "fleet": run.record.get("fleet")}
@@ -391,6 +393,3 @@ def _server_output(run):
             "dataset_samples": None if total is None else min(total, server["max_samples"] or total),
             "shard_index": fleet.get("shard_index"), "shard_count": fleet.get("shard_count")}
 
-
-ACTIONS = {"launch": launch, "status": status, "logs": logs, "stop": stop, "resume": resume,
-           "verify-output": verify_output}

@@ -36,12 +36,13 @@ PATCH_TIMEOUT_S = 300
 IN_FORCE = frozenset({"applied", "pending", "missing"})
 
 
-def call_engine(remote: Remote, args: dict, *, python: str | None = None, role: str = "python") -> dict:
-    """One engine call, in the environment of `python` (default: hosts.yaml's `python`), labelled
+def call_engine(remote: Remote, action: str, args: dict, *, python: str | None = None,
+                role: str = "python") -> dict:
+    """One engine call (`action`: status, apply or revert), in the environment of `python` (default: hosts.yaml's `python`), labelled
     with its hosts.yaml key `role`. A conflict or refused revert is Findings whose payload is the
     engine's result (labelled too)."""
     try:
-        result = remote.call("patch", {**args, "specrig_version": specrig.__version__}, timeout=PATCH_TIMEOUT_S,
+        result = remote.call(f"patch.{action}", {**args, "specrig_version": specrig.__version__}, timeout=PATCH_TIMEOUT_S,
                              python=python)
     except Findings as found:
         if isinstance(found.payload, dict):
@@ -76,10 +77,10 @@ def engine_target(remote: Remote, host: Host, python_packages: dict | None = Non
             "facts": {"speculators": python_packages.get("speculators")}}
 
 
-def _engine(remote: Remote, target: dict, args: dict) -> dict:
+def _engine(remote: Remote, target: dict, action: str, args: dict) -> dict:
     if target["facts"] is not None:
         args = {**args, "facts": target["facts"]}
-    return call_engine(remote, args, python=target["python"], role=target["role"])
+    return call_engine(remote, action, args, python=target["python"], role=target["role"])
 
 
 def claimed_fixes(result: dict) -> list[str]:
@@ -100,7 +101,7 @@ def apply_patches(host: Host, *, patchset: str | None = None, dry_run: bool = Fa
     with connect(host) as remote:
         found = check_extraction_path(remote, host, "apply-patches")  # speculators 0.5-0.7: exit 2
         target = engine_target(remote, host, found["packages"])
-        result = _engine(remote, target, {"action": "apply", "patchset": patchset, "dry_run": dry_run})
+        result = _engine(remote, target, "apply", {"patchset": patchset, "dry_run": dry_run})
         if dry_run:
             if result["conflicts"]:
                 raise Findings(f"{host.name}: the run would be refused: " + "; ".join(
@@ -128,10 +129,10 @@ def apply_patches(host: Host, *, patchset: str | None = None, dry_run: bool = Fa
 
 def patch_status(host: Host, *, patchset: str | None = None) -> dict:
     with connect(host) as remote:
-        result = _engine(remote, engine_target(remote, host), {"action": "status", "patchset": patchset})
+        result = _engine(remote, engine_target(remote, host), "status", {"patchset": patchset})
         if host.two_environments:
             # What specrig recorded in `python`'s environment, if anything (patched before server_python).
-            client = call_engine(remote, {"action": "status", "patchset": None}, role="python")
+            client = call_engine(remote, "status", {"patchset": None}, role="python")
             result["recorded"] = result["recorded"] + client["recorded"]
             result["other_environment"] = client["environment"]
         return result
@@ -140,12 +141,12 @@ def patch_status(host: Host, *, patchset: str | None = None) -> dict:
 def revert_patches(host: Host, *, patch: str | None = None, force: bool = False) -> dict:
     with connect(host) as remote:
         target = engine_target(remote, host, facts=False)  # a revert needs no versions: the manifest says it all
-        args = {"action": "revert", "patch": patch, "force": force}
-        result = _engine(remote, target, args)
+        args = {"patch": patch, "force": force}
+        result = _engine(remote, target, "revert", args)
         if host.two_environments and patch is None:
             # Everything specrig recorded on the host: `python`'s environment too (nothing there: no call
             # writes anything).
-            client = call_engine(remote, args, role="python")
+            client = call_engine(remote, "revert", args, role="python")
             result["files"] += client["files"]
             result["recorded"] += client["recorded"]
             result["recovered"] = result.get("recovered", []) + client.get("recovered", [])

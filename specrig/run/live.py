@@ -31,7 +31,7 @@ def follow(remote: Remote, host: Host, run_id: str) -> dict | None:
     try:
         with Live(console=console, refresh_per_second=4, transient=False) as live:
             while True:
-                result = remote.call("runs", {"action": "status", "workdir": host.workdir, "run": run_id,
+                result = remote.call("runs.status", {"workdir": host.workdir, "run": run_id,
                                               "lines": LOG_LINES}, timeout=60)
                 run, tail = result["runs"][0], result.get("log_tail") or ""
                 live.update(render(run, tail, progress, bar))

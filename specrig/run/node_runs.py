@@ -108,7 +108,7 @@ def node_preflight(host: Host, request: Request, record: dict) -> dict:
     """One node's checks and the facts the nodes are compared by: {checks, facts, patches}."""
     head = record["role"] == layout.HEAD
     with connect(host) as remote:
-        facts = remote.call("node-preflight", {"action": "facts", "driver_args": request.driver_args,
+        facts = remote.call("node-preflight.facts", {"driver_args": request.driver_args,
                                                "nodes": record, "server_python": host.server_python},
                             timeout=PREFLIGHT_TIMEOUT_S)
         if head:
@@ -177,7 +177,7 @@ def rendezvous(hosts: Sequence[Host], request: Request, records: dict[str, dict]
 
     def meet(host: Host) -> dict:
         with connect(host) as remote:
-            return remote.call("node-preflight", {"action": "rendezvous", "driver_args": request.driver_args,
+            return remote.call("node-preflight.rendezvous", {"driver_args": request.driver_args,
                                                   "nodes": records[host.name], "token": token,
                                                   "timeout_s": RENDEZVOUS_TIMEOUT_S}, timeout=RENDEZVOUS_TIMEOUT_S + 60)
 

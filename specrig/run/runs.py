@@ -25,8 +25,8 @@ RUN_TIMEOUT_S = 120
 
 
 def runs_call(remote: Remote, host: Host, action: str, args: dict, *, timeout: float = RUN_TIMEOUT_S) -> dict:
-    """One action of the host's `runs` command (launch, status, logs, stop, resume)."""
-    return remote.call("runs", {"action": action, "workdir": host.workdir, **args}, timeout=timeout)
+    """One of the host's `runs.*` commands (launch, status, logs, stop, resume, verify-output)."""
+    return remote.call(f"runs.{action}", {"workdir": host.workdir, **args}, timeout=timeout)
 
 
 def extract(host: Host, given: dict, *, skip_preflight: bool, attach: bool, as_json: bool) -> int:

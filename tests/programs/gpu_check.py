@@ -33,7 +33,7 @@ def main(out):
     count = len(report["doctor_gpu"]["gpus"])
     print("telemetry: %d GPUs: %s" % (count, [(g["index"], g["name"], g["memory_used_mib"], g["memory_total_mib"])
                                             for g in report["doctor_gpu"]["gpus"]]), flush=True)
-    launched = call("runs", {"action": "launch", "workdir": str(work), "host": "local",
+    launched = call("runs.launch", {"workdir": str(work), "host": "local",
                              "driver_program": str(REPO / "tests" / "programs" / "job_tree.py"),
                              "driver_args": {"output_dir": str(work / "out"), "children": count,
                                              "gpu_gib": GIB_PER_CHILD, "ignore_term": True},
@@ -41,7 +41,7 @@ def main(out):
     run_id = launched["run_id"]
 
     def status():
-        return call("runs", {"action": "status", "workdir": str(work), "run": run_id})["runs"][0]
+        return call("runs.status", {"workdir": str(work), "run": run_id})["runs"][0]
 
     def holding(attempt):
         run = status()
@@ -69,7 +69,7 @@ def main(out):
     print("kill -9 of the parent: attempt 1 %s; old children alive: %s; attempt 2 GPU processes %s" % (
         second["attempts"][0]["failure"]["kind"], report["after_kill9"]["old_children_alive"],
         [(a["pid"], a["memory_used_mib"]) for a in second["gpu_apps"]]), flush=True)
-    stopped = call("runs", {"action": "stop", "workdir": str(work), "run": run_id}, timeout=240)
+    stopped = call("runs.stop", {"workdir": str(work), "run": run_id}, timeout=240)
     report["stop"] = stopped
     time.sleep(2)
     report["after_stop_gpus"] = call("doctor", {"workdir": str(work)})["gpu"]["gpus"]

@@ -188,7 +188,7 @@ def run_checks(out, work, check, report):
             check("preflight with GPU 1 taken ran", False, "%s: %s" % (type(exc).__name__, exc))
 
     # 4. the stand-in job under the supervisor
-    launched = call("runs", {"action": "launch", "workdir": str(work), "host": "local", "driver_program": str(JOB),
+    launched = call("runs.launch", {"workdir": str(work), "host": "local", "driver_program": str(JOB),
                              "driver_args": {"output_dir": str(work / "out"), "workers": workers,
                                              "gpu_gib": GPU_GIB if on_gpus else 0,
                                              "tensor_mib": 64 if on_gpus else 1},
@@ -198,7 +198,7 @@ def run_checks(out, work, check, report):
     run_dir = work / "runs" / run_id
 
     def status(lines=None):
-        return call("runs", {"action": "status", "workdir": str(work), "run": run_id, "lines": lines or 10})
+        return call("runs.status", {"workdir": str(work), "run": run_id, "lines": lines or 10})
 
     def looping(attempt):
         """The run once attempt `attempt` has every worker in its loop, holding its memory."""
@@ -272,7 +272,7 @@ def run_checks(out, work, check, report):
           {"workers": new_children, "heartbeat": second["heartbeat"]})
 
     # 6. stop
-    stopped = call("runs", {"action": "stop", "workdir": str(work), "run": run_id}, timeout=240)
+    stopped = call("runs.stop", {"workdir": str(work), "run": run_id}, timeout=240)
     report["stop"] = stopped
     time.sleep(2)
     report["after_stop_gpus"] = telemetry.gpus()["gpus"]

@@ -1,10 +1,10 @@
-"""A multi-node job's preflight on one node (stdlib only): the `node-preflight` remote command. The laptop
-compares the nodes' facts (specrig/run/node_runs.py).
+"""A multi-node job's preflight on one node (stdlib only): the `node-preflight.*` remote commands. The
+laptop compares the nodes' facts (specrig/run/node_runs.py).
 
-    {"action": "facts", "driver_args", "nodes", "server_python"}
+    node-preflight.facts {"driver_args", "nodes", "server_python"}
         this node's server environment (versions), its model (a fingerprint), its GPUs, and the checks
         it can make alone: packages, model, gpus (the node's share of the world), torch-arch, ports
-    {"action": "rendezvous", "driver_args", "nodes", "token", "timeout_s"}
+    node-preflight.rendezvous {"driver_args", "nodes", "token", "timeout_s"}
         run on every node at once: the head listens on the rendezvous port, writes `token` into the
         connector's staging directory and reaches each worker's watch port; a worker listens on its
         watch port, reaches the head's rendezvous port and reads the token there (the staging directory
@@ -30,14 +30,6 @@ from run.server import nodes as node_layout, plan
 PACKAGES = ("vllm", "torch", "transformers")
 TOKEN_FILE = ".specrig-nodes-token"
 REACH_EVERY_S = 0.5
-
-
-def run(args):
-    action = ACTIONS.get(args.get("action"))
-    if action is None:
-        raise RemoteFailure("bad-argument", "unknown node-preflight action %r; known: %s"
-                            % (args.get("action"), ", ".join(ACTIONS)))
-    return action(args)
 
 
 def facts(args):
@@ -282,5 +274,3 @@ def _token_seen(path, token):
     except OSError as exc:
         return "unreadable:%s" % (exc.strerror or exc).replace(" ", "-")
 
-
-ACTIONS = {"facts": facts, "rendezvous": rendezvous}
