@@ -91,27 +91,30 @@ def reorder_hazard(speculators_version, batch_size, max_length):
             "ok": tokens <= budget or not affected, "max_batch_size": max(1, budget // max_length)}
 
 
-# -- which extraction path a speculators release takes (issue 10) ---------------------------------
+# -- which extraction mode a speculators release takes (issue 10) ---------------------------------
 # speculators <= 0.4 drives vLLM in-process (remote/run/extract_driver.py; verify's consumer analysis);
 # 0.5-0.7 ship their data generation only as repository scripts, outside the wheel (nothing to run or
 # check); from 0.8 on the wheel's CLI talks to a `vllm serve` with the extract_hidden_states method
-# (docs/server-mode.md; verify checks remote/drift/server_contract.py). One rule, read by the host
-# (verify, preflight, the supervisor) and the laptop (check-compat) alike.
-#: The newest release (major, minor) of the in-process path, and the oldest of the server path.
+# (docs/server-mode.md; verify checks remote/drift/server/). One rule, read by the host (verify,
+# preflight, the supervisor) and the laptop (check-compat) alike. "mode", never "path": a path is a file's.
+IN_PROCESS = "in-process"
+REPOSITORY_SCRIPTS = "repository-scripts"
+SERVER = "server"
+#: The newest release (major, minor) of the in-process mode, and the oldest of the server mode.
 LAST_IN_PROCESS = (0, 4)
 FIRST_SERVER = (0, 8)
 
 
-def extraction_path(speculators_version):
-    """The path of a speculators release's text: "in-process", "repository-scripts" or "server"; None
-    when the text is not a version (nothing to choose from). Only the release's first two numbers count:
+def extraction_mode(speculators_version):
+    """The mode of a speculators release's text: IN_PROCESS, REPOSITORY_SCRIPTS or SERVER; None when the
+    text is not a version (nothing to choose from). Only the release's first two numbers count:
     0.4.0.1 and 0.4.2rc1 are in-process, 0.8.0.dev3 is server."""
     try:
         release = versions.Version(speculators_version or "").release[:2]
     except versions.InvalidVersion:
         return None
     if release <= LAST_IN_PROCESS:
-        return "in-process"
+        return IN_PROCESS
     if release < FIRST_SERVER:
-        return "repository-scripts"
-    return "server"
+        return REPOSITORY_SCRIPTS
+    return SERVER

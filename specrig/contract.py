@@ -41,5 +41,8 @@ DRIVER_DEFAULTS: dict = _contract.DRIVER_DEFAULTS
 DRIVER_REQUIRED: tuple[str, ...] = _contract.DRIVER_REQUIRED
 SUPERVISOR_DEFAULTS: dict = _contract.SUPERVISOR_DEFAULTS
 SERVER_DEFAULTS: dict = _contract.SERVER_DEFAULTS
-#: "in-process" | "repository-scripts" | "server" | None for a speculators version (remote/contract.py).
-extraction_path = _contract.extraction_path
+# The extraction modes, and the one rule that picks a speculators release's (remote/contract.py).
+IN_PROCESS: str = _contract.IN_PROCESS
+REPOSITORY_SCRIPTS: str = _contract.REPOSITORY_SCRIPTS
+SERVER: str = _contract.SERVER
+extraction_mode = _contract.extraction_mode

@@ -1,7 +1,7 @@
 """`inv doctor`: what a host is and whether it can run specrig's work.
 
-Also the extraction path a host's speculators version takes (contract.extraction_path), and the
-refusal of the tasks that cannot serve it (check_extraction_path), on the task's own connection.
+Also the extraction mode a host's speculators version takes (contract.extraction_mode), and the
+refusal of the tasks that cannot serve it (check_extraction_mode), on the task's own connection.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from specrig.ui import console, gpu_table, human_bytes, print_json
 
 DOCTOR_TIMEOUT_S = 60
 #: Packages of speculators' environment shown only when installed (or on the server path).
-SERVER_PATH_ONLY = ("hs-connectors",)
+SERVER_MODE_ONLY = ("hs-connectors",)
 
 
 def doctor_args(host: Host, **extra) -> dict:
@@ -44,11 +44,11 @@ def doctor(host: Host, *, bundle: Bundle | None = None) -> dict:
 
 
 def extraction(facts: dict, host: Host) -> dict:
-    """The extraction path of the host's speculators version, and the vLLM the server would run:
-    {path, speculators, vllm, server_python} (path None: speculators is not installed)."""
+    """The extraction mode of the host's speculators version, and the vLLM the server would run:
+    {mode, speculators, vllm, server_python} (mode None: speculators is not installed)."""
     speculators = facts["packages"].get("speculators")
     server = facts.get("server_env") or {"packages": facts["packages"]}
-    return {"path": contract.extraction_path(speculators), "speculators": speculators,
+    return {"mode": contract.extraction_mode(speculators), "speculators": speculators,
             "vllm": (server.get("packages") or {}).get("vllm"),
             "server_python": host.server_interpreter if host.two_environments else None}
 
@@ -56,16 +56,16 @@ def extraction(facts: dict, host: Host) -> dict:
 def describe_extraction(found: dict) -> str:
     """One line for people: "in-process (speculators 0.3.0)", "server (speculators 0.9.0, vLLM
     0.32.0 in server_python)"."""
-    path, speculators = found["path"], found["speculators"]
-    if path is None:
+    mode, speculators = found["mode"], found["speculators"]
+    if mode is None:
         return "none: speculators is not installed"
-    if path == "repository-scripts":
+    if mode == contract.REPOSITORY_SCRIPTS:
         return f"none: {repository_scripts(speculators)}"
-    if path == "server":
+    if mode == contract.SERVER:
         where = "server_python" if found.get("server_python") else "python"
         vllm = f"vLLM {found['vllm']} in {where}" if found.get("vllm") else f"no vLLM in {where}"
         return f"server (speculators {speculators}, {vllm})"
-    return f"{path} (speculators {speculators})"
+    return f"{mode} (speculators {speculators})"
 
 
 def repository_scripts(speculators: str) -> str:
@@ -79,21 +79,21 @@ def installed_versions(remote: Remote) -> dict:
     return remote.call("doctor", {"versions_only": True}, timeout=DOCTOR_TIMEOUT_S)
 
 
-def check_extraction_path(remote: Remote, host: Host, task: str) -> dict:
+def check_extraction_mode(remote: Remote, host: Host, task: str) -> dict:
     """Refuse, before anything is launched or changed, a task the host's speculators cannot serve.
 
     One cheap call on the task's own connection (the Pythons and package versions, from metadata).
     speculators 0.5-0.7 is refused for every task (`extract`, `smoke`, `apply-patches`): UsageError
-    (exit 2). Otherwise the versions found in `python`'s environment and the path they take:
-    {python, packages, path}.
+    (exit 2). Otherwise the versions found in `python`'s environment and the mode they take:
+    {python, packages, mode}.
     """
     facts = installed_versions(remote)
     speculators = facts["packages"].get("speculators")
-    path = contract.extraction_path(speculators)
+    mode = contract.extraction_mode(speculators)
     untouched = "nothing was changed" if task == "apply-patches" else "nothing was launched"
-    if path == "repository-scripts":
+    if mode == contract.REPOSITORY_SCRIPTS:
         raise UsageError(f"{host.name}: {repository_scripts(speculators)}", hint=untouched)
-    return dict(facts, path=path)
+    return dict(facts, mode=mode)
 
 
 def show(facts: dict, *, as_json: bool, host: Host) -> None:
@@ -109,7 +109,7 @@ def show(facts: dict, *, as_json: bool, host: Host) -> None:
     server = facts.get("server_env")
     indent = "  " if server else ""  # two environments: each one's packages under its python
     for name, version in facts["packages"].items():
-        if version is None and name in SERVER_PATH_ONLY and found["path"] != "server":
+        if version is None and name in SERVER_MODE_ONLY and found["mode"] != contract.SERVER:
             continue
         summary.add_row(indent + name, version or "[yellow]not installed[/]")
     if server:

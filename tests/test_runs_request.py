@@ -50,19 +50,19 @@ def test_bad_layers_are_refused(text):
         parse_layers(text)
 
 
-@pytest.mark.parametrize("extract, given, path, message", [
+@pytest.mark.parametrize("extract, given, mode, message", [
     ({"port": 8001}, {}, "in-process", "hosts.yaml: hosts.h.extract.port: port applies to server mode "
                                        "(speculators >= 0.8), and h takes speculators <= 0.4's in-process extraction"),
     ({}, {"allow_skipped": True}, "in-process", "--allow-skipped: allow_skipped applies to server mode"),
     ({}, {"batch_size": "4"}, "server", "--batch-size: batch_size applies to speculators <= 0.4's in-process "
                                         "extraction, and h takes server mode (speculators >= 0.8)"),
 ])
-def test_a_setting_of_the_other_extraction_path_is_refused_by_name(make_inventory, extract, given, path, message):
+def test_a_setting_of_the_other_extraction_mode_is_refused_by_name(make_inventory, extract, given, mode, message):
     host = load_inventory(make_inventory({"hosts": {"h": {"extract": {"model": "/m", "data": "/d", "out": "/o",
                                                                       **extract}}}})).host("h")
     request = build_request(host, given)
     with pytest.raises(UsageError) as raised:
-        request.for_path(path, host)
+        request.for_mode(mode, host)
     assert message in raised.value.one_line()
-    own = "server" if path == "in-process" else "in-process"
-    assert request.for_path(own, host) is request  # on its own path the same request passes
+    own = "server" if mode == "in-process" else "in-process"
+    assert request.for_mode(own, host) is request  # in its own mode the same request passes

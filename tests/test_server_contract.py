@@ -16,7 +16,7 @@ import yaml
 from conftest import REPO, inv
 from drift_wheels import KIMI_CONFIG, ids, root
 
-from specrig.contract import extraction_path
+from specrig.contract import extraction_mode
 from specrig.drift import compat
 
 P = "server-contract:"
@@ -83,13 +83,13 @@ def models(tmp_path_factory) -> dict[str, str]:
     ("0.7.2", "repository-scripts"), ("0.8.0", "server"), ("0.8.1", "server"), ("0.9.0", "server"),
     ("1.2.0rc1", "server"), ("not a version", None), (None, None),
 ])
-def test_extraction_path_is_one_rule_for_both_sides(version, path):
+def test_extraction_mode_is_one_rule_for_both_sides(version, path):
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("host_contract", REPO / "remote" / "contract.py")
     host = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(host)
-    assert extraction_path(version) == host.extraction_path(version) == path
+    assert extraction_mode(version) == host.extraction_mode(version) == path
 
 
 # ---- per release ------------------------------------------------------------------------------------

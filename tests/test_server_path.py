@@ -151,7 +151,7 @@ def test_speculators_0_6_is_refused_before_anything(speculators_env, make_invent
     prefix = speculators_env("0.6.0")
     inventory = env_inventory(make_inventory, trusted_known_hosts, prefix)
     facts = json.loads(inv("doctor", "--host", "lab", "--json", inventory=inventory).stdout)
-    assert facts["extraction"]["path"] == "repository-scripts"
+    assert facts["extraction"]["mode"] == "repository-scripts"
     table = inv("doctor", "--host", "lab", inventory=inventory, env={"COLUMNS": "200"}).stdout
     assert "none: speculators 0.6.0 " + REPOSITORY_SCRIPTS in table
     before = tree_hashes(prefix)

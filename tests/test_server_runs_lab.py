@@ -190,7 +190,7 @@ def test_stop_ends_both_groups_and_a_resume_regenerates_a_truncated_file(any_cli
 def test_smoke_runs_the_server_path_on_the_shrunk_model(server_host):
     code, result = inv_json("smoke", "--host", HOST, timeout=600)
     assert code == 0, result
-    assert result["path"] == "server" and result["samples"] == 6 and result["layer_ids"] == LAYERS, result
+    assert result["mode"] == "server" and result["samples"] == 6 and result["layer_ids"] == LAYERS, result
     assert result["versions"] == {"speculators": "0.9.0", "vllm": "0.32.0"}, result
 
 

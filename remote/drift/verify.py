@@ -13,7 +13,7 @@ directory's only top-level package. "provider_root" may also come with installed
 "server_python" (hosts.yaml's interpreter of the vLLM server's environment) names where
 the installed provider is read when it is another environment than this one's.
 
-The speculators release picks the analysis (contract.extraction_path): <= 0.4 the
+The speculators release picks the analysis (contract.extraction_mode): <= 0.4 the
 in-process consumer analysis (drift.analyzer.analyze()); 0.5-0.7 one finding saying those
 releases ship their data generation only as repository scripts; >= 0.8 the server contract
 (drift.server_contract.analyze_server(); hs-connectors, when installed or given as a
@@ -25,7 +25,7 @@ import os
 import re
 
 import hfcache
-from contract import extraction_path
+from contract import extraction_mode
 from drift.analyzer import analyze
 from rpc import RemoteFailure
 
@@ -89,7 +89,7 @@ def _path(consumers):
     speculators = _speculators(consumers)
     if speculators is None:
         return "in-process"
-    return extraction_path(speculators.get("version")) or "in-process"
+    return extraction_mode(speculators.get("version")) or "in-process"
 
 
 def _repository_scripts(consumers, provider, model):

@@ -47,7 +47,7 @@ def run(args):
     # What the driver will run with where the launch leaves a setting to its default.
     max_len = driver.get("max_length") or contract.DRIVER_DEFAULTS["max_length"]
     batch_size = driver.get("batch_size") or contract.DRIVER_DEFAULTS["batch_size"]
-    server_mode = contract.extraction_path(pkgmeta.versions(("speculators",))["speculators"]) == "server"
+    server_mode = contract.extraction_mode(pkgmeta.versions(("speculators",))["speculators"]) == "server"
     checks = [] if server_mode else [packages()]
     config, config_check = model_config(driver.get("model"), driver.get("model_id"))
     checks.append(config_check)

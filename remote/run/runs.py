@@ -208,7 +208,7 @@ def _server_plan(run, driver_args, server_python, nodes=None):
     node of a multi-node job (a worker runs vLLM alone: its python needs no speculators); else None.
     A plan that cannot be made removes the run directory: nothing was launched."""
     speculators = pkgmeta.versions(("speculators",))["speculators"]
-    if not nodes and contract.extraction_path(speculators) != "server":
+    if not nodes and contract.extraction_mode(speculators) != "server":
         return None
     try:
         return plan.make(run.path, run.run_id, driver_args, client_python=sys.executable,

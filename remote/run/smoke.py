@@ -122,7 +122,7 @@ def run(args):
     os.makedirs(SMOKE_ROOT, exist_ok=True)
     work = tempfile.mkdtemp(prefix="smoke-", dir=SMOKE_ROOT)
     timeout_s = float(args.get("timeout_s") or 540)
-    server_mode = contract.extraction_path(pkgmeta.versions(("speculators",))["speculators"]) == "server"
+    server_mode = contract.extraction_mode(pkgmeta.versions(("speculators",))["speculators"]) == "server"
     try:
         if server_mode:
             result = server_smoke.run(sys.modules[__name__], model=model, config=config, samples=samples, work=work,

@@ -5,7 +5,7 @@ unpacked there once, .py files only (compiled modules are listed in a manifest
 so that imports of them still resolve). The analyzer (remote/drift/) runs in
 this process: it is standard-library code, the same that runs on hosts.
 
-For speculators >= 0.8 (the server path, specrig.contract.extraction_path) the hs-connectors
+For speculators >= 0.8 (the server path, specrig.contract.extraction_mode) the hs-connectors
 release speculators pins is fetched too: the analyzer compares its file backend with the
 connector config specrig's launch sends.
 """
@@ -21,7 +21,7 @@ import zipfile
 from pathlib import Path
 
 from specrig.drift.verify import VERIFY_TIMEOUT_S, Report
-from specrig.contract import InvalidVersion, Version, extraction_path
+from specrig.contract import InvalidVersion, Version, extraction_mode
 from specrig.errors import CouldNotCheck, UsageError
 from specrig.inventory import LOCAL, Host
 from specrig.transport import connect
@@ -140,7 +140,7 @@ def consumer_roots(speculators: str, cache: Path = WHEEL_CACHE) -> list[dict]:
     (the same version when the pin cannot be read; left out when it cannot be downloaded)."""
     consumer = package_root("speculators", speculators, cache)
     roots = [consumer]
-    if extraction_path(speculators) == "server":
+    if extraction_mode(speculators) == "server":
         version = pinned_version(fetch_wheel("speculators", speculators, cache), HS_CONNECTORS) or speculators
         try:
             roots.append(package_root(HS_CONNECTORS, version, cache))

@@ -22,7 +22,7 @@ from __future__ import annotations
 import fnmatch
 
 import specrig
-from specrig.doctor import check_extraction_path, installed_versions
+from specrig.doctor import check_extraction_mode, installed_versions
 from specrig.drift.verify import verify_host
 from specrig.errors import CouldNotCheck, Findings
 from specrig.exit_status import ExitStatus
@@ -99,7 +99,7 @@ def apply_patches(host: Host, *, patchset: str | None = None, dry_run: bool = Fa
                   model: str | None = None) -> dict:
     """Apply (or preview) the matching patchset, then verify on the same connection."""
     with connect(host) as remote:
-        found = check_extraction_path(remote, host, "apply-patches")  # speculators 0.5-0.7: exit 2
+        found = check_extraction_mode(remote, host, "apply-patches")  # speculators 0.5-0.7: exit 2
         target = engine_target(remote, host, found["packages"])
         result = _engine(remote, target, "apply", {"patchset": patchset, "dry_run": dry_run})
         if dry_run:

@@ -14,15 +14,15 @@ import random
 import string
 from typing import Sequence
 
-from specrig.contract import ACTIVE_STATES
-from specrig.doctor import check_extraction_path
+from specrig.contract import ACTIVE_STATES, SERVER
+from specrig.doctor import check_extraction_mode
 from specrig.errors import Findings, UsageError
 from specrig.exit_status import ExitStatus, most_serious
 from specrig.fleet import HostOutcome, parallelism, run_each, run_task
 from specrig.inventory import Host
 from specrig.run.preflight import preflight
 from specrig.run.runs import final_verdict, launch_args, runs_call, watch_run
-from specrig.run.settings import PATH_NAMES, Request, build_request
+from specrig.run.settings import MODE_NAMES, Request, build_request
 from specrig.transport import connect
 from specrig.ui import console, print_json
 
@@ -68,12 +68,12 @@ def extract(spec: str, hosts: Sequence[Host], given: dict, *, skip_preflight: bo
     requests = shard_requests(hosts, given)
     names = [host.name for host in hosts]
 
-    paths: dict[str, str | None] = {}
+    modes: dict[str, str | None] = {}
 
     def check(host: Host) -> list[dict]:
         with connect(host) as remote:
-            path = paths[host.name] = check_extraction_path(remote, host, "extract")["path"]  # 0.5-0.7: exit 2
-            request = requests[host.name].for_path(path, host)
+            mode = modes[host.name] = check_extraction_mode(remote, host, "extract")["mode"]  # 0.5-0.7: exit 2
+            request = requests[host.name].for_mode(mode, host)
             checks = [] if skip_preflight else preflight(remote, host, request)
         failed = [item["name"] for item in checks if not item["ok"]]
         if failed:
@@ -98,13 +98,13 @@ def extract(spec: str, hosts: Sequence[Host], given: dict, *, skip_preflight: bo
         return most_serious(outcome.exit_status for outcome in failed)
     if not as_json:
         view.show_summary("preflight", ordered, figures=preflight_figures)
-    by_path: dict[str | None, list[str]] = {}
+    by_mode: dict[str | None, list[str]] = {}
     for name in names:
-        by_path.setdefault(paths[name], []).append(name)
-    if len(by_path) > 1:
-        # The two paths split a dataset differently (i % n against contiguous chunks): the union would not hold.
-        raise UsageError("one fleet run needs one extraction path, and these hosts take several: " + "; ".join(
-            f"{', '.join(hosts_on)}: {PATH_NAMES.get(path, 'none')}" for path, hosts_on in by_path.items()),
+        by_mode.setdefault(modes[name], []).append(name)
+    if len(by_mode) > 1:
+        # The two modes split a dataset differently (i % n against contiguous chunks): the union would not hold.
+        raise UsageError("one fleet run needs one extraction mode, and these hosts take several: " + "; ".join(
+            f"{', '.join(hosts_on)}: {MODE_NAMES.get(mode, 'none')}" for mode, hosts_on in by_mode.items()),
             hint="install the same speculators on every host (`inv doctor --host ...` shows them); nothing was "
                  "launched")
 
@@ -124,7 +124,7 @@ def extract(spec: str, hosts: Sequence[Host], given: dict, *, skip_preflight: bo
                                                  lambda run: board.update(host.name, run))}
 
     if not as_json:
-        split = ("speculators' own split, in contiguous chunks" if paths[names[0]] == "server"
+        split = ("speculators' own split, in contiguous chunks" if modes[names[0]] == SERVER
                  else f"sample i goes to host i % {len(names)}")
         console.print(f"fleet run [bold]{fleet_run_id}[/]: {len(names)} shards ({split}: "
                       f"{', '.join(f'{k}={name}' for k, name in enumerate(names))})")

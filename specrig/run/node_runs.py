@@ -20,6 +20,7 @@ import importlib.util
 import uuid
 from typing import Sequence
 
+from specrig.contract import SERVER
 from specrig.errors import Findings, UsageError
 from specrig.exit_status import ExitStatus, most_serious
 from specrig.fleet import parallelism, run_each, run_task
@@ -91,11 +92,11 @@ def node_request(host: Host, request: Request, record: dict) -> Request:
 
 def refuse_in_process(head: Host) -> None:
     """Exit 2 unless the head takes server mode: speculators <= 0.4 generates in process, on one host."""
-    from specrig.doctor import check_extraction_path
+    from specrig.doctor import check_extraction_mode
 
     with connect(head) as remote:
-        found = check_extraction_path(remote, head, "extract")  # 0.5-0.7: its own exit 2
-    if found["path"] != "server":
+        found = check_extraction_mode(remote, head, "extract")  # 0.5-0.7: its own exit 2
+    if found["mode"] != SERVER:
         raise UsageError(f"{head.name}: a multi-node job runs vLLM's server (speculators >= 0.8); speculators "
                          f"{found['packages'].get('speculators') or 'is not installed'} generates in process, on "
                          f"one host by design",
@@ -261,7 +262,7 @@ def extract(spec: str, hosts: Sequence[Host], given: dict, *, mode: str, pp: int
                                 watch_port=watch_port)
     head = hosts[0]
     refuse_in_process(head)
-    request = request.for_path("server", head)
+    request = request.for_mode(SERVER, head)
     if not skip_preflight:
         status = job_preflight(hosts, request, records, as_json=as_json)
         if status != ExitStatus.OK:

@@ -10,7 +10,7 @@ import time
 from typing import Callable, Iterator
 
 from specrig.contract import ACTIVE_STATES, SUCCEEDED
-from specrig.doctor import check_extraction_path
+from specrig.doctor import check_extraction_mode
 from specrig.errors import Findings, UsageError
 from specrig.exit_status import ExitStatus
 from specrig.inventory import Host
@@ -32,8 +32,8 @@ def runs_call(remote: Remote, host: Host, action: str, args: dict, *, timeout: f
 def extract(host: Host, given: dict, *, skip_preflight: bool, attach: bool, as_json: bool) -> int:
     request = build_request(host, given)
     with connect(host) as remote:
-        path = check_extraction_path(remote, host, "extract")["path"]  # speculators 0.5-0.7: exit 2
-        request = request.for_path(path, host)
+        mode = check_extraction_mode(remote, host, "extract")["mode"]  # speculators 0.5-0.7: exit 2
+        request = request.for_mode(mode, host)
         checks = [] if skip_preflight else preflight(remote, host, request)
         failed = [c for c in checks if not c["ok"]]
         if failed:

@@ -1,7 +1,7 @@
 """What `inv extract` takes: one table of settings, mapped to the driver's arguments.
 
 The table is the one definition of each setting's name (on the command line and in hosts.yaml's
-`extract:`), its driver argument, its type, the extraction paths it applies to, and its help text;
+`extract:`), its driver argument, its type, the extraction modes it applies to, and its help text;
 the task's help is built from it and the defaults come from the host's own (remote/contract.py:
 the driver's and server mode's).
 """
@@ -24,8 +24,8 @@ class Setting:
     help: str
     #: What happens without a value, where the host's default (remote/contract.py) does not say it.
     fallback: str | None = None
-    #: The one extraction path it applies to ("in-process": speculators <= 0.4, "server": >= 0.8), or None.
-    path: str | None = None
+    #: The one extraction mode it applies to ("in-process": speculators <= 0.4, "server": >= 0.8), or None.
+    mode: str | None = None
 
     @property
     def task_help(self) -> str:
@@ -43,23 +43,23 @@ SETTINGS = {s.name: s for s in (
     Setting("tp", "tensor_parallel_size", int, "tensor-parallel size", "all visible GPUs"),
     Setting("layers", "layer_ids", list, "layer ids to capture, comma-separated, e.g. 2,30,58,60",
             "speculators' choice"),
-    Setting("batch_size", "batch_size", int, "samples per generate() call", path="in-process"),
+    Setting("batch_size", "batch_size", int, "samples per generate() call", mode="in-process"),
     Setting("max_len", "max_length", int, "tokens per sample (server mode: prepare-data's --seq-length)"),
     Setting("max_samples", "max_samples", int, "take at most this many samples", "all"),
     Setting("seed", "seed", int, "dataset shuffle seed"),
     Setting("load_format", "load_format", str, "vLLM load format (dummy: random weights)", "the model's weights"),
     Setting("gpu_memory_utilization", "gpu_memory_utilization", float, "fraction of GPU memory vLLM may take"),
-    Setting("port", "port", int, "server mode: the vLLM server's port on the host's 127.0.0.1", path="server"),
-    Setting("concurrency", "concurrency", int, "server mode: requests in flight", path="server"),
-    Setting("request_timeout", "request_timeout", int, "server mode: seconds per request", path="server"),
-    Setting("max_retries", "max_retries", int, "server mode: tries per sample", path="server"),
+    Setting("port", "port", int, "server mode: the vLLM server's port on the host's 127.0.0.1", mode="server"),
+    Setting("concurrency", "concurrency", int, "server mode: requests in flight", mode="server"),
+    Setting("request_timeout", "request_timeout", int, "server mode: seconds per request", mode="server"),
+    Setting("max_retries", "max_retries", int, "server mode: tries per sample", mode="server"),
     Setting("allow_skipped", "allow_skipped", bool,
-            "server mode: succeed even when the client skipped samples (they are listed)", path="server"),
+            "server mode: succeed even when the client skipped samples (they are listed)", mode="server"),
     Setting("staging", "staging", str, "server mode: the connector's staging directory, on the output's "
-            "filesystem", "<out>/.specrig-staging/<run-id>", path="server"),
+            "filesystem", "<out>/.specrig-staging/<run-id>", mode="server"),
 )}
-#: What each extraction path is called where a setting is refused.
-PATH_NAMES = {"in-process": "speculators <= 0.4's in-process extraction", "server": "server mode (speculators >= 0.8)"}
+#: What each extraction mode is called where a setting is refused.
+MODE_NAMES = {"in-process": "speculators <= 0.4's in-process extraction", "server": "server mode (speculators >= 0.8)"}
 #: Supervision options hosts.yaml's `extract:` may also hold, typed by their defaults.
 OPTIONS = {name: type(default) for name, default in SUPERVISOR_DEFAULTS.items()}
 REQUIRED = ("model", "data", "out")
@@ -108,13 +108,13 @@ class Request:
     #: Where each setting came from (`--port`, `hosts.yaml: hosts.h.extract.port`), for messages.
     sources: dict = dataclasses.field(default_factory=dict)
 
-    def for_path(self, path: str | None, host: Host) -> "Request":
-        """This request on the host's extraction path: a setting of the other path is refused."""
+    def for_mode(self, mode: str | None, host: Host) -> "Request":
+        """This request in the host's extraction mode: a setting of the other mode is refused."""
         for name, setting in SETTINGS.items():
-            if setting.driver_key in self.driver_args and setting.path and path and setting.path != path:
-                raise UsageError(f"{self.sources[name]}: {name} applies to {PATH_NAMES[setting.path]}, and "
-                                 f"{host.name} takes {PATH_NAMES[path]}",
-                                 hint="drop it; `inv extract --help` marks what each path takes")
+            if setting.driver_key in self.driver_args and setting.mode and mode and setting.mode != mode:
+                raise UsageError(f"{self.sources[name]}: {name} applies to {MODE_NAMES[setting.mode]}, and "
+                                 f"{host.name} takes {MODE_NAMES[mode]}",
+                                 hint="drop it; `inv extract --help` marks what each mode takes")
         return self
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from rich.markup import escape
 
-from specrig.doctor import check_extraction_path
+from specrig.doctor import check_extraction_mode
+from specrig.contract import SERVER
 from specrig.errors import Findings, UsageError
 from specrig.inventory import Host
 from specrig.transport import connect
@@ -31,7 +32,7 @@ def smoke(host: Host, *, model: str | None = None, samples: int = 6) -> dict:
     if samples < 3:
         raise UsageError(f"--samples {samples!r}: give 3 or more (the driver must call generate() twice)")
     with connect(host) as remote:
-        check_extraction_path(remote, host, "smoke")  # speculators 0.5-0.7: exit 2
+        check_extraction_mode(remote, host, "smoke")  # speculators 0.5-0.7: exit 2
         try:
             return remote.call("smoke", {"model": model, "samples": samples, "timeout_s": DRIVER_TIMEOUT_S,
                                          "server_python": host.server_python, "host": host.name},
@@ -47,7 +48,7 @@ def show(result: dict, *, host: Host, as_json: bool) -> None:
         print_json(result)
         return
     versions = result.get("versions") or {}
-    mode = " (server mode)" if result.get("path") == "server" else ""
+    mode = " (server mode)" if result.get("mode") == SERVER else ""
     console.print(f"[bold green]smoke passed[/] on {host.name}{mode}: {result['samples']} samples of "
                   f"{', '.join(result.get('architectures') or ['?'])} ({escape(result['resolved'])}) "
                   f"shrunk to {result['shrunk']}, "

@@ -14,6 +14,7 @@ import sys
 import time
 
 import atomic
+import contract
 import pkgmeta
 from rpc import RemoteFailure
 from run import rundir
@@ -73,7 +74,7 @@ def run(smoke, *, model, config, samples, work, timeout_s, server_python, host=N
     if ended.get("state") != "succeeded":
         message, failure = _failure(smoke, run_dir, ended)
         raise RemoteFailure("smoke-failed", message, failure=failure, elapsed_s=elapsed, shrunk=shrunk)
-    return {"ok": True, "path": "server", "model": model, "architectures": config.get("architectures"),
+    return {"ok": True, "mode": contract.SERVER, "model": model, "architectures": config.get("architectures"),
             "shrunk": shrunk, "samples": (ended.get("result") or {}).get("ok"), "layer_ids": made["layer_ids"],
             "tokens_per_s": None, "elapsed_s": elapsed,
             "versions": {"speculators": pkgmeta.versions(("speculators",))["speculators"],
