@@ -115,7 +115,7 @@ def pipeline_check(vllm_dir, config):
       vllm/config/model.py:1556-1563 refuses pipeline parallel for a class without SupportsPP:
       `class ExtractHiddenStatesModel(nn.Module)` (model_executor/models/extract_hidden_states.py:318; the
       same in vllm-project/vllm at commit 055e47c) is refused at start-up, measured with vLLM's config code
-      (tests/test_multinode.py);
+      (tests/fleet/test_multinode.py);
     * the target relays the captured layers between stages: the model class declares
       `supports_aux_hidden_states_over_pp = True` (default False, model_executor/models/interfaces.py:1572;
       llama.py:358 and qwen2.py:335 do), which the model runner checks at load
