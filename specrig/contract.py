@@ -34,5 +34,8 @@ DRIVER_DEFAULTS: dict = _contract.DRIVER_DEFAULTS
 DRIVER_REQUIRED: tuple[str, ...] = _contract.DRIVER_REQUIRED
 SUPERVISOR_DEFAULTS: dict = _contract.SUPERVISOR_DEFAULTS
 SERVER_DEFAULTS: dict = _contract.SERVER_DEFAULTS
+HS_CONNECTORS: str = _contract.HS_CONNECTORS
+COMPILED_SUFFIXES: tuple[str, ...] = _contract.COMPILED_SUFFIXES
+COMPILED_MANIFEST: str = _contract.COMPILED_MANIFEST
 #: "in-process" | "repository-scripts" | "server" | None for a speculators version (remote/contract.py).
 extraction_path = _contract.extraction_path

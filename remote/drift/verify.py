@@ -25,12 +25,9 @@ import os
 import re
 
 import hfcache
-from contract import extraction_path
+from contract import HS_CONNECTORS, extraction_path
 from drift.analyzer import analyze
 from rpc import RemoteFailure
-
-#: Read beside speculators on the server path when installed (its file backend builds the connector config).
-HS_CONNECTORS = "hs-connectors"
 
 
 def run(args):
