@@ -18,7 +18,7 @@ import time
 
 from drift import findings as F
 from drift.classes import class_member, info, instance_member
-from drift.model_interface import _implements, _inner_class, registry
+from drift.model_interface import inner_class, registry, unimplemented_members
 from drift.refs import ClassRef, MissingRef, ValueRef
 from drift.source import SourceTree
 from drift.symbols import Index
@@ -602,7 +602,7 @@ def _captures_last_layer(forward):
 
 
 def _inner_forward(ctx, cls):
-    inner = _inner_class(ctx.index, cls, "model")
+    inner = inner_class(ctx.index, cls, "model")
     for candidate in ([inner] if inner is not None else []) + [cls]:
         for entry in info(ctx.index, candidate).classes():
             forward = _function(entry, "forward")
@@ -839,7 +839,7 @@ def check_eagle3_interface(ctx):
         raise Skip("vLLM has no SupportsEagle3")
     problems = []
     for architecture, cls in ctx.model_classes():
-        missing = _implements(ctx.index, cls, protocol)
+        missing = unimplemented_members(ctx.index, cls, protocol)
         if missing:
             problems.append(Problem("%s does not implement SupportsEagle3 (it lacks %s): the model runner refuses "
                                     "the method ('Model does not support EAGLE3 interface')."
