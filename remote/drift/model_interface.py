@@ -246,8 +246,7 @@ def _model_class(analysis, consumer, use, entries, registry_module, architecture
 def _check_class(analysis, consumer, use, protocol, cls):
     index = analysis.provider
     location = F.Location(consumer.module, use.node.lineno)
-    start, end = cls.module.span(cls.node)
-    provider = F.Location(cls.module, start, end)
+    provider = F.Location.of(cls.module, cls.node)
     missing = unimplemented_members(index, cls, protocol)
     if missing:
         analysis.add(F.ModelInterface(consumer=location, callee=cls.dotted, detail=protocol.qualname,
@@ -267,9 +266,8 @@ def _check_class(analysis, consumer, use, protocol, cls):
             continue
         found = instance_member(index, owner, path[-1], opaque_lacks=model_base_lacks)
         if isinstance(found, MissingRef):
-            o_start, o_end = owner.module.span(owner.node)
             analysis.add(F.ModelAttribute(consumer=F.Location(consumer.module, node.lineno), callee=cls.dotted,
-                                          detail=".".join(path), provider=F.Location(owner.module, o_start, o_end)))
+                                          detail=".".join(path), provider=F.Location.of(owner.module, owner.node)))
             classes[path] = None
         elif path not in classes:
             classes[path] = inner_class(index, owner, path[-1])

@@ -941,7 +941,7 @@ POINTS = [
 
 
 def check_contract(ctx, points=None):
-    """(findings, contract): Finding records and, per point, {"id", "point", "title", "status", "reason"}."""
+    """(findings, contract): ServerContract findings and, per point, {"id", "point", "title", "status", "reason"}."""
     findings, contract, status = [], [], {}
     for point in POINTS if points is None else points:
         entry = {"id": point.id, "point": point.point, "title": point.title}
@@ -959,53 +959,14 @@ def check_contract(ctx, points=None):
             continue
         consumer = ctx.consumer_location(point.consumer)
         for problem in problems:
-            cls = ServerContractNote if problem.severity == "note" else ServerContract
-            findings.append(cls(consumer=problem.consumer or consumer, callee=problem.callee or point.id,
-                                detail=problem.detail, provider=problem.provider, point=point.point, rule=point.id,
-                                message=problem.message,
-                                fix={"summary": problem.advice or point.advice, "patch": ""}))
+            findings.append(F.ServerContract(
+                consumer=problem.consumer or consumer, callee=problem.callee or point.id, detail=problem.detail,
+                provider=problem.provider, severity=problem.severity, point=point.point, rule=point.id,
+                message=problem.message, fix={"summary": problem.advice or point.advice, "patch": ""}))
         worst = "drift" if any(p.severity == "drift" for p in problems) else ("note" if problems else "ok")
         status[point.id] = worst
         contract.append(dict(entry, status=worst, reason=ctx.remarks.get(point.id)))
     return findings, contract
-
-
-class ServerContract(F.Finding):
-    kind = "server-contract"
-
-    def __init__(self, consumer, callee, detail=None, provider=None, point=None, rule=None, message=None,
-                 fix=None):
-        F.Finding.__init__(self, consumer=consumer, callee=callee, detail=detail, provider=provider, fix=fix)
-        object.__setattr__(self, "point", point)
-        object.__setattr__(self, "rule", rule)
-        object.__setattr__(self, "message", message)
-
-    @property
-    def id(self):
-        return ":".join(part for part in ("server-contract", self.rule, self.detail) if part)
-
-    def explain(self):
-        return self.message
-
-    def as_json(self):
-        result = F.Finding.as_json(self)
-        result["point"] = self.point
-        return result
-
-
-class ServerContractNote(ServerContract):
-    severity = "note"
-
-
-class UnsupportedRelease(F.Finding):
-    """speculators 0.5-0.7: their data generation ships only as repository scripts (remote/contract.py)."""
-
-    kind = "unsupported-release"
-
-    def explain(self):
-        return ("speculators %s ships its data generation only as repository scripts, outside the wheel (the wheel "
-                "has no data-generation command): specrig supports speculators <= 0.4 (in-process) and "
-                ">= 0.8 (a vLLM server)." % self.detail)
 
 
 def analyze_server(consumers, provider, model=None):
@@ -1013,27 +974,9 @@ def analyze_server(consumers, provider, model=None):
     started = time.perf_counter()
     ctx = Context(consumers, provider, model)
     findings, contract = check_contract(ctx)
-    findings.sort(key=lambda f: (f.consumer.module.relpath, f.consumer.start, f.id))
-    found = [f.as_json() for f in findings]
-    launch_tree = ctx.consumer_trees["launch"]
-    return {
-        "path": "server",
-        "consumers": list(consumers) + [{"name": "specrig", "version": "server launch", "root": launch_tree.root,
-                                         "package": "run"}],
-        "provider": provider,
-        "model": _model_summary(model),
-        "findings": found,
-        "counts": {"drift": sum(1 for f in found if f["severity"] == "drift"),
-                   "note": sum(1 for f in found if f["severity"] == "note")},
-        "unchecked": [dict(u, consumer=None) for u in ctx.unchecked],
-        "calls_checked": sum(1 for c in contract if c["status"] != "skipped"),
-        "checked": [],
-        "contract": contract,
-        "modules_parsed": ctx.tree.parsed_count,
-        "elapsed_s": round(time.perf_counter() - started, 3),
-    }
-
-
-def _model_summary(model):
-    from drift.analyzer import _model_summary as summary
-    return summary(model)
+    launch = {"name": "specrig", "version": "server launch", "root": ctx.consumer_trees["launch"].root,
+              "package": "run"}
+    return F.report(findings, started=started, path="server", consumers=list(consumers) + [launch],
+                    provider=provider, model=model, unchecked=[dict(u, consumer=None) for u in ctx.unchecked],
+                    calls_checked=sum(1 for c in contract if c["status"] != "skipped"), checked=[],
+                    contract=contract, modules_parsed=ctx.tree.parsed_count)

@@ -23,6 +23,7 @@ import gc
 import json
 import os
 import re
+import time
 
 import hfcache
 from contract import HS_CONNECTORS, extraction_path
@@ -92,10 +93,9 @@ def _path(consumers):
 def _repository_scripts(consumers, provider, model):
     """speculators 0.5-0.7: nothing to check, one finding that says so (docs/findings.md)."""
     from drift import findings as F
-    from drift.analyzer import _model_summary
-    from drift.server_contract import UnsupportedRelease
     from drift.source import SourceTree
 
+    started = time.perf_counter()
     speculators = _speculators(consumers)
     tree = SourceTree(speculators["root"], [speculators["package"]])
     module, line = None, 1
@@ -109,13 +109,10 @@ def _repository_scripts(consumers, provider, model):
             break
     if module is None:
         module = tree.module(speculators["package"])
-    finding = UnsupportedRelease(consumer=F.Location(module, line or 1), callee="speculators",
-                                 detail=speculators.get("version"))
-    found = [finding.as_json()] if module is not None else []
-    return {"path": "repository-scripts", "consumers": consumers, "provider": provider,
-            "model": _model_summary(model), "findings": found,
-            "counts": {"drift": len(found), "note": 0}, "unchecked": [], "calls_checked": 0, "checked": [],
-            "modules_parsed": 0, "elapsed_s": 0.0}
+    found = [] if module is None else [F.UnsupportedRelease(consumer=F.Location(module, line or 1),
+                                                            callee="speculators", detail=speculators.get("version"))]
+    return F.report(found, started=started, path="repository-scripts", consumers=consumers, provider=provider,
+                    model=model, unchecked=[], calls_checked=0, checked=[], modules_parsed=0)
 
 
 def _installed(name):
