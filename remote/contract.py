@@ -97,7 +97,7 @@ COMPILED_MANIFEST = ".specrig-compiled-modules"
 # speculators <= 0.4 drives vLLM in-process (remote/run/extract_driver.py; verify's consumer analysis);
 # 0.5-0.7 ship their data generation only as repository scripts, outside the wheel (nothing to run or
 # check); from 0.8 on the wheel's CLI talks to a `vllm serve` with the extract_hidden_states method
-# (docs/server-mode.md; verify checks remote/drift/server_contract.py). One rule, read by the host
+# (docs/server-mode.md; verify checks its contract in remote/drift/server/). One rule, read by the host
 # (verify, preflight, the supervisor) and the laptop (check-compat) alike.
 #: The newest release (major, minor) of the in-process path, and the oldest of the server path.
 LAST_IN_PROCESS = (0, 4)

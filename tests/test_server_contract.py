@@ -189,7 +189,7 @@ def test_speculators_0_8_reads_the_same_contract():
 def test_what_the_launch_sends_is_what_is_checked(monkeypatch):
     """The launch's values are read from remote/run/server/launch.py itself: change one, get its finding."""
     import run.server.launch as launch
-    from drift.server_contract import analyze_server
+    from drift.server.points import analyze_server
 
     sent = launch.speculative_config
 

@@ -217,7 +217,7 @@ SIGNATURE_KINDS = {cls.kind: cls for cls in (
 class ServerContract(Finding):
     """A point of the server path's contract (docs/server-mode.md section 10) that the installed vLLM breaks.
 
-    The check that found it (drift.server_contract) words the explanation: each point breaks in its own way.
+    The check that found it (drift/server/) words the explanation: each point breaks in its own way.
     """
 
     kind = "server-contract"
@@ -226,7 +226,7 @@ class ServerContract(Finding):
     severity: str = "drift"
     #: The contract point of docs/server-mode.md section 10: "C1".
     point: str | None = None
-    #: The point's id in drift.server_contract.POINTS, the id's middle part: "method-known".
+    #: The point's id in drift.server.points.POINTS, the id's middle part: "method-known".
     rule: str | None = None
     #: What is wrong and what fails because of it.
     message: str | None = None

@@ -16,7 +16,7 @@ the installed provider is read when it is another environment than this one's.
 The speculators release picks the analysis (contract.extraction_path): <= 0.4 the
 in-process consumer analysis (drift.analyzer.analyze()); 0.5-0.7 one finding saying those
 releases ship their data generation only as repository scripts; >= 0.8 the server contract
-(drift.server_contract.analyze_server(); hs-connectors, when installed or given as a
+(drift.server.points.analyze_server(); hs-connectors, when installed or given as a
 consumer root, is read too). Returns the report (docs/findings.md).
 """
 import gc
@@ -63,7 +63,7 @@ def run(args):
     if path == "repository-scripts":
         return _repository_scripts(consumers, provider, model)
     if path == "server":
-        from drift.server_contract import analyze_server
+        from drift.server.points import analyze_server
 
         if installed and not any(c["package"] == "hs_connectors" for c in consumers):
             try:
