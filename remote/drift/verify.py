@@ -57,8 +57,6 @@ def run(args):
         model = _model_directory(hfcache.resolve(args["model"], os.environ))
     elif args.get("model_config"):
         model = _model_config(os.path.expanduser(args["model_config"]))
-    # The analysis allocates hundreds of thousands of AST nodes and frees none of them until it ends;
-    # the cyclic collector would scan them over and over (a third of the run) to find no garbage.
     path = _path(consumers)
     if path == "repository-scripts":
         return _repository_scripts(consumers, provider, model)
@@ -71,6 +69,8 @@ def run(args):
             except RemoteFailure:
                 pass  # optional: the file-backend check is skipped
         return analyze_server(consumers, provider, model)
+    # The analysis allocates hundreds of thousands of AST nodes and frees none of them until it ends;
+    # the cyclic collector would scan them over and over (a third of the run) to find no garbage.
     gc.disable()
     try:
         return analyze(consumers=consumers, provider=provider, model=model)
