@@ -41,6 +41,9 @@ DRIVER_DEFAULTS: dict = _contract.DRIVER_DEFAULTS
 DRIVER_REQUIRED: tuple[str, ...] = _contract.DRIVER_REQUIRED
 SUPERVISOR_DEFAULTS: dict = _contract.SUPERVISOR_DEFAULTS
 SERVER_DEFAULTS: dict = _contract.SERVER_DEFAULTS
+HS_CONNECTORS: str = _contract.HS_CONNECTORS
+COMPILED_SUFFIXES: tuple[str, ...] = _contract.COMPILED_SUFFIXES
+COMPILED_MANIFEST: str = _contract.COMPILED_MANIFEST
 # The extraction modes, and the one rule that picks a speculators release's (remote/contract.py).
 IN_PROCESS: str = _contract.IN_PROCESS
 REPOSITORY_SCRIPTS: str = _contract.REPOSITORY_SCRIPTS

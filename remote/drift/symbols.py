@@ -40,11 +40,6 @@ def absolute_module(package, level, module):
     return base
 
 
-def _is_type_checking(test):
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
 class Scope:
     """The top-level bindings of one module (statements under if/try/with included)."""
 

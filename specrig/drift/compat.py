@@ -21,15 +21,13 @@ import zipfile
 from pathlib import Path
 
 from specrig.drift.verify import VERIFY_TIMEOUT_S, Report
-from specrig.contract import InvalidVersion, Version, extraction_mode
+from specrig.contract import (COMPILED_MANIFEST, COMPILED_SUFFIXES, HS_CONNECTORS, InvalidVersion, Version,
+                              extraction_mode)
 from specrig.errors import CouldNotCheck, UsageError
 from specrig.inventory import LOCAL, Host
 from specrig.transport import connect
 
 WHEEL_CACHE = Path("~/.cache/specrig/wheels").expanduser()
-#: Written by drift.source.SourceTree's reader: the dotted names of the wheel's compiled modules.
-COMPILED_MANIFEST = ".specrig-compiled-modules"
-COMPILED_SUFFIXES = (".so", ".pyd")
 COMPLETE_MARKER = ".specrig-unpacked"
 
 
@@ -117,10 +115,6 @@ def analyze_roots(consumers: list[dict], provider: dict, *, model_config: str | 
             return remote.call("verify", args, timeout=VERIFY_TIMEOUT_S)
         except UsageError as exc:
             raise CouldNotCheck(exc.message, hint=exc.hint) from None
-
-
-#: Read beside speculators >= 0.8 (the server path): its file backend builds the connector config.
-HS_CONNECTORS = "hs-connectors"
 
 
 def pinned_version(wheel: Path, dependency: str) -> str | None:

