@@ -22,6 +22,7 @@ import time
 import hfcache
 import pkgmeta
 import telemetry
+from units import human_bytes
 from rpc import RemoteFailure
 from run import preflight
 from run.server import nodes as node_layout, plan
@@ -97,7 +98,7 @@ def model_facts(model):
     fingerprint = {"path": found.path, "sha256": digest.hexdigest(), "files": files, "bytes": total}
     return {"fingerprint": fingerprint, "config": config, "check": preflight.check(
         "model", True, "%s: %d files, %s (config.json and file sizes: %s)" % (
-            hfcache.describe(found), files, preflight.human_size(total), fingerprint["sha256"][:12]))}
+            hfcache.describe(found), files, human_bytes(total), fingerprint["sha256"][:12]))}
 
 
 #: vLLM's table of architectures: "LlamaForCausalLM": ("llama", "LlamaForCausalLM"), module and class.
