@@ -4,7 +4,7 @@ import json
 from conftest import inv
 from patchenv import patch_env  # noqa: F401 (fixture)
 from specrig.exit_status import ExitStatus
-from specrig.patching.engine import apply_patches, patch_status
+from specrig.patching.patches import apply_patches, patch_status
 
 GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
 
