@@ -31,7 +31,6 @@ def describe_extraction(found: dict) -> str:
     return f"{mode} (speculators {speculators})"
 
 
-
 def show_doctor(facts: dict, *, host: Host, as_json: bool) -> None:
     if as_json:
         print_json(facts)
