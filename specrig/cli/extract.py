@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from specrig.cli.runner import run_on_group, run_on_host
 from specrig.contract import SERVER
 from specrig.exit_status import ExitStatus, most_serious
 from specrig.inventory import Host
-from specrig.cli.runner import run_on_group, run_on_host
 from specrig.run import live, node_runs, runs, sharded_runs, view
 
 

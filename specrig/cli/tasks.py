@@ -10,6 +10,7 @@ needs it: `--list` and `--help` import neither (tests/test_lazy_imports.py).
 from invoke import Collection, task
 
 from specrig.cli.guard import guarded, whole_number
+from specrig.cli.runner import run_task
 from specrig.errors import UsageError
 from specrig.group import DEFAULT_PARALLEL, PARALLEL_VARIABLE
 from specrig.inventory import load_inventory
@@ -35,7 +36,6 @@ def hosts(c, json=False):
 @guarded
 def doctor(c, host, json=False):
     """Check a host: reachability, login shell, python, speculators/vllm/torch/transformers in each environment, GPUs, disk."""
-    from specrig.cli.runner import run_task
     from specrig.doctor import doctor as host_doctor
     from specrig.ui.doctor import DOCTOR
 
@@ -151,7 +151,6 @@ def extract(c, host, model=None, data=None, out=None, tp=None, layers=None, batc
 @guarded
 def status(c, host, run=None, json=False):
     """Runs on a host: state, progress, attempts and classified failures, GPUs; on many, the samples' total."""
-    from specrig.cli.runner import run_task
     from specrig.run import runs
     from specrig.run.view import STATUS
 
@@ -165,7 +164,6 @@ def status(c, host, run=None, json=False):
 def logs(c, host, run=None, follow=False, n=None, server=False):
     """A run's log, every attempt with the supervisor's markers: the driver's, or in server mode speculators'
     CLI steps' (--server: the vLLM server's). Several hosts' lines are prefixed with the host."""
-    from specrig.cli.runner import run_task
     from specrig.run import runs
     from specrig.run.view import LOGS, write_log
     from specrig.ui.group import PrefixedLines
@@ -194,7 +192,6 @@ def logs(c, host, run=None, follow=False, n=None, server=False):
 @guarded
 def stop(c, host, run=None, json=False):
     """Stop a run: SIGTERM to its whole process group, a grace period, SIGKILL; report anything left."""
-    from specrig.cli.runner import run_task
     from specrig.run import runs
     from specrig.run.view import STOP
 
@@ -206,7 +203,6 @@ def stop(c, host, run=None, json=False):
 @guarded
 def resume(c, host, run=None, detach=False, json=False):
     """Restart a failed, stopped or lost run; the driver continues from the first missing sample."""
-    from specrig.cli.runner import run_task
     from specrig.group import group_hosts
     from specrig.run import live, runs
     from specrig.run.sharded_runs import JOB_PREFIX, is_group_run_id
@@ -257,7 +253,6 @@ for _task in (extract, status, logs, stop, resume, gather):
 @guarded
 def smoke_task(c, host, model=None, samples=None, json=False):
     """Run the extraction driver on the target's config shrunk (few layers, small dims, dummy weights): drift in a minute."""
-    from specrig.cli.runner import run_task
     from specrig.run.smoke import smoke
     from specrig.run.view import SMOKE
 
@@ -278,7 +273,6 @@ namespace.add_task(smoke_task)
 @guarded
 def verify_signatures(c, host, model=None, json=False, show_source=False):
     """Find where the host's speculators drifted from its vLLM, statically (exit 1: drift, 2: could not check)."""
-    from specrig.cli.runner import run_task
     from specrig.drift.verify import verify
     from specrig.drift.view import verify_view
 
@@ -319,7 +313,6 @@ PATCHSET_HELP = "patchset name (a folder of patchsets/); default: the one whose 
 
 def _patch_task(title: str, host: str, *, as_json: bool, **options) -> int:
     """apply-patches, patch-status, revert-patches: the host's patches, asked of its engine."""
-    from specrig.cli.runner import run_task
     from specrig.patching import patches
     from specrig.patching.view import patches_view
 

@@ -23,7 +23,14 @@ from specrig.exit_status import ExitStatus
 from specrig.group import HostOutcome
 from specrig.inventory import Host
 from specrig.run.runs import follow_run
-from specrig.run.view import STATE_STYLE, describe_failure, format_duration, rate_text, samples, show_run
+from specrig.run.view import (
+    STATE_STYLE,
+    describe_failure,
+    format_duration,
+    rate_text,
+    samples,
+    show_run,
+)
 from specrig.ui import console, gpu_table
 from specrig.ui.group import outcome_word
 

@@ -9,8 +9,18 @@ from typing import Callable, Iterator, Sequence
 from rich.markup import escape
 from rich.table import Table
 
-from specrig.contract import (ACTIVE_STATES, FAILED, LOST, RESTARTING, RUNNING, SERVER, STALLED, STARTING,
-                              STOPPED, SUCCEEDED)
+from specrig.contract import (
+    ACTIVE_STATES,
+    FAILED,
+    LOST,
+    RESTARTING,
+    RUNNING,
+    SERVER,
+    STALLED,
+    STARTING,
+    STOPPED,
+    SUCCEEDED,
+)
 from specrig.exit_status import ExitStatus
 from specrig.group import GroupResult, HostOutcome
 from specrig.inventory import Host
