@@ -28,8 +28,9 @@ class TaskView:
     #: The summary's title on a group ("doctor", "patch-status").
     title: str
     #: One host's output: show(result, host=, as_json=). It may return the exit status of what it
-    #: showed when that decides (a run followed to its end); None leaves it to `judge`.
-    show: Callable[..., ExitStatus | None]
+    #: showed when that decides (a run followed to its end); None leaves it to `judge`. None for a
+    #: view of groups only (a sharded run's shards, a multi-node job's nodes).
+    show: Callable[..., ExitStatus | None] | None
     #: What a result holds, in a few words: a group's line for the host.
     figures: Callable[[Any], str]
     #: The exit status of a result that came back: a drift report is FINDINGS without being an error.
