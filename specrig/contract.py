@@ -11,16 +11,19 @@ import importlib.util
 from specrig.paths import remote_dir
 
 
-def _load_host_module(name: str):
-    spec = importlib.util.spec_from_file_location(f"specrig._host.{name}", remote_dir() / f"{name}.py")
+def load_host_module(path: str):
+    """A module of remote/ loaded from its file (`path` without .py: "contract", "run/server/nodes"),
+    for one that imports nothing the laptop lacks."""
+    spec = importlib.util.spec_from_file_location("specrig._host." + path.replace("/", "."),
+                                                  remote_dir() / f"{path}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 #: The one PEP 440 parser (remote/versions.py), for versions the user gives on this side too.
-_versions = _load_host_module("versions")
-_contract = _load_host_module("contract")
+_versions = load_host_module("versions")
+_contract = load_host_module("contract")
 _contract.versions = _versions  # what `import versions` finds on a host, where remote/ is on sys.path
 Version = _versions.Version
 InvalidVersion = _versions.InvalidVersion

@@ -17,6 +17,7 @@ from rich.text import Text
 
 from specrig.drift.verify import Report
 from specrig.ui import console, print_indented, print_json
+from specrig.ui.task import TaskView
 
 
 def show(report: Report, *, as_json: bool, show_source: bool = False) -> None:
@@ -147,3 +148,21 @@ def show_matrix(result: dict, *, as_json: bool) -> None:
             row.append(f"[{'red' if count else 'green'}]{count}[/]")
         table.add_row(*row)
     console.print(table)
+
+
+def verify_figures(report: Report) -> str:
+    """A host's drift report in a line (a group's `inv verify-signatures`)."""
+    counts = report.data["counts"]
+    consumers = ", ".join(f"{c.get('name') or c.get('package')} {c.get('version', '?')}"
+                          for c in report.data["consumers"])
+    provider = report.data["provider"]
+    return (f"{counts['drift']} drift finding(s), {counts['note']} note(s); {consumers} against "
+            f"{provider.get('name') or provider.get('package')} {provider.get('version', '?')}")
+
+
+def verify_view(*, show_source: bool) -> TaskView:
+    """`inv verify-signatures`: the report (exit 1 when it holds drift); --json its data."""
+    return TaskView("verify-signatures",
+                    show=lambda report, *, host, as_json: show(report, as_json=as_json, show_source=show_source),
+                    figures=verify_figures, judge=lambda report: report.exit_status,
+                    result_json=lambda report: report.data)

@@ -1,12 +1,16 @@
-"""How people see the patch engine's results: the patches and their states, diffs, what was written."""
+"""How people see a host's patches: the patches and their states, diffs, what was written; and the
+patch tasks' views (specrig/ui/task.py)."""
 from __future__ import annotations
 
 from rich.markup import escape
 from rich.syntax import Syntax
 from rich.table import Table
 
+from specrig.errors import Findings
+from specrig.exit_status import ExitStatus
 from specrig.inventory import Host
-from specrig.ui import console, print_indented
+from specrig.ui import console, print_indented, print_json
+from specrig.ui.task import TaskView
 
 STATE_STYLE = {"applied": "green", "pending": "yellow", "missing": "yellow", "not-applicable": "dim",
                "conflict": "red"}
@@ -107,3 +111,56 @@ def _show_revert(result: dict, host: Host) -> None:
         console.print(f"{escape(where + file['path'])}: {escape(file['outcome'])} "
                       f"({escape(', '.join(file['patches']))})")
     console.print(f"{host.name}: wrote {result['bytes_written']} bytes")
+
+
+# ---- the tasks' views ---------------------------------------------------------------------------
+
+def show_patches(result: dict, *, host: Host, as_json: bool) -> None:
+    if as_json:
+        print_json(result)
+    else:
+        show(result, host=host)
+
+
+def show_refused(found: Findings, *, host: Host, as_json: bool) -> ExitStatus | None:
+    """A conflict, a refused revert, drift left after applying: --json prints the engine's result with
+    the error and ends there; people see the patches, then the error."""
+    if as_json:
+        print_json({**found.payload, "error": found.message})
+        return found.exit_status
+    if found.payload.get("patches"):
+        show(found.payload, host=host)
+    return None
+
+
+def patches_figures(result: dict) -> str:
+    """apply-patches and patch-status: the patchset and its patches by state; what applying wrote."""
+    if result["action"] == "revert":
+        return revert_figures(result)
+    if not result.get("patchset"):
+        return result.get("patchset_problem") or "no patchset"
+    states: dict[str, int] = {}
+    for patch in result["patches"]:
+        states[patch["state"]] = states.get(patch["state"], 0) + 1
+    text = f"patchset {result['patchset']['name']}: " + ", ".join(f"{n} {state}" for state, n in states.items())
+    if result.get("dry_run"):
+        return text + f"; dry run: {sum(bool(f['diff']) for f in result['files'])} file(s) would change"
+    if result["action"] == "apply" and "files" in result:
+        written = result["bytes_written"]
+        text += (f"; wrote {written} bytes to {sum(bool(f['bytes_written']) for f in result['files'])} file(s)"
+                 if written else "; nothing to do")
+        if result.get("verification") is not None:
+            other = len(result["verification"]["other_drift"])
+            text += "; verified" + (f", {other} other drift finding(s)" if other else "")
+    return text
+
+
+def revert_figures(result: dict) -> str:
+    if not result["files"]:
+        return "nothing to revert"
+    return f"{len(result['files'])} file(s) reverted, {result['bytes_written']} bytes written"
+
+
+def patches_view(title: str) -> TaskView:
+    """apply-patches, patch-status, revert-patches."""
+    return TaskView(title, show=show_patches, figures=patches_figures, show_findings=show_refused)

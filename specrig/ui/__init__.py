@@ -28,19 +28,24 @@ def print_indented(text: Text | str, *, indent: int = BLOCK_INDENT) -> None:
 
 def print_json(data) -> None:
     """Machine output: plain JSON on stdout, nothing else; indented for a person at a terminal, one
-    line for a pipe or a file (json's C encoder, which cannot indent: a fleet's answers are megabytes)."""
+    line for a pipe or a file (json's C encoder, which cannot indent: a group's answers are megabytes)."""
     indent = 2 if sys.stdout.isatty() else None
     sys.stdout.write(json.dumps(data, indent=indent, default=str) + "\n")
 
 
+#: IEC units, powers of 1024: the units nvidia-smi's MiB and the driver's disk-full message are in.
+BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
 def human_bytes(n: float | None) -> str:
+    """A size for people, in IEC units ("59.5 GiB"); '-' for None. The one byte formatter of the laptop."""
     if n is None:
         return "-"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000:
+    for unit in BYTE_UNITS[:-1]:
+        if abs(n) < 1024:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} PB"
+        n /= 1024
+    return f"{n:.1f} {BYTE_UNITS[-1]}"
 
 
 def gpu_table(gpus: list[dict], *, apps: list[dict] | None = None, **table_options) -> "GpuTable":

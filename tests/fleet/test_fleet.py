@@ -1,4 +1,4 @@
-"""Every task on many hosts: `--host` as a group, `all` or a comma list; each host's outcome its own.
+"""Every task on a group of hosts: `--host` as a group, `all` or a comma list; each host's outcome its own.
 
 The runner is tested with plain functions (sleeping, raising); the tasks against the real lab
 host: the shipped group lab-shells (three users of one sshd), and inventories adding a host that
@@ -17,11 +17,12 @@ import pytest
 from rich.console import Console
 
 from support.lab import inv, inv_json, lab_entry
-from specrig import fleet
+from specrig import group
 from specrig.errors import ConnectionFailed, Findings, InventoryError, UsageError
 from specrig.exit_status import SEVERITY, ExitStatus, most_serious
 from specrig.inventory import Host, load_inventory
-from specrig.ui import fleet as fleet_view
+from specrig.run.live import RunsBoard
+from specrig.ui import group as group_view
 
 
 # ---- the runner, with plain functions --------------------------------------------------------------
@@ -44,7 +45,7 @@ def test_at_most_parallel_hosts_run_at_once():
             running -= 1
         return host.name
 
-    outcomes = list(fleet.run_each(hosts(*"abcdefg"), work, parallel=3))
+    outcomes = list(group.run_each(hosts(*"abcdefg"), work, parallel=3))
     assert most == 3
     assert sorted(outcome.result for outcome in outcomes) == list("abcdefg")
 
@@ -53,7 +54,7 @@ def test_outcomes_come_as_hosts_finish_and_a_slow_host_holds_nobody_back():
     started = time.monotonic()
     delays = {"slow": 1.0, "quick": 0.0, "middle": 0.3}
     arrived = []
-    for outcome in fleet.run_each(hosts("slow", "quick", "middle"), lambda host: time.sleep(delays[host.name]),
+    for outcome in group.run_each(hosts("slow", "quick", "middle"), lambda host: time.sleep(delays[host.name]),
                                   parallel=3):
         arrived.append((outcome.host, time.monotonic() - started))
     assert [name for name, _ in arrived] == ["quick", "middle", "slow"]
@@ -70,7 +71,7 @@ def test_each_failure_stays_with_its_host():
             raise KeyError("oops")
         return {"fine": True}
 
-    outcomes = {o.host: o for o in fleet.run_each(hosts("ok", "down", "drifted", "buggy"), work, parallel=2)}
+    outcomes = {o.host: o for o in group.run_each(hosts("ok", "down", "drifted", "buggy"), work, parallel=2)}
     assert outcomes["ok"].exit_status == ExitStatus.OK and outcomes["ok"].result == {"fine": True}
     assert outcomes["down"].exit_status == ExitStatus.CONNECTION and "cannot connect" in outcomes["down"].error.message
     assert outcomes["drifted"].exit_status == ExitStatus.FINDINGS
@@ -80,7 +81,7 @@ def test_each_failure_stays_with_its_host():
 
 
 def test_a_judged_result_is_not_an_error():
-    outcomes = list(fleet.run_each(hosts("a"), lambda host: {"drift": 3}, parallel=1,
+    outcomes = list(group.run_each(hosts("a"), lambda host: {"drift": 3}, parallel=1,
                                    judge=lambda result: ExitStatus.FINDINGS if result["drift"] else ExitStatus.OK))
     assert outcomes[0].exit_status == ExitStatus.FINDINGS and outcomes[0].error is None
 
@@ -94,19 +95,19 @@ def test_severity_orders_every_status_once():
 
 
 def test_parallelism_setting(monkeypatch):
-    monkeypatch.delenv(fleet.PARALLEL_VARIABLE, raising=False)
-    assert fleet.parallelism() == fleet.DEFAULT_PARALLEL
-    monkeypatch.setenv(fleet.PARALLEL_VARIABLE, "4")
-    assert fleet.parallelism() == 4
-    monkeypatch.setenv(fleet.PARALLEL_VARIABLE, "0")
+    monkeypatch.delenv(group.PARALLEL_VARIABLE, raising=False)
+    assert group.parallelism() == group.DEFAULT_PARALLEL
+    monkeypatch.setenv(group.PARALLEL_VARIABLE, "4")
+    assert group.parallelism() == 4
+    monkeypatch.setenv(group.PARALLEL_VARIABLE, "0")
     with pytest.raises(UsageError, match="SPECRIG_PARALLEL='0'"):
-        fleet.parallelism()
+        group.parallelism()
 
 
 def test_streamed_lines_are_whole_and_prefixed_by_host(monkeypatch):
     buffer = io.StringIO()
-    monkeypatch.setattr(fleet_view, "console", Console(file=buffer, width=200))
-    lines = fleet_view.PrefixedLines(["a", "host-b"])
+    monkeypatch.setattr(group_view, "console", Console(file=buffer, width=200))
+    lines = group_view.PrefixedLines(["a", "host-b"])
 
     def stream(name):
         with lines.writer(name) as write:
@@ -130,10 +131,10 @@ def test_streamed_lines_are_whole_and_prefixed_by_host(monkeypatch):
 
 
 def test_the_runs_board_shows_each_host_as_it_stands(monkeypatch):
-    board = fleet_view.RunsBoard(["a", "b", "c"])
+    board = RunsBoard(["a", "b", "c"])
     board.update("a", {"run_id": "run-a", "state": "running",
                        "heartbeat": {"phase": "extracting", "samples_done": 3, "samples_total": 10, "eta_s": 70}})
-    board.finished(fleet.HostOutcome("b", ExitStatus.CONNECTION, 0.1, error=ConnectionFailed("b: cannot connect")))
+    board.finished(group.HostOutcome("b", ExitStatus.CONNECTION, 0.1, error=ConnectionFailed("b: cannot connect")))
     buffer = io.StringIO()
     Console(file=buffer, width=80).print(board)
     rows = {line.split()[1]: line for line in buffer.getvalue().splitlines() if line.startswith("│ ")}
@@ -153,22 +154,22 @@ def names(found) -> list[str] | None:
 
 
 def test_one_host_keeps_the_single_host_path(inventory):
-    assert fleet.fleet_hosts(inventory, "a") is None
-    assert fleet.fleet_hosts(inventory, "local") is None
+    assert group.group_hosts(inventory, "a") is None
+    assert group.group_hosts(inventory, "local") is None
 
 
 def test_groups_all_and_lists_in_order_each_host_once(inventory):
-    assert names(fleet.fleet_hosts(inventory, "ab")) == ["a", "b"]
-    assert names(fleet.fleet_hosts(inventory, "all")) == ["a", "b", "c"]
-    assert names(fleet.fleet_hosts(inventory, "c, ab,a,local")) == ["c", "a", "b", "local"]
+    assert names(group.group_hosts(inventory, "ab")) == ["a", "b"]
+    assert names(group.group_hosts(inventory, "all")) == ["a", "b", "c"]
+    assert names(group.group_hosts(inventory, "c, ab,a,local")) == ["c", "a", "b", "local"]
 
 
 def test_every_unknown_name_is_named_before_anything_runs(inventory):
     with pytest.raises(InventoryError) as caught:
-        fleet.fleet_hosts(inventory, "a,nope,ab,zz")
+        group.group_hosts(inventory, "a,nope,ab,zz")
     assert "'nope', 'zz'" in caught.value.message and "groups: ab" in caught.value.hint
     with pytest.raises(UsageError, match="empty name"):
-        fleet.fleet_hosts(inventory, "a,,b")
+        group.group_hosts(inventory, "a,,b")
 
 
 # ---- tasks on the lab ----------------------------------------------------------------------------
@@ -253,7 +254,7 @@ def test_a_bad_name_in_a_list_runs_nothing(lab):
 
 
 def test_extract_on_several_hosts_checks_every_setting_before_reaching_a_host(lab):
-    # A fleet extraction (tests/fleet/test_fleet_extract.py runs them): a bad value is one line, nothing runs.
+    # A sharded extraction (tests/fleet/test_fleet_extract.py runs them): a bad value is one line, nothing runs.
     result = inv("extract", "--host", "lab-shells", "--batch-size", "0", "--detach")
     assert result.returncode == ExitStatus.USAGE, result.stdout + result.stderr
     assert "--batch-size '0'" in result.stderr and result.stdout == ""

@@ -214,8 +214,8 @@ def test_a_failed_preflight_launches_nothing_on_any_host(fleet, out):
 # ---- the union's arithmetic (no lab) ---------------------------------------------------------------
 
 def test_the_union_names_missing_duplicated_out_of_range_and_unloadable_indices():
-    from specrig.fleet import HostOutcome
-    from specrig.run.fleet_runs import ranges, union
+    from specrig.group import HostOutcome
+    from specrig.run.sharded_runs import ranges, union
 
     def shard(host, indices, total, state="succeeded", unloadable=()):
         return HostOutcome(host, ExitStatus.OK, 0.1, result={"state": state, "indices": indices,
@@ -238,7 +238,7 @@ def test_the_union_names_missing_duplicated_out_of_range_and_unloadable_indices(
 
 def test_each_host_gets_its_shard_and_its_own_output_directory(make_inventory):
     from specrig.inventory import load_inventory
-    from specrig.run.fleet_runs import shard_requests
+    from specrig.run.sharded_runs import shard_requests
 
     entry = {"hostname": "h", "extract": {"model": "/m", "data": "/d.jsonl", "out": "/data/{host}/out"}}
     inventory = load_inventory(make_inventory({"hosts": {"x": entry, "y": entry}}))

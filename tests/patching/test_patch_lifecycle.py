@@ -7,7 +7,7 @@ import pytest
 from support.lab import inv
 from support.patchenv import PATCHSET
 from specrig.exit_status import ExitStatus
-from specrig.patching.engine import apply_patches, claimed_fixes, patch_status, remaining_drift, revert_patches
+from specrig.patching.patches import apply_patches, claimed_fixes, patch_status, remaining_drift, revert_patches
 from specrig.drift.verify import verify
 
 #: What users first met on vLLM 0.16 with Kimi-K2.5 (docs/findings.md), each a patch's claim.

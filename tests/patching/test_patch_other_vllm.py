@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from specrig.patching.engine import apply_patches, claimed_fixes, patch_status, remaining_drift, revert_patches
+from specrig.patching.patches import apply_patches, claimed_fixes, patch_status, remaining_drift, revert_patches
 from specrig.drift.verify import verify
 
 WHEELS = Path(os.environ.get("SPECRIG_VLLM_WHEELS", "/nonexistent"))

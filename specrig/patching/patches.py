@@ -1,8 +1,8 @@
-"""`inv apply-patches`, `inv patch-status`, `inv revert-patches`: the laptop half of the patch engine.
+"""`inv apply-patches`, `inv patch-status`, `inv revert-patches`: a host's patches, asked of its engine.
 
 The engine runs on the host (remote/patching/patch.py); patchsets travel in the bundle
-(patchsets/README.md documents the format). Here: one connection per task,
-typed failures, verification after applying, and output for people or scripts.
+(patchsets/README.md documents the format). Here: one connection per task, the engine's calls,
+typed failures, and the verification after applying. Data only: patching/view.py shows it.
 
 A host with two environments (hosts.yaml `server_python` other than `python`, speculators >= 0.8):
 the patchsets for it fix vLLM, which lives in the server's environment, so the engine runs there
@@ -25,11 +25,8 @@ import specrig
 from specrig.doctor import check_extraction_mode, installed_versions
 from specrig.drift.verify import verify_host
 from specrig.errors import CouldNotCheck, Findings
-from specrig.exit_status import ExitStatus
 from specrig.inventory import Host
-from specrig.patching.view import show
 from specrig.transport import Remote, connect
-from specrig.ui import print_json
 
 PATCH_TIMEOUT_S = 300
 #: Patch states whose findings must be gone after applying.
@@ -153,24 +150,3 @@ def revert_patches(host: Host, *, patch: str | None = None, force: bool = False)
             result["bytes_written"] += client["bytes_written"]
             result["other_environment"] = client["environment"]
         return result
-
-
-# ---- tasks: run, show, exit status ------------------------------------------------------------
-
-def run_task(action: str, host: Host, *, as_json: bool, **options) -> ExitStatus:
-    """What a task does: the action, its output (table or JSON), its exit status (SpecrigError escapes)."""
-    functions = {"apply": apply_patches, "status": patch_status, "revert": revert_patches}
-    try:
-        result = functions[action](host, **options)
-    except Findings as found:
-        if as_json:
-            print_json({**found.payload, "error": found.message})
-            return found.exit_status
-        if found.payload.get("patches"):
-            show(found.payload, host=host)
-        raise
-    if as_json:
-        print_json(result)
-    else:
-        show(result, host=host)
-    return ExitStatus.OK
