@@ -21,6 +21,8 @@ def load_host_module(path: str):
     return module
 
 
+#: The one byte formatter of both sides, in IEC units ("59.5 GiB"; remote/units.py).
+human_bytes = load_host_module("units").human_bytes
 #: The one PEP 440 parser (remote/versions.py), for versions the user gives on this side too.
 _versions = load_host_module("versions")
 _contract = load_host_module("contract")

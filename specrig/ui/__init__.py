@@ -9,6 +9,8 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from specrig.contract import human_bytes  # noqa: F401 (the views' byte formatter, shared with the host)
+
 console = Console(highlight=False)
 errors = Console(stderr=True, highlight=False)
 
@@ -33,19 +35,6 @@ def print_json(data) -> None:
     sys.stdout.write(json.dumps(data, indent=indent, default=str) + "\n")
 
 
-#: IEC units, powers of 1024: the units nvidia-smi's MiB and the driver's disk-full message are in.
-BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
-
-
-def human_bytes(n: float | None) -> str:
-    """A size for people, in IEC units ("59.5 GiB"); '-' for None. The one byte formatter of the laptop."""
-    if n is None:
-        return "-"
-    for unit in BYTE_UNITS[:-1]:
-        if abs(n) < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} {BYTE_UNITS[-1]}"
 
 
 def gpu_table(gpus: list[dict], *, apps: list[dict] | None = None, **table_options) -> "GpuTable":
