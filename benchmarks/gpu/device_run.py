@@ -85,6 +85,8 @@ def run(argv, timeout=600, cwd=TREE, env=None):
     except subprocess.TimeoutExpired as exc:
         rc, out, err = 124, exc.stdout or "", exc.stderr or ""
         out, err = (out.decode() if isinstance(out, bytes) else out), (err.decode() if isinstance(err, bytes) else err)
+    except FileNotFoundError as exc:  # no nvidia-smi (the CPU rehearsal)
+        rc, out, err = 127, "", str(exc)
     return rc, out, err, round(time.time() - started, 2)
 
 
@@ -145,6 +147,19 @@ class Sampler(threading.Thread):
             pids = [int(line.split(",")[0]) for line in apps.splitlines() if line.strip()[:1].isdigit()]
             self.samples.append([round(t, 2), used[0] if used else None, pids])
             time.sleep(0.5)
+
+
+def wait_idle(timeout=60):
+    """Until the GPU's memory.used is back within 1 GiB of idle (the driver frees a dead process's memory a
+    little after it is gone: docs/gpu-check.md); the seconds waited, or None on a machine without GPUs."""
+    idle = ((results.get("device") or {}).get("idle_memory_used_mib") or [0])[0] or 0
+    started = time.time()
+    while time.time() - started < timeout:
+        used = memory_used()
+        if not used or used[0] <= idle + 1024:
+            return round(time.time() - started, 2) if used else None
+        time.sleep(0.5)
+    return "still %s MiB after %d s" % (memory_used(), timeout)
 
 
 def proc_table():
@@ -237,13 +252,23 @@ def versions():
 # -- phases ------------------------------------------------------------------------------------------
 
 def phase_prep():
-    capture("idle")
     record("commit", open(os.path.join(TREE, "COMMIT")).read().strip() if os.path.exists(
         os.path.join(TREE, "COMMIT")) else None)
-    record("device", {"gpu": smi(query="--query-gpu=name,memory.total,driver_version").strip().splitlines()[-1],
-                      "python": sys.version.split()[0], "versions": versions(),
-                      "idle_memory_used_mib": memory_used()})
-    if not os.path.exists(os.path.join(MODEL, "config.json")):
+    building = os.path.join(SG, "models", SHAPE + ".building")
+    done = os.path.join(SG, "models", SHAPE + ".done")
+    if os.path.exists(building):  # stage.sh started the build in the background: wait for it
+        deadline = time.time() + 900
+        while not os.path.exists(done) and time.time() < deadline:
+            time.sleep(1)
+        built_log = open(os.path.join(SG, "models", SHAPE + ".log")).read() if os.path.exists(
+            os.path.join(SG, "models", SHAPE + ".log")) else ""
+        log("background build: %s" % built_log[-1500:])
+        if os.path.exists(done):
+            record("model", {"shape": SHAPE, "exit": 0, "background": True,
+                             "built": json.loads(open(done).read())})
+        else:
+            raise SystemExit("the background model build did not finish")
+    elif not os.path.exists(os.path.join(MODEL, "config.json")):
         rc, out, err, seconds = run([sys.executable, os.path.join(HERE, "gpu_tools.py"), "build-model", MODEL,
                                      SHAPE, DATA, str(N_DATA)], timeout=900)
         log("build-model rc %d in %.0f s: %s %s" % (rc, seconds, out[-500:], err[-1500:] if rc else ""))
@@ -251,6 +276,11 @@ def phase_prep():
                          "built": json.loads(out.strip().splitlines()[-1]) if rc == 0 else err[-2000:]})
         if rc:
             raise SystemExit("model build failed")
+    capture("idle")
+    record("device", {"gpu": (smi(query="--query-gpu=name,memory.total,driver_version").strip().splitlines()
+                              or [None])[-1],
+                      "python": sys.version.split()[0], "versions": versions(),
+                      "idle_memory_used_mib": memory_used()})
 
 
 def phase_extract():
@@ -332,6 +362,7 @@ def phase_extract():
     entry["server_argv"] = plan.get("server_argv")
     save()
     if files and layer_ids:
+        wait_idle()
         target = os.path.join(SG, "reference.json")
         rc, out_text, err, seconds = run([sys.executable, os.path.join(HERE, "gpu_tools.py"), "reference", out,
                                           MODEL, ",".join(map(str, layer_ids)), target], timeout=900)
@@ -342,6 +373,7 @@ def phase_extract():
 def phase_stop():
     out = os.path.join(SG, "out", "stop")
     shutil.rmtree(out, ignore_errors=True)
+    wait_idle()
     idle = memory_used()
     launched = inv(*extract_args(out, N_EXTRACT), timeout=600)
     info = launched["json"] or {}
@@ -446,6 +478,8 @@ def arm_specrig(name, concurrency):
                tokens=tokens_in(files), first_sample_s=round(first.at - started, 2) if first.at else None,
                server_ready_s=round(ready - started, 2) if ready else None,
                phases_s={k: round(v - started, 2) for k, v in phases.items()}, run_id=info["run_id"])
+    if phases.get("generating") and phases.get("validating"):
+        arm["generate_s"] = round(phases["validating"] - phases["generating"], 2)
     for log_name in ("driver.log", "server.log"):
         path = os.path.join(info["path"], log_name)
         if os.path.exists(path):
@@ -538,7 +572,9 @@ def arm_by_hand(name, concurrency, bare=False):
         return arm
     finally:
         end_group(server)
-        arm["stopped_s"] = round(time.time() - started, 2)
+        # The wall time ends once the server is stopped, as specrig's run ends after stopping its server.
+        if "wall_s" in arm:
+            arm["client_done_s"], arm["wall_s"] = arm["wall_s"], round(time.time() - started, 2)
         shutil.rmtree(hs_dir, ignore_errors=True)
 
 
@@ -546,7 +582,8 @@ def phase_arm(spec):
     parts = spec.split(":")
     name, concurrency = parts[1], int(parts[2]) if len(parts) > 2 else 32
     label = "%s-c%d" % (name, concurrency)
-    log("arm %s: %d samples" % (label, N_MEASURE))
+    waited = wait_idle()
+    log("arm %s: %d samples (waited %s s for the GPU's memory)" % (label, N_MEASURE, waited))
     if name == "specrig":
         arm = arm_specrig(label, concurrency)
     elif name in ("hand", "bare"):
@@ -557,6 +594,8 @@ def phase_arm(spec):
         gen = arm.get("wall_s")
         if arm.get(value) and gen:
             arm[key] = round(arm[value] / gen, 2)
+    if arm.get("generate_s") and arm.get("tokens"):
+        arm["tokens_per_s_generate"] = round(arm["tokens"] / arm["generate_s"], 1)
     if arm.get("server_ready_s") and arm.get("wall_s") and arm.get("tokens"):
         after = arm["wall_s"] - arm["server_ready_s"]
         arm["after_load_s"] = round(after, 2)

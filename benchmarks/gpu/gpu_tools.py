@@ -127,8 +127,10 @@ def build_model(out_dir, shape, data_path, n):
     config = LlamaConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                          bos_token_id=None, tie_word_embeddings=False, torch_dtype="bfloat16", **fields)
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.set_default_dtype(torch.bfloat16)  # built in bf16 directly: no fp32 copy of 8B parameters
     with torch.device(device):
         model = LlamaForCausalLM(config).to(torch.bfloat16)
+    torch.set_default_dtype(torch.float32)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     built = time.time()
     model.save_pretrained(out_dir, safe_serialization=True, max_shard_size="5GB")
@@ -189,7 +191,11 @@ def reference(hs_dir, model_dir, layer_ids, out_json, rel_tol=0.02, shifted_min=
 
     started = time.time()
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, device_map=device).eval()
+    try:
+        import accelerate  # noqa: F401 - device_map needs it: load straight onto the GPU
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16, device_map=device).eval()
+    except ImportError:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(device).eval()
     loaded = time.time()
     layers = model.model.layers
     n_layers = len(layers)
