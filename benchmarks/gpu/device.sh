@@ -22,4 +22,11 @@ export PATH=$SG/site/bin:$PATH
 export VLLM_USE_FLASHINFER_SAMPLER=0
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-cd "$tree" && exec python3 benchmarks/gpu/device_run.py "$@"
+# Ended by timeout before the call's own limit, so that the results and the extras still come back
+# (what it leaves running, in sessions of its own, the next call's `clean` phase stops).
+cd "$tree" && timeout "${BUDGET_S:-540}" python3 benchmarks/gpu/device_run.py "$@"
+rc=$?
+cp "$SG/results.json" "$OUT/results.json" 2>/dev/null
+tar -czf "$OUT/extras.tgz" -C "$SG" extras 2>/dev/null
+echo "device_run exit $rc; $(du -sh "$OUT/extras.tgz" 2>/dev/null | cut -f1) of extras; disk: $(df -h "$SG" | tail -1)"
+exit $rc

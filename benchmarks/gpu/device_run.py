@@ -45,7 +45,9 @@ PORT = int(os.environ.get("PORT", "8000"))
 MODEL = os.path.join(SG, "models", SHAPE)
 DATA = os.path.join(SG, "data", "chat.jsonl")
 RESULTS = os.path.join(SG, "results.json")
-FIXTURES = os.path.join(OUT, "nvsmi")
+#: Logs and captures: device.sh packs them into $OUT/extras.tgz (a call brings back 8 files at most).
+EXTRAS = os.path.join(SG, "extras")
+FIXTURES = os.path.join(EXTRAS, "nvsmi")
 #: nvidia-smi's fields as remote/telemetry.py asks for them (the captures are that query's output).
 GPU_QUERY = "index,name,uuid,memory.used,memory.total,memory.free,utilization.gpu,temperature.gpu,power.draw"
 APP_QUERY = "pid,process_name,gpu_uuid,used_gpu_memory"
@@ -64,7 +66,7 @@ def log(message):
 
 
 def save():
-    os.makedirs(SG, exist_ok=True)
+    os.makedirs(EXTRAS, exist_ok=True)
     with open(RESULTS + ".tmp", "w") as f:
         json.dump(results, f, indent=1, default=str)
     os.replace(RESULTS + ".tmp", RESULTS)
@@ -313,7 +315,11 @@ def phase_extract():
     cores = engine_cores(session) or engine_cores()
     kept = {os.path.basename(p): (os.stat(p).st_ino, os.stat(p).st_mtime_ns) for p in hs_files(out)}
     kill = {"samples_done_before": beat.get("samples_done"), "server_session": session, "engine_cores": cores,
-            "files_before": len(kept), "memory_before_mib": memory_used()}
+            "files_before": len(kept), "memory_before_mib": memory_used(),
+            # specrig's own telemetry of the run (the supervisor's status): which processes hold the GPU
+            "telemetry": {"gpus": status.get("gpus"), "gpu_apps": status.get("gpu_apps"),
+                          "processes": {str(pid): proc_table().get(pid, (None, None, None, ""))[3][:120]
+                                        for pid in [a.get("pid") for a in status.get("gpu_apps") or []]}}}
     if reached and cores and run_state(run_path) not in FINAL:
         kill["at"] = time.time()
         for pid in cores:
@@ -353,7 +359,7 @@ def phase_extract():
     for name in ("server.log", "driver.log", "supervisor.log"):
         path = os.path.join(run_path, name)
         if os.path.exists(path):
-            shutil.copy(path, os.path.join(OUT, "extract-" + name))
+            shutil.copy(path, os.path.join(EXTRAS, "extract-" + name))
     log("extract: %s, %d files, %d tokens, attempts %d" % (entry["state"], len(files), entry["tokens"],
                                                             len(attempts)))
     plan = (read_json(os.path.join(run_path, "run.json"), {}) or {}).get("server") or {}
@@ -368,6 +374,23 @@ def phase_extract():
                                           MODEL, ",".join(map(str, layer_ids)), target], timeout=900)
         log("reference rc %d in %.0f s: %s %s" % (rc, seconds, out_text[-400:], err[-2000:] if rc else ""))
         record("states", read_json(target) if rc == 0 else {"exit": rc, "error": err[-3000:]})
+    shutil.rmtree(out, ignore_errors=True)  # the disk holds 64 GiB: the arms need the room
+
+
+def phase_clean():
+    """What an earlier call cut short may have left: active runs (stopped through specrig) and the
+    by-hand arms' servers (their own sessions)."""
+    stopped = []
+    for path in glob.glob(os.path.expanduser("~/specrig/runs/*/")):
+        if run_state(path) in ("running", "starting", "restarting", "stalled"):
+            stopped.append(inv("stop", "--host", "local", "--run", os.path.basename(path.rstrip("/")), "--json",
+                               timeout=300))
+    for pid, (ppid, sid, comm, cmd) in proc_table().items():
+        if "vllm.entrypoints" in cmd and pid == sid:
+            os.killpg(pid, signal.SIGKILL)
+            stopped.append({"killed_group": pid, "cmd": cmd[:200]})
+    results.setdefault("clean", []).append({"stopped": stopped, "waited_for_idle": wait_idle()})
+    save()
 
 
 def phase_stop():
@@ -483,7 +506,7 @@ def arm_specrig(name, concurrency):
     for log_name in ("driver.log", "server.log"):
         path = os.path.join(info["path"], log_name)
         if os.path.exists(path):
-            shutil.copy(path, os.path.join(OUT, "arm-%s-%s" % (name, log_name)))
+            shutil.copy(path, os.path.join(EXTRAS, "arm-%s-%s" % (name, log_name)))
     shutil.rmtree(out, ignore_errors=True)
     return arm
 
@@ -522,7 +545,7 @@ def arm_by_hand(name, concurrency, bare=False):
            "concurrency": concurrency, "server_argv": argv}
     first = FirstFile(hs_dir)
     started = time.time()
-    with open(os.path.join(OUT, "arm-%s-server.log" % name), "ab") as server_log:
+    with open(os.path.join(EXTRAS, "arm-%s-server.log" % name), "ab") as server_log:
         server = subprocess.Popen(argv, stdout=server_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                   start_new_session=True, cwd=work if os.path.isdir(work) else SG)
     try:
@@ -562,7 +585,7 @@ def arm_by_hand(name, concurrency, bare=False):
                                    "--max-samples", str(N_MEASURE)], timeout=560, cwd=work)
         ended = time.time()
         first.stopped = True
-        with open(os.path.join(OUT, "arm-%s-client.log" % name), "w") as f:
+        with open(os.path.join(EXTRAS, "arm-%s-client.log" % name), "w") as f:
             f.write((out + err)[-20000:])
         files = hs_files(hs_dir)
         arm.update(generate_exit=rc, generate_s=gen_s, samples=len(files), tokens=tokens_in(files),
