@@ -417,7 +417,9 @@ def phase_stop():
     capture("after_stop")
     time.sleep(2)
     entry["memory_2s_after_mib"] = memory_used()
-    entry["engine_cores_left"] = engine_cores()
+    table = proc_table()
+    entry["engine_cores_left"] = [{"pid": pid, "sid": table[pid][1], "cmd": table[pid][3][:160]}
+                                  for pid in engine_cores() if pid in table]
     entry["state"] = run_state(run_path)
     record("stop", entry)
     log("stop: clean %s in %.1f s" % (entry["clean"], entry["seconds"]))
