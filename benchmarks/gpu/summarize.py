@@ -102,7 +102,19 @@ def table(raw):
                      "first_sample_s": arm.get("first_sample_s"), "tokens_per_s": arm.get("tokens_per_s"),
                      "samples_per_s": arm.get("samples_per_s"),
                      "tokens_per_s_after_load": arm.get("tokens_per_s_after_load"),
+                     "generate_s": arm.get("generate_s"), "tokens_per_s_generate": arm.get("tokens_per_s_generate"),
+                     "steady_s": None, "steady_tokens_per_s": None,
                      "state": arm.get("state"), "error": arm.get("error")})
+        # From the first file (the first answer, bare) to the end of the client step: the rate once the
+        # client is up, without its start-up.
+        end = (arm.get("phases_s") or {}).get("validating") or arm.get("client_done_s")
+        if (arm.get("way") or "").startswith("bare") and arm.get("generate_s") and arm.get("first_sample_s"):
+            # the bare client times itself from after its imports: its wall less its first answer
+            steady = round(arm["generate_s"] - (arm["first_sample_s"] - arm["server_ready_s"]), 2)
+            rows[-1].update(steady_s=steady, steady_tokens_per_s=round(arm["tokens"] / steady, 1))
+        elif end and arm.get("first_sample_s") and arm.get("tokens"):
+            steady = round(end - arm["first_sample_s"], 2)
+            rows[-1].update(steady_s=steady, steady_tokens_per_s=round(arm["tokens"] / steady, 1))
     return rows
 
 
@@ -115,6 +127,10 @@ def ratios(rows):
     out = {}
     if hand and ours and hand.get("after_load_s") and ours.get("after_load_s"):
         out["specrig_overhead_vs_hand_after_load"] = round(ours["after_load_s"] / hand["after_load_s"] - 1, 4)
+    for key in ("tokens_per_s_generate", "steady_tokens_per_s"):
+        for name, row in (("specrig", ours), ("hand", hand)):
+            if bare and row and bare.get(key) and row.get(key):
+                out["%s_vs_bare_prefill_%s" % (name, key)] = round(row[key] / bare[key], 4)
     if bare and ours and bare.get("tokens_per_s_after_load"):
         out["extraction_vs_bare_prefill_tokens_per_s"] = round(
             ours["tokens_per_s_after_load"] / bare["tokens_per_s_after_load"], 4)
@@ -126,13 +142,16 @@ def ratios(rows):
 
 
 def markdown(summary):
-    lines = ["| arm | way | conc. | samples | tokens | wall s | server up s | after load s | first sample s | "
-             "tokens/s (after load) | samples/s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    keys = ("arm", "concurrency", "samples", "tokens", "wall_s", "server_ready_s", "after_load_s", "first_sample_s",
+            "generate_s", "steady_s", "tokens_per_s", "tokens_per_s_after_load", "tokens_per_s_generate",
+            "steady_tokens_per_s", "samples_per_s")
+    lines = ["| arm | conc. | samples | tokens | wall s | server up s | after load s | first sample s | client step s "
+             "| steady s | tokens/s (wall) | tokens/s (after load) | tokens/s (client step) | tokens/s (steady) "
+             "| samples/s (wall) |", "|" + "---|" * len(keys)]
     for row in summary["table"]:
-        lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % tuple(
-            "-" if row.get(k) is None else row.get(k) for k in (
-                "arm", "way", "concurrency", "samples", "tokens", "wall_s", "server_ready_s", "after_load_s",
-                "first_sample_s", "tokens_per_s_after_load", "samples_per_s")))
+        lines.append("| " + " | ".join("-" if row.get(k) is None else str(row.get(k)) for k in keys) + " |")
+    lines.append("")
+    lines += ["- %s: %s" % item for item in summary["ratios"].items()]
     return "\n".join(lines) + "\n"
 
 
