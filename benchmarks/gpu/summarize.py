@@ -162,6 +162,7 @@ def main():
     parser.add_argument("--date", default=datetime.date.today().isoformat())
     parser.add_argument("--not-run", default="[]", help="JSON list of {what, why}")
     parser.add_argument("--notes", default="[]", help="JSON list of strings")
+    parser.add_argument("--bf16-drift", help="bf16_drift.py's output: the yardstick beside the fixed tolerance")
     args = parser.parse_args()
     with open(args.raw) as f:
         raw = json.load(f)
@@ -169,6 +170,23 @@ def main():
     extract = raw.get("extract") or {}
     launch = (extract.get("launch") or {}).get("json") or {}
     doctor = (raw.get("doctor") or {}).get("json") or {}
+    if args.bf16_drift:
+        with open(args.bf16_drift) as f:
+            drift_file = json.load(f)
+        drift = drift_file["bf16_sdpa_vs_bf16_eager"]
+        states_block = summary_states = states(raw)
+        if summary_states.get("ran"):
+            measured = {k: drift[k] for k in summary_states["per_layer"] if k in drift}
+            summary_states["bf16_drift_reference"] = {
+                "how": "benchmarks/gpu/bf16_drift.py %s: transformers against itself (sdpa vs eager attention, both "
+                       "bf16), the same 8B-wide shape, random weights and tokens, on the CPU; relative L2 per layer "
+                       "id" % ("%d %d nofp32" % (drift_file["layers"], drift_file["tokens"])),
+                "rel_l2": measured,
+                "within_bf16_drift": {k: summary_states["per_layer"][k]["worst_sample_rel_l2"] <= v
+                                      for k, v in measured.items()},
+                "not_measured": [k for k in summary_states["per_layer"] if k not in drift]}
+    else:
+        states_block = states(raw)
     summary = {
         "issue": 19, "date": args.date, "commit": raw.get("commit"), "device": raw.get("device"),
         "device_minutes_used": args.device_minutes, "model": raw.get("model"),
@@ -176,7 +194,7 @@ def main():
         "preflight": launch.get("preflight"),
         "extract": {k: extract.get(k) for k in ("run_id", "samples", "state", "files", "tokens", "wall_s",
                                                 "layer_ids", "layer_convention", "server_argv")},
-        "states": states(raw), "kill9": kill9(raw), "stop": stop(raw),
+        "states": states_block, "kill9": kill9(raw), "stop": stop(raw),
         "table": rows, "ratios": ratios(rows),
         "smoke_deepseek_v3": raw.get("smoke_deepseek_v3"),
         "nvidia_smi_fixtures": "tests/fixtures/nvidia-smi/h200-vllm",
