@@ -26,6 +26,8 @@ import time
 import urllib.request
 
 SEED = 19
+#: Tokens compared to tell the samples opening with the shared system prompt from the others.
+PREFIX_TOKENS = 64
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
@@ -211,6 +213,14 @@ def reference(hs_dir, model_dir, layer_ids, out_json, rel_tol=0.02, shifted_min=
                     for k in layer_ids} for name in pairings}
     files = sorted(f for f in os.listdir(hs_dir) if f.startswith("hs_") and f.endswith(".safetensors"))
     problems, tokens, dtype, nonfinite = [], 0, None, 0
+    # Per sample: its length, whether it opens with the prefix most samples share (the system prompt the
+    # prefix cache serves from another request), and its documented pairing's error per layer.
+    per_sample = []
+    openings = {}
+    for name in files:
+        head = tuple(load_file(os.path.join(hs_dir, name))["token_ids"][:PREFIX_TOKENS].tolist())
+        openings[name] = head
+    common = max(set(openings.values()), key=list(openings.values()).count) if openings else None
     for name in files:
         tensors = load_file(os.path.join(hs_dir, name))
         token_ids, stored = tensors["token_ids"], tensors["hidden_states"]
@@ -224,6 +234,8 @@ def reference(hs_dir, model_dir, layer_ids, out_json, rel_tol=0.02, shifted_min=
             nonfinite += 1
         with torch.no_grad():
             model(token_ids[None].long().to(device))
+        sample = {"file": name, "tokens": len(token_ids), "shared_prefix": openings[name] == common, "rel_l2": {}}
+        per_sample.append(sample)
         for j, k in enumerate(layer_ids):
             got = stored[:, j].float()
             for pairing, which in pairings.items():
@@ -236,6 +248,8 @@ def reference(hs_dir, model_dir, layer_ids, out_json, rel_tol=0.02, shifted_min=
                 entry["sq_diff"] += sq_diff
                 entry["sq_ref"] += sq_ref
                 rel = math.sqrt(sq_diff / sq_ref) if sq_ref else float("inf")
+                if pairing == "documented":
+                    sample["rel_l2"][str(k)] = round(rel, 5)
                 if rel > entry["worst_sample_rel_l2"]:
                     entry["worst_sample_rel_l2"], entry["worst_sample"] = rel, name
     for pairing in stats.values():
@@ -254,6 +268,12 @@ def reference(hs_dir, model_dir, layer_ids, out_json, rel_tol=0.02, shifted_min=
               "tolerance": {"rel_l2_per_sample_per_layer": rel_tol, "shifted_must_exceed": shifted_min},
               "documented": stats["documented"], "shifted": stats["shifted"],
               "problems": problems, "files_with_nonfinite": nonfinite,
+              "by_prefix": {group: {str(k): max([x["rel_l2"][str(k)] for x in per_sample
+                                                 if x["shared_prefix"] == (group == "shared")] or [None],
+                                                key=lambda v: -1 if v is None else v)
+                                    for k in layer_ids}
+                            for group in ("shared", "own")},
+              "samples": per_sample,
               "within_tolerance": documented_ok, "shifted_fails": shifted_fails,
               "load_s": round(loaded - started, 1), "check_s": round(time.time() - loaded, 1)}
     with open(out_json, "w") as f:

@@ -42,6 +42,7 @@ def states(raw):
             "min_rel_l2": min(v["rel_l2"] for v in shifted.values()),
             "fails": found["shifted_fails"]},
         "problems": found["problems"], "files_with_nonfinite": found["files_with_nonfinite"],
+        "by_prefix": found.get("by_prefix"),  # worst sample per layer, shared system prompt or not (later runs)
         "seconds": {"load": found["load_s"], "check": found["check_s"]},
     }
 
