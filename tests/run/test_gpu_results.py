@@ -8,13 +8,14 @@ run said with a reason. The nvidia-smi captures of the same run parse with specr
 """
 import json
 import math
-from pathlib import Path
 
 import pytest
+from support.paths import FIXTURES, REPO
 
-REPO = Path(__file__).resolve().parent.parent
+import telemetry
+
 RESULTS = sorted((REPO / "benchmarks" / "gpu" / "results").glob("h200-*.json"))
-CAPTURES = REPO / "tests" / "fixtures" / "nvidia-smi" / "h200-vllm"
+CAPTURES = FIXTURES / "nvidia-smi" / "h200-vllm"
 TOP_LEVEL = ("issue", "date", "commit", "device", "device_minutes_used", "model", "doctor", "preflight",
              "extract", "states", "kill9", "stop", "table", "ratios", "smoke_deepseek_v3", "not_run")
 
@@ -148,13 +149,6 @@ def test_the_table_is_consistent(result):
 
 
 def test_the_captures_parse_with_specrigs_parser():
-    import sys
-
-    sys.path.insert(0, str(REPO / "remote"))
-    try:
-        import telemetry
-    finally:
-        sys.path.remove(str(REPO / "remote"))
     for state in ("idle", "load", "after_stop"):
         text = (CAPTURES / f"query_gpu_{state}.csv").read_text()
         rows = telemetry.parse_csv(text, telemetry.GPU_FIELDS)
@@ -170,32 +164,3 @@ def test_the_captures_parse_with_specrigs_parser():
     # Under a real engine the GPU memory is held by the EngineCore process, not the API server.
     assert any("EngineCor" in a["process_name"] or "python" in a["process_name"] for a in apps), apps
     assert telemetry.parse_csv((CAPTURES / "query_apps_after_stop.csv").read_text(), telemetry.APP_FIELDS) == []
-
-
-def classify_server_log(text, exit_status):
-    import sys
-
-    sys.path.insert(0, str(REPO / "remote"))
-    try:
-        from run import classify
-        return classify.classify(text, exit_status, host="local", subject="the vLLM server",
-                                 environment="server_python")
-    finally:
-        sys.path.remove(str(REPO / "remote"))
-
-
-def test_the_killed_engine_core_log_carries_its_evidence():
-    """The API server's log when its EngineCore was killed with SIGKILL on the H200 (vLLM 0.26.0): it
-    exits with status 0 after EngineDeadError; specrig keeps that line as the evidence."""
-    text = (CAPTURES / "server_log_enginecore_killed.txt").read_text()
-    found = classify_server_log(text, 0)
-    assert "EngineDeadError" in found["evidence"]
-    assert found["retryable"] is True  # the run was restarted on it
-
-
-@pytest.mark.xfail(strict=True, reason="classify_rules.json has no rule for a dead EngineCore: the kill -9 on the "
-                                       "H200 was recorded as kind 'unknown' ('the vLLM server failed with exit "
-                                       "status 0'); docs/gpu.md, Findings")
-def test_the_killed_engine_core_is_named():
-    text = (CAPTURES / "server_log_enginecore_killed.txt").read_text()
-    assert classify_server_log(text, 0)["kind"] != "unknown"
