@@ -14,6 +14,7 @@ from specrig.cli.runner import run_task
 from specrig.errors import UsageError
 from specrig.group import DEFAULT_PARALLEL, PARALLEL_VARIABLE
 from specrig.inventory import load_inventory
+from specrig.paths import checkout_dir
 from specrig.run.settings import task_help
 
 HOST_HELP = ("host name from hosts.yaml, or 'local' for this machine without SSH; or several: a group, 'all', "
@@ -72,8 +73,11 @@ def down(c):
     lab_host.down()
 
 
-lab = Collection("lab", up, down)
-namespace = Collection(hosts, doctor, trust_host, lab)
+namespace = Collection(hosts, doctor, trust_host)
+if checkout_dir() is not None:
+    # The lab builds a host from a clone's hosts.yaml and lock files: it ships in no wheel
+    # (docs/ARCHITECTURE.md, "The lab and the wheel"); an editable install is a clone.
+    namespace.add_collection(Collection("lab", up, down))
 
 
 # ---- extract: supervised runs (issue 6) -------------------------------------------------------

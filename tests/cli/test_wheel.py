@@ -116,8 +116,9 @@ def place_known_hosts(target: Path) -> None:
 
 def test_wheel_holds_every_package_and_data_file(installed):
     names = set(zipfile.ZipFile(installed.wheel).namelist())
-    expected = {f"specrig/{p.relative_to(REPO / 'specrig').as_posix()}" for p in (REPO / "specrig").rglob("*")
-                if p.suffix in (".py", ".lock") and "__pycache__" not in p.parts}
+    # Every module but the lab's, which is for a clone (docs/ARCHITECTURE.md, "The lab and the wheel").
+    expected = {f"specrig/{p.relative_to(REPO / 'specrig').as_posix()}" for p in (REPO / "specrig").rglob("*.py")
+                if "__pycache__" not in p.parts and p.parent.name != "lab"}
     # Every file the checkout's bundle would carry, so that an installed copy sends the same bundle.
     for top in ("remote", "patchsets"):
         expected |= {f"specrig/_data/{top}/{p.relative_to(REPO / top).as_posix()}" for p in (REPO / top).rglob("*")
@@ -126,7 +127,8 @@ def test_wheel_holds_every_package_and_data_file(installed):
     # remote/ has subpackages (drift, patching, run and below): the flat glob would miss them.
     for sub in ("drift", "patching", "run"):
         assert f"specrig/_data/remote/{sub}/__init__.py" in names
-    assert "specrig/lab/make_tiny_model.py" in names and "specrig/cli/program.py" in names
+    assert "specrig/cli/program.py" in names
+    assert not [name for name in names if name.startswith("specrig/lab/")]  # the lab is for a clone
     (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
     scripts = zipfile.ZipFile(installed.wheel).read(entry_points).decode()
     assert "specrig = specrig.cli.program:main" in scripts
@@ -153,10 +155,18 @@ def test_version_list_and_help_are_invokes(installed, tmp_path):
     assert listing.returncode == 0
     # The same tasks and help as `inv` in the checkout; only the header differs (Invoke calls a
     # bundled namespace's tasks "Subcommands").
-    inv_listing = inv("--list")
-    assert listing.stdout.split("\n")[1:] == inv_listing.stdout.split("\n")[1:]
-    for name in ("doctor", "verify-signatures", "apply-patches", "extract", "lab.up"):
+    # The checkout's `inv` has the lab's tasks too, which no installed copy has (their help may wrap).
+    kept, in_lab = [], False
+    for line in inv("--list").stdout.split("\n")[1:]:
+        if not line.startswith("      "):  # a task's first line (or a blank one) ends the task before
+            in_lab = line.startswith("  lab.")
+        if not in_lab:
+            kept.append(line)
+    assert listing.stdout.split("\n")[1:] == kept
+    for name in ("doctor", "verify-signatures", "apply-patches", "extract"):
         assert f"  {name} " in listing.stdout
+    assert "lab." not in listing.stdout
+    assert installed.run("lab.up", cwd=tmp_path).returncode == inv("nosuch-task").returncode != 0
     helped = installed.run("--help", "doctor", cwd=tmp_path)
     assert helped.returncode == 0 and "--host=STRING" in helped.stdout and helped.stdout.startswith("Usage: specrig")
     core = installed.run("--help", cwd=tmp_path)
