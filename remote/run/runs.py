@@ -106,6 +106,7 @@ def _lock(workdir):
     os.makedirs(root, mode=rundir.PRIVATE_DIR, exist_ok=True)
     os.chmod(root, rundir.PRIVATE_DIR)
     handle = open(os.path.join(root, ".lock"), "w")
+    os.fchmod(handle.fileno(), rundir.PRIVATE_FILE)
     fcntl.flock(handle, fcntl.LOCK_EX)
     return handle
 
