@@ -302,7 +302,7 @@ def logs(args):
     size = os.path.getsize(path) if os.path.exists(path) else 0
     offset = args.get("offset")
     if offset is None:
-        text = _tail(path, args.get("lines") or LOG_LINES)
+        text = _tail(path, args.get("lines") or LOG_LINES, exact=True)
     else:
         with open(path, "rb") as handle:
             handle.seek(min(offset, size))
@@ -317,14 +317,22 @@ def _log_path(run, name):
     return run.file(LOGS[name or "driver"])
 
 
-def _tail(path, lines):
+def _tail(path, lines, exact=False):
+    """The last `lines` lines, without the last line end. `exact` (`logs`, whose text `inv logs --raw`
+    shows as it is): lines end at line feeds alone, and the text is the file's; else every line
+    boundary of str.splitlines (a progress bar's carriage returns) ends one (status's log tail)."""
     try:
         with open(path, "rb") as handle:
             handle.seek(max(0, os.path.getsize(path) - 256 * 1024))
             text = handle.read().decode(errors="replace")
     except FileNotFoundError:
         return ""
-    return "\n".join(text.splitlines()[-lines:])
+    if not exact:
+        return "\n".join(text.splitlines()[-lines:])
+    found = text.split("\n")
+    if found[-1] == "":
+        found.pop()
+    return "\n".join(found[-lines:])
 
 
 def _jobs(run):

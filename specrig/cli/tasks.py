@@ -161,9 +161,10 @@ def status(c, host, run=None, json=False):
 
 @task(help={"host": HOST_HELP, "run": RUN_HELP, "follow": "keep printing new lines until the run ends (Ctrl-C stops)",
             "n": "how many of the last lines to print (default 50)",
-            "server": "server mode: the vLLM server's log instead of the client steps'"})
+            "server": "server mode: the vLLM server's log instead of the client steps'",
+            "raw": "the log's text as it is, control characters included (on a terminal they are shown escaped: \\x1b)"})
 @guarded
-def logs(c, host, run=None, follow=False, n=None, server=False):
+def logs(c, host, run=None, follow=False, n=None, server=False, raw=False):
     """A run's log, every attempt with the supervisor's markers: the driver's, or in server mode speculators'
     CLI steps' (--server: the vLLM server's). Several hosts' lines are prefixed with the host."""
     from specrig.run.runs import log_lines, logs as show_logs, stream_logs
@@ -174,9 +175,9 @@ def logs(c, host, run=None, follow=False, n=None, server=False):
     inventory = load_inventory()
     targets = fleet_hosts(inventory, host)
     if not targets:
-        return show_logs(inventory.host(host), run, follow=follow, lines=count, log=log)
+        return show_logs(inventory.host(host), run, follow=follow, lines=count, log=log, raw=raw)
     lines = log_lines(count)
-    prefixed = PrefixedLines([target.name for target in targets])
+    prefixed = PrefixedLines([target.name for target in targets], raw=raw)
 
     def host_logs(target):
         with prefixed.writer(target.name) as write:

@@ -25,6 +25,7 @@ from specrig.run.runs import final_verdict, launch_args, runs_call, watch_run
 from specrig.run.settings import MODE_NAMES, Request, build_request
 from specrig.transport import connect
 from specrig.ui import console, print_json
+from specrig.ui.terminal import visible
 
 FLEET_PREFIX = "fleet-"
 #: A multi-node job's id (specrig/run/node_runs.py): one run per node, found by it as a fleet run's shards are.
@@ -233,9 +234,9 @@ def gather(hosts: Sequence[Host], run_id: str, *, as_json: bool) -> int:
     view.show_summary(f"gather {run_id}", ordered, figures=gather_figures)
     if found["complete"]:
         console.print(f"complete: {found['dataset_samples']} samples, every index once, each loads whole "
-                      f"(outputs: {', '.join(o.host + ':' + o.result['out'] for o in ordered)})", markup=False)
+                      f"(outputs: {visible(', '.join(o.host + ':' + o.result['out'] for o in ordered))})", markup=False)
     else:
-        console.print("incomplete: " + "; ".join(found["problems"]), style="bold red", markup=False)
+        console.print("incomplete: " + visible("; ".join(found["problems"])), style="bold red", markup=False)
     return status
 
 

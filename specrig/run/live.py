@@ -19,6 +19,7 @@ from specrig.inventory import Host
 from specrig.run.view import STATE_STYLE, describe_failure, format_duration, rate_text, show_run
 from specrig.transport import Remote
 from specrig.ui import console, gpu_table
+from specrig.ui.terminal import markup, visible
 
 POLL_S = 1.0
 LOG_LINES = 8
@@ -48,7 +49,7 @@ def follow(remote: Remote, host: Host, run_id: str) -> dict | None:
                         hint=f"`inv status --host {host.name} --run {run_id}` once the host is reachable") from None
     if not console.is_terminal:
         console.line()  # rich leaves a non-terminal's last Live frame without its line end
-    console.print(f"run {run_id} {run['state']}")
+    console.print(f"run {markup(run_id)} {markup(run['state'])}")
     if run["state"] != SUCCEEDED:
         show_run(run)
     return run
@@ -68,9 +69,9 @@ def render(run: dict, tail: str, progress: Progress, bar) -> Panel:
     eta = format_duration(beat["eta_s"]) if beat.get("eta_s") else "-"
     progress.update(bar, completed=done, total=total, rate=rate, eta=eta)
     style = STATE_STYLE.get(run["state"], "")
-    header = Text.from_markup(f"[{style}]{run['state']}[/]  phase [bold]{beat.get('phase') or '-'}[/]  "
+    header = Text.from_markup(f"[{style}]{markup(run['state'])}[/]  phase [bold]{markup(beat.get('phase') or '-')}[/]  "
                               f"attempt {len(run.get('attempts') or [])}"
-                              + (f"  server [bold]{beat['server']}[/]" if beat.get("server") else "")
+                              + (f"  server [bold]{markup(beat['server'])}[/]" if beat.get("server") else "")
                               + (f"  [yellow]stalled {run.get('seconds_since_progress')} s[/]"
                                  if run.get("stalled") else ""))
     parts = [header, progress]
@@ -81,6 +82,6 @@ def render(run: dict, tail: str, progress: Progress, bar) -> Panel:
     if gpus:
         table = gpu_table(gpus, apps=run.get("gpu_apps") or [], box=None, padding=(0, 1))
         parts.append(table)
-    parts.append(Text(tail, style="dim", overflow="ellipsis", no_wrap=True))
-    return Panel(Group(*parts), title=f"run {run['run_id']}", subtitle="Ctrl-C detaches (the run goes on)")
+    parts.append(Text(visible(tail), style="dim", overflow="ellipsis", no_wrap=True))
+    return Panel(Group(*parts), title=f"run {markup(run['run_id'])}", subtitle="Ctrl-C detaches (the run goes on)")
 

@@ -20,6 +20,7 @@ from specrig.run.settings import Request, build_request
 from specrig.run.view import show_checks, show_run, show_runs, show_stop
 from specrig.transport import Remote, connect
 from specrig.ui import console, print_json
+from specrig.ui.terminal import markup, visible, visible_on, write_raw
 
 RUN_TIMEOUT_S = 120
 
@@ -50,7 +51,7 @@ def extract(host: Host, given: dict, *, skip_preflight: bool, attach: bool, as_j
         if as_json:
             print_json({"launched": True, "preflight": checks, **launched})
             return ExitStatus.OK
-        console.print(f"launched run [bold]{launched['run_id']}[/] on {host.name} ({launched['path']})")
+        console.print(f"launched run [bold]{markup(launched['run_id'])}[/] on {host.name} ({markup(launched['path'])})")
         if not attach:
             return ExitStatus.OK
         return _attach(remote, host, launched["run_id"])
@@ -106,19 +107,26 @@ def new_log_text(remote: Remote, host: Host, run_id: str, offset: int, *, log: s
         offset = chunk["offset"]
 
 
-def logs(host: Host, run_id: str | None, *, follow: bool, lines: int, log: str = "driver") -> int:
+def logs(host: Host, run_id: str | None, *, follow: bool, lines: int, log: str = "driver", raw: bool = False) -> int:
+    """The log on stdout: its control characters escaped on a terminal (specrig.ui.terminal); `raw`:
+    the text as the host has it, whatever stdout is."""
     log_lines(lines)
     with connect(host) as remote:
         result = runs_call(remote, host, "logs", {"run": run_id, "lines": lines, "log": log})
-        console.print(result["text"], markup=False, highlight=False, soft_wrap=True)
+        if raw:
+            write_raw(result["text"] + "\n")
+        else:
+            console.print(visible_on(console, result["text"]), markup=False, highlight=False, soft_wrap=True)
         if not follow:
             return ExitStatus.OK
         run_id = result["run_id"]
         try:
             for chunk in new_log_text(remote, host, run_id, result["offset"], log=log):
-                if chunk["text"]:
-                    console.out(chunk["text"], end="", highlight=False)
-            console.print(f"\n(run {run_id} is {chunk['state']})", markup=False)
+                if chunk["text"] and raw:
+                    write_raw(chunk["text"])
+                elif chunk["text"]:
+                    console.out(visible_on(console, chunk["text"]), end="", highlight=False)
+            console.print(f"\n(run {visible(run_id)} is {visible(chunk['state'])})", markup=False)
             return ExitStatus.OK
         except KeyboardInterrupt:
             console.print(f"\nstopped following; run {run_id} goes on")
@@ -162,7 +170,7 @@ def resume(host: Host, run_id: str | None, *, attach: bool, as_json: bool) -> in
         if as_json:
             print_json(result)
             return ExitStatus.OK
-        console.print(f"resumed run [bold]{result['run_id']}[/] (was {result['resumed_from']})")
+        console.print(f"resumed run [bold]{markup(result['run_id'])}[/] (was {markup(result['resumed_from'])})")
         return _attach(remote, host, result["run_id"]) if attach else ExitStatus.OK
 
 

@@ -1,11 +1,11 @@
 """How people see runs: the runs table, one run in detail, its failures, the preflight checks."""
 from __future__ import annotations
 
-from rich.markup import escape
 from rich.table import Table
 
 from specrig.inventory import Host
 from specrig.ui import console, gpu_table
+from specrig.ui.terminal import markup, visible
 
 
 def show_checks(checks: list[dict]) -> None:
@@ -14,8 +14,8 @@ def show_checks(checks: list[dict]) -> None:
         table.add_column(column, overflow="fold")
     for item in checks:
         mark = "[green]ok[/]" if item["ok"] else "[bold red]FAIL[/]"
-        detail = item["detail"] + (f"\n[yellow]→ {item['advice']}[/]" if item.get("advice") else "")
-        table.add_row(item["name"], mark, detail)
+        detail = markup(item["detail"]) + (f"\n[yellow]→ {markup(item['advice'])}[/]" if item.get("advice") else "")
+        table.add_row(markup(item["name"]), mark, detail)
     console.print(table)
 
 
@@ -66,10 +66,10 @@ def show_runs(runs: list[dict], host: Host) -> None:
     for run in runs:
         failure = run.get("last_failure") or {}
         style = STATE_STYLE.get(run["state"], "")
-        table.add_row(run["run_id"], f"[{style}]{run['state']}[/]" if style else run["state"],
-                      (run.get("heartbeat") or {}).get("phase") or "-", _progress(run),
-                      str(len(run.get("attempts") or [])), *((short_path(run.get("out")),) if wide else ()),
-                      escape(failure["kind"] + (f" ({failure['callee']})" if failure.get("callee") else ""))
+        table.add_row(markup(run["run_id"]), f"[{style}]{run['state']}[/]" if style else markup(run["state"]),
+                      markup((run.get("heartbeat") or {}).get("phase") or "-"), _progress(run),
+                      str(len(run.get("attempts") or [])), *((markup(short_path(run.get("out"))),) if wide else ()),
+                      markup(failure["kind"] + (f" ({failure['callee']})" if failure.get("callee") else ""))
                       if failure else "")
     console.print(table)
 
@@ -77,15 +77,15 @@ def show_runs(runs: list[dict], host: Host) -> None:
 def show_run(run: dict, *, log_tail: str | None = None) -> None:
     grid = Table.grid(padding=(0, 2))
     style = STATE_STYLE.get(run["state"], "")
-    grid.add_row("run", run["run_id"])
-    grid.add_row("state", f"[{style}]{run['state']}[/]" if style else run["state"])
+    grid.add_row("run", markup(run["run_id"]))
+    grid.add_row("state", f"[{style}]{run['state']}[/]" if style else markup(run["state"]))
     beat = run.get("heartbeat") or {}
-    grid.add_row("phase", ", ".join(filter(None, (f"{beat.get('phase') or '-'}", f"{_progress(run)} samples",
+    grid.add_row("phase", ", ".join(filter(None, (markup(beat.get("phase") or "-"), f"{_progress(run)} samples",
                                                   rate_text(beat),
                                                   f"ETA {format_duration(beat['eta_s'])}" if beat.get("eta_s") else ""))))
     if beat.get("server"):
-        grid.add_row("server", f"vLLM server {beat['server']}")
-    grid.add_row("output", run.get("out") or "-")
+        grid.add_row("server", f"vLLM server {markup(beat['server'])}")
+    grid.add_row("output", markup(run.get("out") or "-"))
     grid.add_row("attempts", f"{len(run.get('attempts') or [])} (restarts this supervisor: {run.get('restarts', 0)})")
     for attempt in run.get("attempts") or []:
         failure = attempt.get("failure")
@@ -97,18 +97,18 @@ def show_run(run: dict, *, log_tail: str | None = None) -> None:
     show_gpus(run.get("gpus"), run.get("gpu_apps") or [])
     if log_tail:
         console.rule("last log lines")
-        console.print(log_tail, markup=False, highlight=False, soft_wrap=True)
+        console.print(visible(log_tail), markup=False, highlight=False, soft_wrap=True)
 
 
 def describe_failure(failure: dict) -> str:
     """A classified failure as rich markup: kind and rule, why, where, the log line, advice, verdict.
     What came from the host is escaped: a log line's `[enforce fail at …]` is text, not markup."""
-    rule = f" [dim]({escape(failure['rule'])})[/]" if failure.get("rule") else ""
-    text = f"[bold]{escape(failure['kind'])}[/]{rule}: {escape(failure['explain'])}"
+    rule = f" [dim]({markup(failure['rule'])})[/]" if failure.get("rule") else ""
+    text = f"[bold]{markup(failure['kind'])}[/]{rule}: {markup(failure['explain'])}"
     for label, key in (("callee", "callee"), ("at", "caller"), ("log", "evidence")):
         if failure.get(key):
-            text += f"\n    {label}: {escape(str(failure[key]))}"
-    text += f"\n    [yellow]→ {escape(failure['advice'])}[/]"
+            text += f"\n    {label}: {markup(str(failure[key]))}"
+    text += f"\n    [yellow]→ {markup(failure['advice'])}[/]"
     return text + "\n    " + _restart_verdict(failure)
 
 
@@ -135,13 +135,13 @@ def format_duration(seconds: float) -> str:
 
 def show_stop(result: dict) -> None:
     """What `inv stop` ended, and whether the GPUs let go of the run's memory."""
-    console.print(f"run {result['run_id']}: was {result['was']}, now {result['state']}; "
+    console.print(f"run {markup(result['run_id'])}: was {markup(result['was'])}, now {markup(result['state'])}; "
                   f"{len(result['pids'])} process(es) of its group ended")
     for proc in result["left"]:
-        console.print(f"[bold red]still alive:[/] pid {proc['pid']} ({proc['state']}) {proc['cmdline']}")
+        console.print(f"[bold red]still alive:[/] pid {proc['pid']} ({markup(proc['state'])}) {markup(proc['cmdline'])}")
     for app in result["gpu_memory_held"]:
         console.print(f"[bold red]GPU memory still held:[/] pid {app['pid']} {app['memory_used_mib']:.0f} MiB "
-                      f"on {app['gpu_uuid']}")
+                      f"on {markup(app['gpu_uuid'])}")
     for gpu in result["gpu_memory"]:
         if gpu["held_by_run_mib"]:
             verdict = "[bold red]NOT released[/]" if gpu["not_released"] else "released"
