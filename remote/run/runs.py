@@ -193,6 +193,7 @@ def resume(args):
     workdir = workdir_of(args)
     with _lock(workdir):
         run = find_run(workdir, args.get("run"))
+        stored = scrub_env(run)  # before anything may refuse: a finished or active run is scrubbed too
         state = run.state()
         if args.get("fleet") and (state in ACTIVE_STATES or state == SUCCEEDED):
             # The whole fleet run resumed: a host whose shard is done or still going is left alone.
@@ -212,7 +213,7 @@ def resume(args):
         # The driver runs on this call's python: the environment may have been fixed or moved since.
         record = run.record
         record.update(python=sys.executable, resumed_at=record.get("resumed_at", []) + [rundir.now_iso()])
-        resumed_environment(record)
+        resumed_environment(record, stored)
         if record.get("server"):
             record["server"] = _server_plan(run, record["driver_args"], record.get("server_python"),
                                             record.get("nodes"))
@@ -226,18 +227,28 @@ def resume(args):
     return {"run_id": run.run_id, "path": run.path, "supervisor_pid": pid, "resumed_from": state}
 
 
-def resumed_environment(record):
-    """A resume's environment is its call's (hosts.yaml `env:` now), as a launch's, and `record` keeps
-    no values. A record of older specrig held the values (`env`): they are dropped from it, and given
-    to this resume where the call has no value of its own, as that specrig's supervisor gave them. A
-    node of a multi-node job gets its address for vLLM again (VLLM_HOST_IP), as at its launch."""
-    stored = {str(key): str(value) for key, value in (record.pop("env", None) or {}).items()}
+def scrub_env(run):
+    """The values an older specrig stored in run.json (`env`), dropped from it (their names kept in
+    `env_keys`) and returned: {} for a run of this specrig."""
+    record = run.record
+    if "env" not in record:
+        return {}
+    stored = {str(key): str(value) for key, value in (record.pop("env") or {}).items()}
+    record["env_keys"] = sorted(set(record.get("env_keys") or ()) | set(stored))
+    atomic.write_json(run.file("run.json"), record)
+    return stored
+
+
+def resumed_environment(record, stored):
+    """A resume's environment is its call's (hosts.yaml `env:` now), as a launch's. The values an older
+    specrig stored (`stored`, scrub_env) fill what the call has no value for, as that specrig's
+    supervisor gave them. A node of a multi-node job gets its address for vLLM again (VLLM_HOST_IP),
+    as at its launch."""
     for key, value in stored.items():
         os.environ.setdefault(key, value)
     nodes = record.get("nodes") or {}
     if nodes.get("addresses"):
         os.environ["VLLM_HOST_IP"] = str(nodes["addresses"][nodes["node_rank"]])
-    record["env_keys"] = sorted(set(record.get("env_keys") or ()) | set(stored))
 
 
 def _server_plan(run, driver_args, server_python, nodes=None):
