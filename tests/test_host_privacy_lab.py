@@ -262,6 +262,17 @@ def test_a_resume_gives_the_job_env_again_and_drops_an_older_records_values(run,
     assert other_user_reads(run_dir(run) / "run.json").returncode != 0
 
 
+def test_a_refused_resume_drops_an_older_records_values_too(run, host):
+    """The run is active (resumed above): the resume is refused, the record is scrubbed all the same."""
+    record = json.loads((run_dir(run) / "run.json").read_text())
+    as_lab_user("tee", str(run_dir(run) / "run.json"), input=json.dumps(dict(record, env={"HF_TOKEN": OLD_SECRET})))
+    with connect(host) as remote:
+        with pytest.raises(SpecrigError, match="nothing to resume"):
+            runs_call(remote, host, "resume", {"run": run})
+    assert OLD_SECRET not in (run_dir(run) / "run.json").read_text()
+    assert json.loads((run_dir(run) / "run.json").read_text())["env_keys"] == record["env_keys"]
+
+
 # ---- terminal escapes from the host -------------------------------------------------------------------
 
 def on_a_terminal(*args: str, inventory: Path) -> bytes:
