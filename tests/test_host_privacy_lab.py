@@ -231,6 +231,19 @@ def test_status_logs_and_json_do_not_print_the_secret(run, inventory):
         assert SECRET not in result.stdout + result.stderr
 
 
+def test_inv_hosts_json_names_env_variables_without_their_values(inventory):
+    result = inv("hosts", "--json", inventory=inventory)
+    assert result.returncode == 0, result.stderr
+    assert SECRET not in result.stdout
+    assert json.loads(result.stdout)["hosts"]["lab"]["env_keys"] == ["HF_TOKEN", "SPECRIG_TEST_LINES"]
+
+
+def test_a_bad_env_value_is_named_by_its_type(make_inventory):
+    result = inv("hosts", inventory=make_inventory({"hosts": {"h": {"env": {"HF_TOKEN": [SECRET]}}}}))
+    assert result.returncode != 0 and "HF_TOKEN" in result.stderr and "got a list" in result.stderr
+    assert SECRET not in result.stdout + result.stderr
+
+
 def test_a_remote_error_does_not_quote_the_calls_env(host):
     with connect(host) as remote:
         with pytest.raises(RemoteScriptError) as failed:
