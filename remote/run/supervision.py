@@ -130,8 +130,7 @@ class Supervisor:
         log_path = self.run.file("driver.log")
         self.log_marker("attempt %d: starting the driver" % number)
         log_offset = os.path.getsize(log_path)
-        env = dict(os.environ)
-        env.update({str(k): str(v) for k, v in (self.record.get("env") or {}).items()})
+        env = dict(os.environ)  # hosts.yaml `env:` included: the call that started this supervisor had it
         env["PYTHONUNBUFFERED"] = "1"
         program = self.record.get("driver_program") or self.run.file(os.path.join("code", "run", "extract_driver.py"))
         samples_before = self._sample_files()

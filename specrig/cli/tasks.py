@@ -163,13 +163,14 @@ def status(c, host, run=None, json=False):
 
 @task(help={"host": HOST_HELP, "run": RUN_HELP, "follow": "keep printing new lines until the run ends (Ctrl-C stops)",
             "n": "how many of the last lines to print (default 50)",
-            "server": "server mode: the vLLM server's log instead of the client steps'"})
+            "server": "server mode: the vLLM server's log instead of the client steps'",
+            "raw": "the log's text as it is, control characters included (on a terminal they are shown escaped: \\x1b)"})
 @guarded
-def logs(c, host, run=None, follow=False, n=None, server=False):
+def logs(c, host, run=None, follow=False, n=None, server=False, raw=False):
     """A run's log, every attempt with the supervisor's markers: the driver's, or in server mode speculators'
     CLI steps' (--server: the vLLM server's). Several hosts' lines are prefixed with the host."""
     from specrig.run import runs
-    from specrig.run.view import LOGS, write_log
+    from specrig.run.view import LOGS, RAW_LOGS, write_log
     from specrig.ui.group import PrefixedLines
 
     lines = runs.log_lines(whole_number(n, option="-n", default=50))
@@ -179,7 +180,7 @@ def logs(c, host, run=None, follow=False, n=None, server=False):
         return runs.logs(target, run, follow=follow, lines=lines, log=log)
 
     def prefixed_logs(targets):
-        prefixed = PrefixedLines([target.name for target in targets])
+        prefixed = PrefixedLines([target.name for target in targets], raw=raw)
 
         def prefixed_log(target):
             with prefixed.writer(target.name) as write:
@@ -187,7 +188,7 @@ def logs(c, host, run=None, follow=False, n=None, server=False):
 
         return prefixed_log
 
-    return run_task(host, host_log, LOGS, as_json=False, group_work=prefixed_logs,
+    return run_task(host, host_log, RAW_LOGS if raw else LOGS, as_json=False, group_work=prefixed_logs,
                     detach_note="stopped following; the runs go on" if follow else None)
 
 

@@ -11,7 +11,6 @@ from typing import Sequence
 
 from rich.console import Group
 from rich.live import Live
-from rich.markup import escape
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 from rich.table import Table
@@ -23,6 +22,7 @@ from specrig.exit_status import ExitStatus
 from specrig.group import HostOutcome
 from specrig.inventory import Host
 from specrig.run.runs import follow_run
+from specrig.ui.terminal import markup, visible
 from specrig.run.view import (
     STATE_STYLE,
     describe_failure,
@@ -54,7 +54,7 @@ def follow(host: Host, run_id: str) -> ExitStatus:
                         hint=f"`inv status --host {host.name} --run {run_id}` once the host is reachable") from None
     if not console.is_terminal:
         console.line()  # rich leaves a non-terminal's last Live frame without its line end
-    console.print(f"run {run_id} {run['state']}")
+    console.print(f"run {markup(run_id)} {markup(run['state'])}")
     if run["state"] != SUCCEEDED:
         show_run(run)
     return ExitStatus.OK if run["state"] == SUCCEEDED else ExitStatus.FINDINGS
@@ -74,9 +74,9 @@ def render(run: dict, tail: str, progress: Progress, bar) -> Panel:
     eta = format_duration(beat["eta_s"]) if beat.get("eta_s") else "-"
     progress.update(bar, completed=done, total=total, rate=rate, eta=eta)
     style = STATE_STYLE.get(run["state"], "")
-    header = Text.from_markup(f"[{style}]{run['state']}[/]  phase [bold]{beat.get('phase') or '-'}[/]  "
+    header = Text.from_markup(f"[{style}]{markup(run['state'])}[/]  phase [bold]{markup(beat.get('phase') or '-')}[/]  "
                               f"attempt {len(run.get('attempts') or [])}"
-                              + (f"  server [bold]{beat['server']}[/]" if beat.get("server") else "")
+                              + (f"  server [bold]{markup(beat['server'])}[/]" if beat.get("server") else "")
                               + (f"  [yellow]stalled {run.get('seconds_since_progress')} s[/]"
                                  if run.get("stalled") else ""))
     parts = [header, progress]
@@ -87,8 +87,8 @@ def render(run: dict, tail: str, progress: Progress, bar) -> Panel:
     if gpus:
         table = gpu_table(gpus, apps=run.get("gpu_apps") or [], box=None, padding=(0, 1))
         parts.append(table)
-    parts.append(Text(tail, style="dim", overflow="ellipsis", no_wrap=True))
-    return Panel(Group(*parts), title=f"run {run['run_id']}", subtitle="Ctrl-C detaches (the run goes on)")
+    parts.append(Text(visible(tail), style="dim", overflow="ellipsis", no_wrap=True))
+    return Panel(Group(*parts), title=f"run {markup(run['run_id'])}", subtitle="Ctrl-C detaches (the run goes on)")
 
 
 class RunsBoard:
@@ -123,15 +123,15 @@ class RunsBoard:
             table.add_column(column, overflow="fold")
         for host, run in runs.items():
             if host in failed:
-                table.add_row(escape(host), run["run_id"] if run else "-", outcome_word(failed[host]), "", "", "")
+                table.add_row(markup(host), markup(run["run_id"]) if run else "-", outcome_word(failed[host]), "", "", "")
                 continue
             if run is None:
-                table.add_row(escape(host), "-", "[dim]waiting[/]", "", "", "")
+                table.add_row(markup(host), "-", "[dim]waiting[/]", "", "", "")
                 continue
             beat = run.get("heartbeat") or {}
             style = STATE_STYLE.get(run["state"], "")
-            table.add_row(escape(host), run["run_id"], Text(run["state"], style=style),
-                          escape(beat.get("phase") or "-"), samples(beat),
+            table.add_row(markup(host), markup(run["run_id"]), Text(visible(run["state"]), style=style),
+                          markup(beat.get("phase") or "-"), samples(beat),
                           format_duration(beat["eta_s"]) if beat.get("eta_s") else "-")
         beats = [run.get("heartbeat") or {} for run in runs.values() if run]
         if len(runs) > 1 and any(beat.get("samples_total") for beat in beats):

@@ -4,9 +4,10 @@ the exit status.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 from typing import Callable, Iterator, Sequence
 
-from rich.markup import escape
 from rich.table import Table
 
 from specrig.contract import (
@@ -27,6 +28,7 @@ from specrig.inventory import Host
 from specrig.ui import console, gpu_table, print_json
 from specrig.ui.group import outcomes_json, show_summary
 from specrig.ui.task import TaskView
+from specrig.ui.terminal import markup, visible, visible_on, write_raw
 
 
 def show_checks(checks: list[dict]) -> None:
@@ -35,8 +37,8 @@ def show_checks(checks: list[dict]) -> None:
         table.add_column(column, overflow="fold")
     for item in checks:
         mark = "[green]ok[/]" if item["ok"] else "[bold red]FAIL[/]"
-        detail = item["detail"] + (f"\n[yellow]→ {item['advice']}[/]" if item.get("advice") else "")
-        table.add_row(item["name"], mark, detail)
+        detail = markup(item["detail"]) + (f"\n[yellow]→ {markup(item['advice'])}[/]" if item.get("advice") else "")
+        table.add_row(markup(item["name"]), mark, detail)
     console.print(table)
 
 
@@ -52,9 +54,13 @@ def samples(beat: dict) -> str:
     return f"{done}/{total}" if total else str(done)
 
 
-def print_log(text: str, *, end: str = "\n") -> None:
-    """Text of a run's log, as the host wrote it: no markup, no wrapping (every log line shown goes through here)."""
-    console.out(text, end=end, highlight=False)
+def print_log(text: str, *, end: str = "\n", raw: bool = False) -> None:
+    """Text of a run's log: no markup, no wrapping (every log line shown goes through here); its control
+    characters escaped on a terminal, or (`raw`, `inv logs --raw`) the bytes as the host wrote them."""
+    if raw:
+        write_raw(text + end)
+    else:
+        console.out(visible_on(console, text), end=end, highlight=False)
 
 
 def rate_text(beat: dict) -> str:
@@ -92,10 +98,10 @@ def show_runs(runs: list[dict], host: Host) -> None:
     for run in runs:
         failure = run.get("last_failure") or {}
         style = STATE_STYLE.get(run["state"], "")
-        table.add_row(run["run_id"], f"[{style}]{run['state']}[/]" if style else run["state"],
-                      (run.get("heartbeat") or {}).get("phase") or "-", samples(run.get("heartbeat") or {}),
-                      str(len(run.get("attempts") or [])), *((short_path(run.get("out")),) if wide else ()),
-                      escape(failure["kind"] + (f" ({failure['callee']})" if failure.get("callee") else ""))
+        table.add_row(markup(run["run_id"]), f"[{style}]{run['state']}[/]" if style else markup(run["state"]),
+                      markup((run.get("heartbeat") or {}).get("phase") or "-"), samples(run.get("heartbeat") or {}),
+                      str(len(run.get("attempts") or [])), *((markup(short_path(run.get("out"))),) if wide else ()),
+                      markup(failure["kind"] + (f" ({failure['callee']})" if failure.get("callee") else ""))
                       if failure else "")
     console.print(table)
 
@@ -103,15 +109,15 @@ def show_runs(runs: list[dict], host: Host) -> None:
 def show_run(run: dict, *, log_tail: str | None = None) -> None:
     grid = Table.grid(padding=(0, 2))
     style = STATE_STYLE.get(run["state"], "")
-    grid.add_row("run", run["run_id"])
-    grid.add_row("state", f"[{style}]{run['state']}[/]" if style else run["state"])
+    grid.add_row("run", markup(run["run_id"]))
+    grid.add_row("state", f"[{style}]{run['state']}[/]" if style else markup(run["state"]))
     beat = run.get("heartbeat") or {}
-    grid.add_row("phase", ", ".join(filter(None, (f"{beat.get('phase') or '-'}", f"{samples(beat)} samples",
+    grid.add_row("phase", ", ".join(filter(None, (markup(beat.get("phase") or "-"), f"{samples(beat)} samples",
                                                   rate_text(beat),
                                                   f"ETA {format_duration(beat['eta_s'])}" if beat.get("eta_s") else ""))))
     if beat.get("server"):
-        grid.add_row("server", f"vLLM server {beat['server']}")
-    grid.add_row("output", run.get("out") or "-")
+        grid.add_row("server", f"vLLM server {markup(beat['server'])}")
+    grid.add_row("output", markup(run.get("out") or "-"))
     grid.add_row("attempts", f"{len(run.get('attempts') or [])} (restarts this supervisor: {run.get('restarts', 0)})")
     for attempt in run.get("attempts") or []:
         failure = attempt.get("failure")
@@ -129,12 +135,12 @@ def show_run(run: dict, *, log_tail: str | None = None) -> None:
 def describe_failure(failure: dict) -> str:
     """A classified failure as rich markup: kind and rule, why, where, the log line, advice, verdict.
     What came from the host is escaped: a log line's `[enforce fail at …]` is text, not markup."""
-    rule = f" [dim]({escape(failure['rule'])})[/]" if failure.get("rule") else ""
-    text = f"[bold]{escape(failure['kind'])}[/]{rule}: {escape(failure['explain'])}"
+    rule = f" [dim]({markup(failure['rule'])})[/]" if failure.get("rule") else ""
+    text = f"[bold]{markup(failure['kind'])}[/]{rule}: {markup(failure['explain'])}"
     for label, key in (("callee", "callee"), ("at", "caller"), ("log", "evidence")):
         if failure.get(key):
-            text += f"\n    {label}: {escape(str(failure[key]))}"
-    text += f"\n    [yellow]→ {escape(failure['advice'])}[/]"
+            text += f"\n    {label}: {markup(str(failure[key]))}"
+    text += f"\n    [yellow]→ {markup(failure['advice'])}[/]"
     return text + "\n    " + _restart_verdict(failure)
 
 
@@ -161,13 +167,13 @@ def format_duration(seconds: float) -> str:
 
 def show_stop(result: dict) -> None:
     """What `inv stop` ended, and whether the GPUs let go of the run's memory."""
-    console.print(f"run {result['run_id']}: was {result['was']}, now {result['state']}; "
+    console.print(f"run {markup(result['run_id'])}: was {markup(result['was'])}, now {markup(result['state'])}; "
                   f"{len(result['pids'])} process(es) of its group ended")
     for proc in result["left"]:
-        console.print(f"[bold red]still alive:[/] pid {proc['pid']} ({proc['state']}) {proc['cmdline']}")
+        console.print(f"[bold red]still alive:[/] pid {proc['pid']} ({markup(proc['state'])}) {markup(proc['cmdline'])}")
     for app in result["gpu_memory_held"]:
         console.print(f"[bold red]GPU memory still held:[/] pid {app['pid']} {app['memory_used_mib']:.0f} MiB "
-                      f"on {app['gpu_uuid']}")
+                      f"on {markup(app['gpu_uuid'])}")
     for gpu in result["gpu_memory"]:
         if gpu["held_by_run_mib"]:
             verdict = "[bold red]NOT released[/]" if gpu["not_released"] else "released"
@@ -193,7 +199,7 @@ def show_extract(result: dict, *, host: Host, as_json: bool, follow: Callable[[H
         return None
     if result["preflight"]:
         show_checks(result["preflight"])
-    console.print(f"launched run [bold]{result['run_id']}[/] on {host.name} ({result['path']})")
+    console.print(f"launched run [bold]{markup(result['run_id'])}[/] on {host.name} ({markup(result['path'])})")
     return follow(host, result["run_id"]) if follow else None
 
 
@@ -261,19 +267,19 @@ def runs_total(runs: Sequence[dict]) -> str | None:
 STATUS = TaskView("status", show=show_status, figures=status_figures, total=status_total)
 
 
-def show_logs(pieces: Iterator[dict], *, host: Host, as_json: bool) -> None:
+def show_logs(pieces: Iterator[dict], *, host: Host, as_json: bool, raw: bool = False) -> None:
     """One host's log: its last lines, then (following) the new text until the run ends or Ctrl-C."""
     piece = next(pieces)
-    print_log(piece["text"])
+    print_log(piece["text"], raw=raw)
     run_id = piece["run_id"]
     try:
         followed = False
         for piece in pieces:
             followed = True
             if piece["text"]:
-                print_log(piece["text"], end="")
+                print_log(piece["text"], end="", raw=raw)
         if followed:
-            console.print(f"\n(run {run_id} is {piece['state']})", markup=False)
+            console.print(f"\n(run {visible(run_id)} is {visible(piece['state'])})", markup=False)
     except KeyboardInterrupt:
         console.print(f"\nstopped following; run {run_id} goes on")
 
@@ -290,6 +296,8 @@ def write_log(pieces: Iterator[dict], write: Callable[[str], None]) -> dict:
 
 
 LOGS = TaskView("logs", show=show_logs, figures=lambda result: f"run {result['run_id']} {result['state']}")
+#: `inv logs --raw`: the same, the log's bytes as the host wrote them.
+RAW_LOGS = dataclasses.replace(LOGS, show=functools.partial(show_logs, raw=True))
 
 
 def stop_figures(result: dict) -> str:
@@ -313,7 +321,7 @@ def show_resume(result: dict, *, host: Host, as_json: bool, follow: Callable[[Ho
     if as_json:
         print_json(result)
         return None
-    console.print(f"resumed run [bold]{result['run_id']}[/] (was {result['resumed_from']})")
+    console.print(f"resumed run [bold]{markup(result['run_id'])}[/] (was {markup(result['resumed_from'])})")
     return follow(host, result["run_id"]) if follow else None
 
 
@@ -341,7 +349,7 @@ def show_smoke(result: dict, *, host: Host, as_json: bool) -> None:
     versions = result.get("versions") or {}
     mode = " (server mode)" if result.get("mode") == SERVER else ""
     console.print(f"[bold green]smoke passed[/] on {host.name}{mode}: {result['samples']} samples of "
-                  f"{', '.join(result.get('architectures') or ['?'])} ({escape(result['resolved'])}) "
+                  f"{markup(', '.join(result.get('architectures') or ['?']))} ({markup(result['resolved'])}) "
                   f"shrunk to {result['shrunk']}, "
                   f"layers {result['layer_ids']}, {result['elapsed_s']} s "
                   f"(speculators {versions.get('speculators')}, vllm {versions.get('vllm')})")
@@ -424,9 +432,9 @@ def show_union(found: dict, outcomes: Sequence[HostOutcome]) -> None:
     """What `inv gather` found the shards hold together."""
     if found["complete"]:
         console.print(f"complete: {found['dataset_samples']} samples, every index once, each loads whole "
-                      f"(outputs: {', '.join(o.host + ':' + o.result['out'] for o in outcomes)})", markup=False)
+                      f"(outputs: {visible(', '.join(o.host + ':' + o.result['out'] for o in outcomes))})", markup=False)
     else:
-        console.print("incomplete: " + "; ".join(found["problems"]), style="bold red", markup=False)
+        console.print("incomplete: " + visible("; ".join(found["problems"])), style="bold red", markup=False)
 
 
 # ---- a multi-node job ---------------------------------------------------------------------------

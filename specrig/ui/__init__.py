@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from specrig.contract import human_bytes  # noqa: F401 (the views' byte formatter, shared with the host)
+from specrig.ui.terminal import markup
 
 console = Console(highlight=False)
 errors = Console(stderr=True, highlight=False)
@@ -58,7 +59,7 @@ class GpuTable:
         self.gpus, self.apps, self.table_options = gpus, apps, table_options
 
     def table(self, one_per_line: bool = False, name_in_caption: bool = False, bare_memory: bool = False) -> Table:
-        names = {gpu.get("name") or "-" for gpu in self.gpus}
+        names = {markup(gpu.get("name") or "-") for gpu in self.gpus}  # nvidia-smi's: the host's text
         name_in_caption = name_in_caption and len(names) == 1
         ours = self.apps is not None and any(app.get("this_run") for app in self.apps)
         caption = "; ".join(part for part in (
@@ -78,7 +79,7 @@ class GpuTable:
             table.add_column("processes", no_wrap=True)
         for gpu in self.gpus:
             memory = f"{_number(gpu.get('memory_used_mib'))}/{_number(gpu.get('memory_total_mib'))}"
-            row = [str(gpu["index"])] + ([] if name_in_caption else [gpu.get("name") or "-"])
+            row = [str(gpu["index"])] + ([] if name_in_caption else [markup(gpu.get("name") or "-")])
             row += [memory if bare_memory else memory + " MiB", _unit(gpu.get("utilization_pct"), "%"),
                     _unit(gpu.get("temperature_c"), "°C"), _unit(gpu.get("power_w"), "W")]
             if self.apps is not None:

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from pathlib import PurePosixPath
 
-from rich.markup import escape
 from rich.table import Table
 
 from specrig import contract
@@ -11,6 +10,7 @@ from specrig.doctor import extraction, repository_scripts
 from specrig.inventory import Host
 from specrig.ui import console, gpu_table, human_bytes, print_json
 from specrig.ui.task import TaskView
+from specrig.ui.terminal import markup
 
 #: Packages of speculators' environment shown only when installed (or on the server path).
 SERVER_MODE_ONLY = ("hs-connectors",)
@@ -38,25 +38,25 @@ def show_doctor(facts: dict, *, host: Host, as_json: bool) -> None:
     conn, python = facts["connection"], facts["python"]
     found = facts.get("extraction") or extraction(facts, host)
     summary = Table.grid(padding=(0, 2))
-    summary.add_row("host", f"{host.name} → {conn['target']} (reached in {conn['seconds']:.2f} s)")
-    summary.add_row("user / shell", f"{facts['user']} / {facts['login_shell']}")
-    summary.add_row("python", f"{python['version']}  {escape(python['executable'])}")
+    summary.add_row("host", f"{host.name} → {markup(conn['target'])} (reached in {conn['seconds']:.2f} s)")
+    summary.add_row("user / shell", f"{markup(facts['user'])} / {markup(facts['login_shell'])}")
+    summary.add_row("python", f"{markup(python['version'])}  {markup(python['executable'])}")
     server = facts.get("server_env")
     indent = "  " if server else ""  # two environments: each one's packages under its python
     for name, version in facts["packages"].items():
         if version is None and name in SERVER_MODE_ONLY and found["mode"] != contract.SERVER:
             continue
-        summary.add_row(indent + name, version or "[yellow]not installed[/]")
+        summary.add_row(indent + markup(name), markup(version) if version else "[yellow]not installed[/]")
     if server:
         _server_rows(summary, server)
-    summary.add_row("extraction", escape(describe_extraction(found)))
+    summary.add_row("extraction", markup(describe_extraction(found)))
     disk = facts["disk"]
-    summary.add_row("workdir", f"{disk['path']}: {human_bytes(disk['free_bytes'])} free"
+    summary.add_row("workdir", f"{markup(disk['path'])}: {human_bytes(disk['free_bytes'])} free"
                                + ("" if disk["exists"] else " (does not exist yet)"))
     console.print(summary)
     gpu = facts["gpu"]
     if not gpu["available"]:
-        console.print(f"GPUs: none visible ({gpu['reason']})")
+        console.print(f"GPUs: none visible ({markup(gpu['reason'])})")
         return
     table = gpu_table(gpu["gpus"], title="GPUs")
     console.print(table)
@@ -65,11 +65,11 @@ def show_doctor(facts: dict, *, host: Host, as_json: bool) -> None:
 def _server_rows(summary: Table, server: dict) -> None:
     """The vLLM server's environment (server_python), when hosts.yaml names another one."""
     if server.get("error"):
-        summary.add_row("server python", f"[red]{escape(server['error'])}[/]")
+        summary.add_row("server python", f"[red]{markup(server['error'])}[/]")
         return
-    summary.add_row("server python", f"{server['version']}  {escape(server['executable'])}")
+    summary.add_row("server python", f"{markup(server['version'])}  {markup(server['executable'])}")
     for name, version in server["packages"].items():
-        summary.add_row(f"  {name}", version or "[yellow]not installed[/]")
+        summary.add_row(f"  {markup(name)}", markup(version) if version else "[yellow]not installed[/]")
 
 
 def doctor_figures(facts: dict) -> str:

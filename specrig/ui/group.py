@@ -12,13 +12,13 @@ import threading
 from typing import Any, Callable, Iterator, Sequence
 
 from rich.live import Live
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
 from specrig.exit_status import ExitStatus
 from specrig.group import GroupResult, HostOutcome
 from specrig.ui import console, print_json
+from specrig.ui.terminal import markup, visible, visible_on, write_raw
 
 OUTPUT_LOCK = threading.Lock()
 
@@ -48,8 +48,8 @@ def _what(outcome: HostOutcome, figures: Callable[[Any], str]) -> str:
     """The failure's one line (without the host name it may start with: the host is shown beside
     it), else the result's figures."""
     if outcome.error is not None:
-        return outcome.error.one_line().removeprefix(f"{outcome.host}: ")
-    return figures(outcome.result)
+        return visible(outcome.error.one_line().removeprefix(f"{outcome.host}: "))
+    return visible(figures(outcome.result))
 
 
 def show_outcome(outcome: HostOutcome, *, figures: Callable[[Any], str]) -> None:
@@ -59,21 +59,21 @@ def show_outcome(outcome: HostOutcome, *, figures: Callable[[Any], str]) -> None
     with OUTPUT_LOCK:
         console.print(line)
         if outcome.error is not None and outcome.error.detail:
-            console.print(outcome.error.detail.rstrip(), style="dim", markup=False, highlight=False,
+            console.print(visible(outcome.error.detail.rstrip()), style="dim", markup=False, highlight=False,
                           soft_wrap=True)
 
 
 def show_summary(title: str, outcomes: Sequence[HostOutcome], *, figures: Callable[[Any], str],
                  total: str | None = None) -> None:
     ok = sum(outcome.exit_status == ExitStatus.OK for outcome in outcomes)
-    table = Table(title=f"{escape(title)}: {len(outcomes)} hosts, {ok} ok, {len(outcomes) - ok} not ok",
+    table = Table(title=f"{markup(title)}: {len(outcomes)} hosts, {ok} ok, {len(outcomes) - ok} not ok",
                   title_justify="left", expand=True)
     table.add_column("host", overflow="fold")
     table.add_column("outcome", no_wrap=True)
     table.add_column("s", justify="right", no_wrap=True)
     table.add_column("figures / reason", ratio=1, overflow="fold")
     for outcome in outcomes:
-        table.add_row(escape(outcome.host), outcome_word(outcome.exit_status), f"{outcome.elapsed_s:.1f}",
+        table.add_row(markup(outcome.host), outcome_word(outcome.exit_status), f"{outcome.elapsed_s:.1f}",
                       Text(_what(outcome, figures)))
     with OUTPUT_LOCK:
         console.print(table)
@@ -117,8 +117,10 @@ def live(board) -> Iterator[None]:
 class PrefixedLines:
     """Text streamed by many hosts at once, as whole lines each prefixed by its host's name."""
 
-    def __init__(self, names: Sequence[str]):
+    def __init__(self, names: Sequence[str], *, raw: bool = False):
         self.width = max(map(len, names), default=0)
+        #: The hosts' text as it came (`inv logs --raw`); else its control characters escaped on a terminal.
+        self.raw = raw
 
     @contextlib.contextmanager
     def writer(self, host: str) -> Iterator[Callable[[str], None]]:
@@ -127,6 +129,7 @@ class PrefixedLines:
         pending = [""]
 
         def write(text: str) -> None:
+            text = text if self.raw else visible_on(console, text)
             *lines, pending[0] = (pending[0] + text).split("\n")
             self._print(host, lines)
 
@@ -141,4 +144,7 @@ class PrefixedLines:
             return
         prefix = f"{host:<{self.width}} | "
         with OUTPUT_LOCK:
-            console.out("\n".join(prefix + line for line in lines), highlight=False)
+            if self.raw:
+                write_raw("".join(prefix + line + "\n" for line in lines))
+            else:
+                console.out("\n".join(prefix + line for line in lines), highlight=False)

@@ -73,8 +73,7 @@ class ServerSupervisor(Supervisor):
     # -- the jobs ------------------------------------------------------------------------------------
 
     def start(self, role, argv, log_path):
-        env = dict(os.environ)
-        env.update({str(k): str(v) for k, v in (self.record.get("env") or {}).items()})
+        env = dict(os.environ)  # hosts.yaml `env:` included: the call that started this supervisor had it
         env["PYTHONUNBUFFERED"] = "1"
         # speculators logs through rich, which wraps at 80 columns without a terminal (and pads every line
         # to the width): wide enough for most records on one line; `skipped()` does not need the summary's.
