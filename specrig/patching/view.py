@@ -2,7 +2,6 @@
 patch tasks' views (specrig/ui/task.py)."""
 from __future__ import annotations
 
-from rich.markup import escape
 from rich.syntax import Syntax
 from rich.table import Table
 
@@ -11,6 +10,7 @@ from specrig.exit_status import ExitStatus
 from specrig.inventory import Host
 from specrig.ui import console, print_indented, print_json
 from specrig.ui.task import TaskView
+from specrig.ui.terminal import markup, visible
 
 STATE_STYLE = {"applied": "green", "pending": "yellow", "missing": "yellow", "not-applicable": "dim",
                "conflict": "red"}
@@ -23,23 +23,23 @@ def show(result: dict, *, host: Host) -> None:
     env = result["environment"]
     packages = ", ".join(_package(name, p) for name, p in result["facts"]["packages"].items())
     where = f"{env['role']} " if host.two_environments and env.get("role") else ""
-    console.print(f"[bold]{escape(host.name)}[/]: {escape(where + env['prefix'])} ({escape(packages)}, "
+    console.print(f"[bold]{markup(host.name)}[/]: {markup(where + env['prefix'])} ({markup(packages)}, "
                   f"platform {result['facts']['platform']})")
     if result.get("patchset"):
-        console.print(f"patchset [bold]{escape(result['patchset']['name'])}[/]: "
-                      f"{escape(result['patchset']['description'])}")
+        console.print(f"patchset [bold]{markup(result['patchset']['name'])}[/]: "
+                      f"{markup(result['patchset']['description'])}")
     elif result.get("patchset_problem"):
-        console.print(f"[yellow]{escape(result['patchset_problem'])}[/]")
+        console.print(f"[yellow]{markup(result['patchset_problem'])}[/]")
     if result.get("patches"):
         _show_patches(result["patches"], host)
     for recorded in result.get("recorded", []):
         if recorded["state"] != "intact" or recorded.get("environment") not in (None, env.get("role")):
-            console.print(f"[yellow]{escape(recorded['file'])}: {escape(recorded['state'])} "
-                          f"(patched by specrig: {escape(', '.join(recorded['patches']))})[/]")
+            console.print(f"[yellow]{markup(recorded['file'])}: {markup(recorded['state'])} "
+                          f"(patched by specrig: {markup(', '.join(recorded['patches']))})[/]")
     if result.get("dry_run"):
         for file in result["files"]:
             if file["diff"]:
-                console.print(Syntax(file["diff"], "diff", word_wrap=True))
+                console.print(Syntax(visible(file["diff"]), "diff", word_wrap=True))
         console.print("dry run: nothing was changed")
     elif result["action"] == "apply" and "files" in result:  # absent when the run was refused
         _show_applied(result)
@@ -54,17 +54,17 @@ def _show_patches(patches: list[dict], host: Host) -> None:
     if console.width < TABLE_MIN_WIDTH:
         # As findings are shown when narrow: the id and state on a line of their own, never cut.
         for patch_id, state, description, where in rows:
-            console.print(f"{escape(patch_id)}  [{STATE_STYLE.get(state, '')}]{state}[/]", soft_wrap=True)
-            print_indented(escape(description))
-            print_indented(f"[dim]{escape(where)}[/]")
+            console.print(f"{markup(patch_id)}  [{STATE_STYLE.get(state, '')}]{state}[/]", soft_wrap=True)
+            print_indented(markup(description))
+            print_indented(f"[dim]{markup(where)}[/]")
         return
     table = Table(expand=True)
     table.add_column("patch", no_wrap=True)
     table.add_column("state", no_wrap=True)
     table.add_column("what", ratio=1, overflow="fold")
     for patch_id, state, description, where in rows:
-        table.add_row(escape(patch_id), f"[{STATE_STYLE.get(state, '')}]{state}[/]",
-                      f"{escape(description)}\n[dim]{escape(where)}[/]")
+        table.add_row(markup(patch_id), f"[{STATE_STYLE.get(state, '')}]{state}[/]",
+                      f"{markup(description)}\n[dim]{markup(where)}[/]")
     console.print(table)
 
 
@@ -108,8 +108,8 @@ def _show_revert(result: dict, host: Host) -> None:
         return
     for file in result["files"]:
         where = f"{file['environment']}: " if host.two_environments and file.get("environment") else ""
-        console.print(f"{escape(where + file['path'])}: {escape(file['outcome'])} "
-                      f"({escape(', '.join(file['patches']))})")
+        console.print(f"{markup(where + file['path'])}: {markup(file['outcome'])} "
+                      f"({markup(', '.join(file['patches']))})")
     console.print(f"{host.name}: wrote {result['bytes_written']} bytes")
 
 
