@@ -17,7 +17,8 @@ import queue
 import threading
 import time
 import traceback
-from typing import Any, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from specrig.errors import Findings, InventoryError, SpecrigError, UsageError
 from specrig.exit_status import ExitStatus, most_serious

@@ -8,8 +8,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from specrig.errors import InventoryError
 from specrig.paths import checkout_dir, config_dir

@@ -4,8 +4,13 @@ tolerance" for the GPU run's states check (docs/gpu.md, States).
 
     python3 bf16_drift.py LAYERS TOKENS [nofp32]      (one JSON line: relative L2 per layer id)
 """
-import json, math, sys, time, torch
+import json
+import sys
+import time
+
+import torch
 from transformers import LlamaConfig, LlamaForCausalLM
+
 torch.manual_seed(0)
 L = int(sys.argv[1]); T = int(sys.argv[2])
 cfg = LlamaConfig(hidden_size=4096, intermediate_size=14336, num_hidden_layers=L, num_attention_heads=32,
@@ -18,7 +23,6 @@ ids = torch.randint(0, 8192, (1, T))
 def acts(model, attn):
     model.config._attn_implementation = attn
     out = {}
-    hs = []
     model.model.embed_tokens.register_forward_hook(lambda mod, i, o: out.__setitem__(0, o.detach().float()))
     for k, layer in enumerate(model.model.layers):
         layer.register_forward_hook(lambda mod, i, o, k=k: out.__setitem__(k + 1, (o[0] if isinstance(o, tuple) else o).detach().float()))

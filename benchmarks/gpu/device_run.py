@@ -345,7 +345,7 @@ def phase_extract():
         restart_at = attempts[1].get("started_at")
     memory_back = None
     if kill.get("at"):
-        for t, used, pids in sampler.samples:
+        for t, used, _pids in sampler.samples:
             if t > kill["at"] and used is not None and idle and used <= idle[0] + 1024:
                 memory_back = t
                 break
@@ -385,7 +385,7 @@ def phase_clean():
         if run_state(path) in ("running", "starting", "restarting", "stalled"):
             stopped.append(inv("stop", "--host", "local", "--run", os.path.basename(path.rstrip("/")), "--json",
                                timeout=300))
-    for pid, (ppid, sid, comm, cmd) in proc_table().items():
+    for pid, (_ppid, sid, _comm, cmd) in proc_table().items():
         if "vllm.entrypoints" in cmd and pid == sid:
             os.killpg(pid, signal.SIGKILL)
             stopped.append({"killed_group": pid, "cmd": cmd[:200]})

@@ -215,7 +215,7 @@ SIGNATURE_KINDS = {cls.kind: cls for cls in (
 
 @dataclass(frozen=True)
 class ServerContract(Finding):
-    """A point of the server path's contract (docs/server-mode.md section 10) that the installed vLLM breaks.
+    """A point of the server mode's contract (docs/server-mode.md section 10) that the installed vLLM breaks.
 
     The check that found it (drift/server/) words the explanation: each point breaks in its own way.
     """

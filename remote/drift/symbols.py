@@ -11,8 +11,7 @@ import ast
 from dataclasses import dataclass
 
 from drift.classes import class_member
-from drift.refs import (ClassRef, ExternalRef, FunctionRef, MaybeRef, MissingRef, ModuleRef, UnknownRef,
-                        ValueRef)
+from drift.refs import ClassRef, ExternalRef, FunctionRef, MaybeRef, MissingRef, ModuleRef, UnknownRef, ValueRef
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ import re
 import time
 
 import hfcache
-from contract import HS_CONNECTORS, REPOSITORY_SCRIPTS, extraction_mode
+from contract import HS_CONNECTORS, IN_PROCESS, REPOSITORY_SCRIPTS, SERVER, extraction_mode
 from drift.analyzer import analyze
 from rpc import RemoteFailure
 
@@ -45,11 +45,11 @@ def run(args):
         try:
             provider = _installed(args.get("provider") or "vllm")
         except RemoteFailure as failure:
-            if _path(consumers) != "server":
+            if _mode(consumers) != SERVER:
                 raise
             raise RemoteFailure(failure.kind, "%s; speculators %s talks to a vLLM server, whose environment "
                                 "(server_python in hosts.yaml) the call did not name"
-                                % (failure.message, _speculators(consumers)["version"]), **failure.details)
+                                % (failure.message, _speculators(consumers)["version"]), **failure.details) from None
     if not consumers:
         raise RemoteFailure("bad-argument", "no consumer package given")
     model = None
@@ -57,10 +57,10 @@ def run(args):
         model = _model_directory(hfcache.resolve(args["model"], os.environ))
     elif args.get("model_config"):
         model = _model_config(os.path.expanduser(args["model_config"]))
-    path = _path(consumers)
-    if path == "repository-scripts":
+    mode = _mode(consumers)
+    if mode == REPOSITORY_SCRIPTS:
         return _repository_scripts(consumers, provider, model)
-    if path == "server":
+    if mode == SERVER:
         from drift.server.points import analyze_server
 
         if installed and not any(c["package"] == "hs_connectors" for c in consumers):
@@ -82,12 +82,12 @@ def _speculators(consumers):
     return next((c for c in consumers if c["package"] == "speculators"), None)
 
 
-def _path(consumers):
-    """The extraction path of the speculators consumer (in-process when there is none or no version)."""
+def _mode(consumers):
+    """The extraction mode of the speculators consumer (in-process when there is none or no version)."""
     speculators = _speculators(consumers)
     if speculators is None:
-        return "in-process"
-    return extraction_mode(speculators.get("version")) or "in-process"
+        return IN_PROCESS
+    return extraction_mode(speculators.get("version")) or IN_PROCESS
 
 
 def _repository_scripts(consumers, provider, model):
@@ -179,7 +179,7 @@ def _read_json(path):
         with open(path, encoding="utf-8") as handle:
             return json.load(handle)
     except ValueError as exc:
-        raise RemoteFailure("bad-argument", "%s is not valid JSON: %s" % (path, exc))
+        raise RemoteFailure("bad-argument", "%s is not valid JSON: %s" % (path, exc)) from None
 
 
 def _model_directory(found):

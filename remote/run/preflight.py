@@ -21,9 +21,10 @@ import hfcache
 import pkgmeta
 import procs
 import telemetry
-from units import human_bytes
 from run import runs
-from run.server import launch, preflight as server_preflight
+from run.server import launch
+from run.server import preflight as server_preflight
+from units import human_bytes
 
 #: speculators' default EAGLE-3 choice captures four layers.
 DEFAULT_LAYER_COUNT = 4

@@ -6,7 +6,7 @@ or with --nodes a group as one multi-node job.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from specrig.cli.runner import run_on_group, run_on_host
 from specrig.contract import SERVER

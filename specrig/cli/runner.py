@@ -7,7 +7,8 @@ GroupResult, pyinfra's api/ against pyinfra_cli/prints.py).
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from specrig.errors import Findings
 from specrig.exit_status import ExitStatus

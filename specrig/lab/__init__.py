@@ -29,8 +29,8 @@ import paramiko
 import yaml
 
 from specrig.errors import UsageError
-from specrig.transport.hostkeys import known_hosts_name, record
 from specrig.inventory import Host, load_inventory
+from specrig.transport.hostkeys import known_hosts_name, record
 
 STATE = Path("/var/lib/specrig-lab")
 READY = STATE / "READY"

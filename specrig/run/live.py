@@ -7,7 +7,7 @@ Ctrl-C detaches and says so; the runs go on, on their hosts.
 from __future__ import annotations
 
 import threading
-from typing import Sequence
+from collections.abc import Sequence
 
 from rich.console import Group
 from rich.live import Live
@@ -22,7 +22,6 @@ from specrig.exit_status import ExitStatus
 from specrig.group import HostOutcome
 from specrig.inventory import Host
 from specrig.run.runs import follow_run
-from specrig.ui.terminal import markup, visible
 from specrig.run.view import (
     STATE_STYLE,
     describe_failure,
@@ -33,6 +32,7 @@ from specrig.run.view import (
 )
 from specrig.ui import console, gpu_table
 from specrig.ui.group import outcome_word
+from specrig.ui.terminal import markup, visible
 
 LOG_LINES = 8
 

@@ -18,7 +18,7 @@ its requests on its own node; the client on the head moves them).
 from __future__ import annotations
 
 import uuid
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from specrig.contract import SERVER, load_host_module
 from specrig.errors import Findings, UsageError

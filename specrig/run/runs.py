@@ -8,7 +8,7 @@ side turns arguments and hosts.yaml's `extract:` defaults into the driver's argu
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from specrig.contract import ACTIVE_STATES
 from specrig.doctor import check_extraction_mode

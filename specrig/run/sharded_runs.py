@@ -14,7 +14,7 @@ from __future__ import annotations
 import datetime
 import random
 import string
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from specrig.contract import ACTIVE_STATES
 from specrig.doctor import check_extraction_mode

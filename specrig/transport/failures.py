@@ -10,8 +10,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specrig.errors import (CouldNotCheck, Findings, Locked, RemotePythonError, RemoteScriptError, RemoteTimeout,
-                            SpecrigError, UsageError)
+from specrig.errors import (
+    CouldNotCheck,
+    Findings,
+    Locked,
+    RemotePythonError,
+    RemoteScriptError,
+    RemoteTimeout,
+    SpecrigError,
+    UsageError,
+)
 
 
 @dataclass(frozen=True)

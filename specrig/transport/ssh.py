@@ -203,7 +203,7 @@ def open_ssh(host: Host, *, host_keys: list | None = None):
     except paramiko.AuthenticationException as exc:
         raise AuthFailed(f"{target}: authentication failed: {exc}",
                          hint="check `user` and `identity_file` in hosts.yaml, or your ssh-agent") from None
-    except (socket.timeout, TimeoutError):
+    except TimeoutError:
         raise ConnectionFailed(f"{target}: connection timed out after {CONNECT_TIMEOUT_S} s",
                                hint="is the host up and the port right?") from None
     except socket.gaierror as exc:

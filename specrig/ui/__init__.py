@@ -38,7 +38,7 @@ def print_json(data) -> None:
 
 
 
-def gpu_table(gpus: list[dict], *, apps: list[dict] | None = None, **table_options) -> "GpuTable":
+def gpu_table(gpus: list[dict], *, apps: list[dict] | None = None, **table_options) -> GpuTable:
     """One row per GPU (remote/telemetry.py's records): memory, utilization, temperature, power, and,
     given `apps`, the compute processes on it (`*` marks the run's own).
 

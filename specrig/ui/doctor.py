@@ -12,7 +12,7 @@ from specrig.ui import console, gpu_table, human_bytes, print_json
 from specrig.ui.task import TaskView
 from specrig.ui.terminal import markup
 
-#: Packages of speculators' environment shown only when installed (or on the server path).
+#: Packages of speculators' environment shown only when installed (or in server mode).
 SERVER_MODE_ONLY = ("hs-connectors",)
 
 

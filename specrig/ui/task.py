@@ -7,7 +7,8 @@ per host and the summary (specrig/ui/group.py).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from specrig.errors import Findings
 from specrig.exit_status import ExitStatus

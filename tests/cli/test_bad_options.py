@@ -1,8 +1,8 @@
 """Options that take a whole number: a word is one line naming it, exit 2, before any host is reached."""
 import pytest
 
-from support.lab import inv
 from specrig.exit_status import ExitStatus
+from support.lab import inv
 
 CASES = [
     (("lab.up", "--hosts", "x"), "--hosts 'x': give a whole number"),

@@ -5,11 +5,11 @@ from pathlib import Path
 import pytest
 
 import specrig.inventory as inventory_module
-from support.lab import inv
-from support.paths import REPO
 from specrig.errors import InventoryError
 from specrig.exit_status import ExitStatus
 from specrig.inventory import load_inventory
+from support.lab import inv
+from support.paths import REPO
 
 # (case, hosts.yaml text, words the one-line error must contain)
 BAD = [

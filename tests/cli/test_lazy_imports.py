@@ -6,9 +6,11 @@ import json
 import os
 import subprocess
 import sys
+
 import pytest
 
 from support.paths import REPO
+
 #: Loaded only by a task that reaches a host (paramiko, fabric) or builds the lab.
 HEAVY = ("paramiko", "fabric", "specrig.lab", "specrig.transport")
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from support.lab import inv
-from support.paths import REPO
 from specrig import __version__
 from specrig.exit_status import ExitStatus
+from support.lab import inv
+from support.paths import REPO
 
 #: What a build reads from the checkout (pyproject.toml names README.md as the readme). Copied out
 #: first: pip builds a local directory in place, and a stale build/ there could leak deleted files

@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from support.lab import inv as run_inv
 from support.drift_wheels import KIMI_CONFIG, root
+from support.lab import inv as run_inv
 
 
 def inv(*args: str, columns: int = 200) -> subprocess.CompletedProcess:

@@ -6,11 +6,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from support.lab import inv
-from support.drift_wheels import KIMI_CONFIG
-
-from specrig.transport import connect
 from specrig.drift.verify import verify_host
+from specrig.transport import connect
+from support.drift_wheels import KIMI_CONFIG
+from support.lab import inv
 
 KNOWN_0_16 = {
     "missing-argument:vllm.config.scheduler.SchedulerConfig:is_encoder_decoder",

@@ -13,12 +13,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from support.lab import inv
-from support.paths import REPO
-from support.drift_wheels import KIMI_CONFIG, ids, root
-
 from specrig.contract import extraction_mode
 from specrig.drift import compat
+from support.drift_wheels import KIMI_CONFIG, ids, root
+from support.lab import inv
+from support.paths import REPO
 
 P = "server-contract:"
 CONNECTOR = P + "connector-registered:ExampleHiddenStatesConnector"

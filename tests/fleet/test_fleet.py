@@ -16,14 +16,13 @@ import uuid
 import pytest
 from rich.console import Console
 
-from support.lab import inv, inv_json, lab_entry
 from specrig import group
 from specrig.errors import ConnectionFailed, Findings, InventoryError, UsageError
 from specrig.exit_status import SEVERITY, ExitStatus, most_serious
 from specrig.inventory import Host, load_inventory
 from specrig.run.live import RunsBoard
 from specrig.ui import group as group_view
-
+from support.lab import inv, inv_json, lab_entry
 
 # ---- the runner, with plain functions --------------------------------------------------------------
 

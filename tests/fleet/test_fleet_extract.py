@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from specrig import lab as lab_module
+from specrig.exit_status import ExitStatus
 from support.lab import inv, inv_json, require_lab
 from support.paths import REPO
 from support.runnable_env import patch, runnable_env_or_skip  # also marks these tests runnable (they load a model)
-from specrig import lab as lab_module
-from specrig.exit_status import ExitStatus
 
 GROUP = "lab-fleet"
 HOSTS = ["lab-1", "lab-2", "lab-3"]

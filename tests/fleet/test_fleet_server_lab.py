@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from support.lab import inv, inv_json
 from run.server import client, outputs
+from support.lab import inv, inv_json
 from support.runnable_env import HOME, runnable_env_or_skip  # noqa: F401 (marks the module runnable)
 from support.server_lab import require_server_fleet, server_fleet_inventory, states_against_transformers
 

@@ -17,11 +17,11 @@ import subprocess
 import pytest
 import yaml
 
-from support.lab import inv, inv_json, lab_entry, require_lab
-from support.paths import REPO
 from specrig import lab as lab_module
 from specrig.exit_status import ExitStatus
 from specrig.inventory import load_inventory
+from support.lab import inv, inv_json, lab_entry, require_lab
+from support.paths import REPO
 
 SHIPPED = [f"lab-{number}" for number in range(1, lab_module.FLEET_SHIPPED + 1)]
 

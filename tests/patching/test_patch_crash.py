@@ -15,9 +15,9 @@ import subprocess
 import threading
 import time
 
+from specrig.exit_status import ExitStatus
 from support.lab import inv
 from support.patchenv import run_engine, start_engine, target_paths
-from specrig.exit_status import ExitStatus
 
 KILL_TRIALS = 60
 REVERT_KILL_TRIALS = 20

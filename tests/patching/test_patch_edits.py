@@ -5,10 +5,10 @@ import textwrap
 
 import pytest
 
-from patching import edits as patchedits
 import patchlib
-from patching import patchset
 import versions
+from patching import edits as patchedits
+from patching import patchset
 
 
 @pytest.mark.parametrize("version, spec, expected", [
@@ -161,8 +161,8 @@ def test_every_shipped_patchset_is_valid_as_the_host_loads_it(tmp_path):
     import io
     import tarfile
 
-    from support.paths import REPO
     from specrig.transport.bundle import current_bundle
+    from support.paths import REPO
 
     with tarfile.open(fileobj=io.BytesIO(current_bundle().tar_bytes), mode="r:gz") as tar:
         tar.extractall(tmp_path, filter="data")

@@ -4,11 +4,11 @@ import os
 
 import pytest
 
-from support.lab import inv
-from support.patchenv import PATCHSET
+from specrig.drift.verify import verify
 from specrig.exit_status import ExitStatus
 from specrig.patching.patches import apply_patches, claimed_fixes, patch_status, remaining_drift, revert_patches
-from specrig.drift.verify import verify
+from support.lab import inv
+from support.patchenv import PATCHSET
 
 #: What users first met on vLLM 0.16 with Kimi-K2.5 (docs/findings.md), each a patch's claim.
 FIRST_MET = {

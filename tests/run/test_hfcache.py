@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 import hfcache
-from support.lab import inv, inv_json, require_lab
-from support.paths import REPO
-from support.patchenv import as_lab_user, lab_home
 from rpc import RemoteFailure
+from support.lab import inv, inv_json, require_lab
+from support.patchenv import as_lab_user, lab_home
+from support.paths import REPO
 
 REPO_ID = "specrig/tiny-llama"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

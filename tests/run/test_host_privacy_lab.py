@@ -29,15 +29,15 @@ import pytest
 import yaml
 from rich.console import Console
 
-from support.lab import inv, lab_entry
-from support.paths import REPO
-from support.patchenv import as_lab_user, lab_home
 from specrig.errors import RemoteScriptError, SpecrigError
 from specrig.inventory import load_inventory
 from specrig.run.live import render, samples_bar
 from specrig.run.runs import launch_args, runs_call
 from specrig.run.settings import Request
 from specrig.transport import connect
+from support.lab import inv, lab_entry
+from support.patchenv import as_lab_user, lab_home
+from support.paths import REPO
 
 OTHER_USER = "specrig-bash"
 SECRET = "hf_" + uuid.uuid4().hex  # the token of this test session

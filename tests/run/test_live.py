@@ -4,8 +4,8 @@ from __future__ import annotations
 from rich.console import Console
 
 import telemetry
-from support.paths import H200X2
 from specrig.run.live import render, samples_bar
+from support.paths import H200X2
 
 
 def shown(run: dict, tail: str = "") -> str:

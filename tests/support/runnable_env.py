@@ -18,10 +18,10 @@ from pathlib import Path
 
 import yaml
 
+from specrig.inventory import load_inventory
 from support.lab import require_lab
 from support.patchenv import as_lab_user, lab_home
 from support.paths import PROGRAMS, REPO
-from specrig.inventory import load_inventory
 
 DRIVER = REPO / "remote" / "run" / "extract_driver.py"
 HOME = Path(os.environ.get("SPECRIG_RUNNABLE_HOME", "/home/specrig"))

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from specrig import lab as lab_module
 from support.lab import inv
 from support.paths import REPO
 from support.runnable_env import HOME
-from specrig import lab as lab_module
 
 CLIENT = HOME / "venv-spec-0.9"
 MODEL = HOME / "models" / "tiny-llama"

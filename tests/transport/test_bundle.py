@@ -10,11 +10,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from support.paths import REPO
-from specrig.transport import bundle
-from specrig.transport.bundle import Bundle, bundle_files
 from specrig.errors import UsageError
 from specrig.exit_status import ExitStatus
+from specrig.transport import bundle
+from specrig.transport.bundle import Bundle, bundle_files
+from support.paths import REPO
 
 
 def test_patchsets_travel_as_json_and_the_digest_follows_the_bytes(tmp_path):

@@ -3,11 +3,11 @@ import ast
 
 import pytest
 
-from support.paths import REPO
 from specrig.errors import CouldNotCheck, Findings, Locked, RemoteScriptError, UsageError
 from specrig.exit_status import ExitStatus
 from specrig.inventory import Host
 from specrig.transport.failures import FAILURE_KINDS, error_for
+from support.paths import REPO
 
 HOST = Host(name="blackwell01")
 
@@ -26,7 +26,7 @@ def kinds_raised_on_the_host() -> dict[str, str]:
     for path in (REPO / "remote" / "rpc.py", REPO / "remote" / "entry.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Dict):
-                for key, value in zip(node.keys, node.values):
+                for key, value in zip(node.keys, node.values, strict=True):
                     if isinstance(key, ast.Constant) and key.value == "kind" and isinstance(value, ast.Constant):
                         found[value.value] = f"{path.relative_to(REPO)}:{node.lineno}"
     return found

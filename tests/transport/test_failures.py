@@ -7,11 +7,11 @@ import uuid
 
 import pytest
 
-from support.lab import find_python, inv, lab_entry
 from specrig.errors import ConnectionFailed, RemotePythonError, RemoteScriptError, RemoteTimeout
 from specrig.exit_status import ExitStatus
 from specrig.inventory import load_inventory
 from specrig.transport import connect
+from support.lab import find_python, inv, lab_entry
 
 
 def host_with(make_inventory, trusted_known_hosts, **overrides):

@@ -4,8 +4,8 @@ import subprocess
 
 import pytest
 
-from support.lab import inv, lab_entry
 from specrig.exit_status import ExitStatus
+from support.lab import inv, lab_entry
 
 
 @pytest.fixture(autouse=True)

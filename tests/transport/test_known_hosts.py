@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from specrig.exit_status import ExitStatus
 from support.lab import inv, lab_entry
 from support.paths import REPO
-from specrig.exit_status import ExitStatus
 
 LAB = "[127.0.0.1]:2222"
 

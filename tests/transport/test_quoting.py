@@ -2,8 +2,8 @@
 import pytest
 
 from specrig.errors import UsageError
-from specrig.transport.quoting import AND, command_line, quote_word
 from specrig.transport import connect
+from specrig.transport.quoting import AND, command_line, quote_word
 
 TORTURE = [
     "plain", "", " ", "it's", 'say "hi"', """both ' and " nested '"'"'""", "$HOME", "${HOME}", "$(id)", "`id`",

@@ -4,10 +4,10 @@ import subprocess
 
 import pytest
 
-from support.lab import find_python
-from support.paths import REPO
 from specrig.inventory import load_inventory
 from specrig.transport import connect
+from support.lab import find_python
+from support.paths import REPO
 
 PYTHON39 = find_python("3.9")
 needs39 = pytest.mark.skipif(PYTHON39 is None, reason="no Python 3.9 on this machine (set SPECRIG_TEST_PYTHON_39)")

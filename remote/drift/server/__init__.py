@@ -1,4 +1,4 @@
-"""The server path's contract (speculators >= 0.8): what specrig's launch and speculators' client rely on
+"""The server mode's contract (speculators >= 0.8): what specrig's launch and speculators' client rely on
 in a `vllm serve` running the extract_hidden_states method, checked against the installed vLLM's source.
 
 docs/server-mode.md (section 10, points C1-C20) says what each point is and where it lives in the

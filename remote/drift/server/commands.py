@@ -9,7 +9,6 @@ from drift.classes import class_member
 from drift.refs import MissingRef
 from drift.server.context import ENGINE_ARGS, FRONTEND_ARGS, Problem, Skip, string_constants
 
-
 #: The options specrig passes to speculators' CLI (docs/server-mode.md C18), per command module.
 CLIENT_FLAGS = {
     "speculators.cli.generate_offline_data": (

@@ -7,8 +7,7 @@ import ast
 from drift import findings as F
 from drift.classes import class_member
 from drift.refs import ValueRef
-from drift.server.context import (HS_CONFIG, PROPOSER, SPECULATIVE_CONFIG, Problem, Skip, own_function,
-                                  string_constants)
+from drift.server.context import HS_CONFIG, PROPOSER, SPECULATIVE_CONFIG, Problem, Skip, own_function, string_constants
 
 
 def _module_assign(module, name):

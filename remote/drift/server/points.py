@@ -158,7 +158,7 @@ def check_contract(ctx):
 
 
 def analyze_server(consumers, provider, model=None):
-    """The server path's report, in analyze()'s shape (docs/findings.md), plus "mode" and "contract"."""
+    """The server mode's report, in analyze()'s shape (docs/findings.md), plus "mode" and "contract"."""
     started = time.perf_counter()
     ctx = Context(consumers, provider, model)
     findings, contract = check_contract(ctx)

@@ -72,7 +72,7 @@ def check_eagle3_interface(ctx):
     if protocol is None:
         raise Skip("vLLM has no SupportsEagle3")
     problems = []
-    for architecture, cls in ctx.model_classes():
+    for _architecture, cls in ctx.model_classes():
         missing = unimplemented_members(ctx.index, cls, protocol)
         if missing:
             problems.append(Problem("%s does not implement SupportsEagle3 (it lacks %s): the model runner refuses "

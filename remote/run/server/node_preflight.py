@@ -22,10 +22,11 @@ import time
 import hfcache
 import pkgmeta
 import telemetry
-from units import human_bytes
 from rpc import RemoteFailure
 from run import preflight
-from run.server import nodes as node_layout, plan
+from run.server import nodes as node_layout
+from run.server import plan
+from units import human_bytes
 
 #: The server environment's packages every node must hold in the same versions.
 PACKAGES = ("vllm", "torch", "transformers")

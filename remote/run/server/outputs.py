@@ -91,13 +91,13 @@ def read_header(path):
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise SafetensorsError(BAD_HEADER, "header is not UTF-8: %s" % e)
+        raise SafetensorsError(BAD_HEADER, "header is not UTF-8: %s" % e) from None
     if not text.startswith("{"):
         raise SafetensorsError(BAD_HEADER, "header does not start with '{'")
     try:
         header = json.loads(text)
     except ValueError as e:
-        raise SafetensorsError(BAD_HEADER, "header is not JSON: %s" % e)
+        raise SafetensorsError(BAD_HEADER, "header is not JSON: %s" % e) from None
     if not isinstance(header, dict):
         raise SafetensorsError(BAD_HEADER, "header is not a JSON object")
     metadata = header.pop("__metadata__", None) or {}

@@ -1,5 +1,5 @@
 """Preflight of a server-mode run (speculators >= 0.8), stdlib only: run/preflight.py calls checks()
-when the host's speculators takes the server path.
+when the host's speculators takes server mode.
 
 Beyond the checks both paths share (model, dataset, GPUs, torch's build, the output not in use):
 the two environments, the run's plan (the server command can be built: vLLM found, layer ids valid),
@@ -12,8 +12,8 @@ import socket
 
 import contract
 import pkgmeta
-from units import human_bytes
 from run.server import outputs, plan
+from units import human_bytes
 
 #: Files the connector may hold in staging at once: about one per request in flight (and its lock).
 STAGING_MARGIN = 2
