@@ -25,16 +25,13 @@ import threading
 import time
 import urllib.request
 
+# The lab's recipe for a tokenizer trained here (ChatML, byte-level BPE): one for the lab and this run.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "specrig", "lab"))
+from make_tiny_model import train_tokenizer
+
 SEED = 19
 #: Tokens compared to tell the samples opening with the shared system prompt from the others.
 PREFIX_TOKENS = 64
-SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
 #: Llama-3-8B's and TinyLlama-1.1B's published shapes (vocab kept at the real size: the embedding and
 #: the LM head are a real part of the work); "tiny" for a CPU rehearsal.
 SHAPES = {
@@ -92,22 +89,6 @@ def conversations(n, seed=SEED):
         turns.append({"from": "gpt", "value": text(rng, vocab, max(20, budget - user))})
         rows.append({"conversations": turns})
     return rows, vocab
-
-
-def train_tokenizer(texts, vocab_size):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tokenizer = Tokenizer(models.BPE(unk_token=None))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tokenizer.train_from_iterator(texts, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|im_end|>",
-                                   pad_token="<|endoftext|>", bos_token=None)
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
 
 
 def build_model(out_dir, shape, data_path, n):

@@ -11,7 +11,6 @@ import socket
 import subprocess
 import threading
 import time
-import uuid
 
 import pytest
 from rich.console import Console
@@ -22,7 +21,7 @@ from specrig.exit_status import SEVERITY, ExitStatus, most_serious
 from specrig.inventory import Host, load_inventory
 from specrig.run.live import RunsBoard
 from specrig.ui import group as group_view
-from support.lab import inv, inv_json, lab_entry
+from support.lab import inv, inv_json, lab_entry, launch_failing_run
 
 # ---- the runner, with plain functions --------------------------------------------------------------
 
@@ -261,12 +260,7 @@ def test_extract_on_several_hosts_checks_every_setting_before_reaching_a_host(la
 
 
 def test_logs_of_several_hosts_prefixed_and_a_host_without_the_run(lab):
-    # A run that fails at once on the analysis-only venv (no torch); lab-cpu shares lab's workdir.
-    out = f"~/specrig-work/test-out/{uuid.uuid4().hex[:12]}"
-    launched = inv("extract", "--host", "lab", "--model", "~/venv", "--data", "sharegpt", "--out", out,
-                   "--batch-size", "4", "--skip-preflight", "--detach")
-    assert launched.returncode == 0, launched.stderr
-    run_id = launched.stdout.split("launched run ", 1)[1].split()[0]
+    run_id = launch_failing_run()  # lab-cpu shares lab's workdir: it finds the run too
     deadline = time.monotonic() + 120
     while inv_json("status", "--host", "lab", "--run", run_id)[1]["runs"][0]["state"] not in ("failed", "succeeded"):
         assert time.monotonic() < deadline, "the run did not end"

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from support.lab import inv
-from support.paths import REPO
+from support.lab import inv, launch_failing_run
 from support.patchenv import as_lab_user, lab_home
+from support.paths import REPO
 from support.runnable_env import patch, private_clean_copy, remove_copy, runnable_env_or_skip
 
 RUN_TIMEOUT_S = 600
@@ -144,8 +144,8 @@ def assert_every_sample_once(runnable, out, total):
 def ssh_kill_9(pid):
     """kill -9 on the host, as its user, over SSH."""
     from specrig.inventory import load_inventory
-    from specrig.transport.quoting import command_line
     from specrig.transport import open_ssh
+    from specrig.transport.quoting import command_line
 
     connection = open_ssh(load_inventory(REPO / "hosts.yaml").host("lab-cpu"))
     try:
@@ -335,11 +335,7 @@ def test_tp_2_on_a_cpu_host_with_one_numa_node_is_told_by_the_workers_traceback_
 # -- the analysis-only lab venv: a real failure, no runnable environment needed -------------------
 
 def test_a_failure_that_would_repeat_is_classified_and_not_restarted(lab):
-    out = f"~/specrig-work/test-out/{uuid.uuid4().hex[:12]}"
-    launched = inv("extract", "--host", "lab", "--model", "~/venv", "--data", "sharegpt", "--out", out,
-                   "--batch-size", "4", "--skip-preflight", "--detach")
-    assert launched.returncode == 0, launched.stderr
-    run_id = launched.stdout.split("launched run ", 1)[1].split()[0]
+    run_id = launch_failing_run()
     final = wait_for("the run to fail", lambda: finished(run_id, "lab"), timeout=120, interval=0.5)
     assert final["state"] == "failed" and len(final["attempts"]) == 1
     assert final["last_failure"]["kind"] == "missing-package" and final["last_failure"]["retryable"] is False

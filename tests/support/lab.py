@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,12 @@ def inv_json(*args: str, inventory: Path | None = None, timeout: float = 120) ->
     except json.JSONDecodeError:
         raise AssertionError(result.stdout + result.stderr) from None
 
+
+def launch_failing_run(host: str = "lab") -> str:
+    """Launch a run on the lab's analysis-only venv (no torch): it fails at once, a missing package that
+    would repeat, so it is not restarted. Its run id."""
+    out = f"~/specrig-work/test-out/{uuid.uuid4().hex[:12]}"
+    launched = inv("extract", "--host", host, "--model", "~/venv", "--data", "sharegpt", "--out", out,
+                   "--batch-size", "4", "--skip-preflight", "--detach")
+    assert launched.returncode == 0, launched.stderr
+    return launched.stdout.split("launched run ", 1)[1].split()[0]
