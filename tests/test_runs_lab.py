@@ -285,6 +285,32 @@ def test_ctrl_c_detaches_stop_leaves_no_process_of_the_run_and_resume_completes_
     assert_every_sample_once(runnable, out, final["heartbeat"]["samples_total"])
 
 
+#: A run directory of the supervisor as it was before its rebuild (tests/fixtures/old_run/README.md).
+OLD_RUN = REPO / "tests" / "fixtures" / "old_run" / "20261201-140105-emi6"
+
+
+def test_a_run_directory_of_the_previous_supervisor_resumes_to_success(runnable):
+    """Runs made by an older specrig resume on the current code: its run.json, status.json (attempts,
+    history, job_seen) and exit.json are read as they were written."""
+    record = json.loads((OLD_RUN / "run.json").read_text())
+    run_dir, out = Path(record["workdir"].replace("~", str(lab_home()), 1)) / "runs" / OLD_RUN.name, record["out"]
+    as_lab_user("rm", "-rf", str(run_dir), out)
+    as_lab_user("mkdir", "-p", str(run_dir.parent))
+    as_lab_user("cp", "-r", str(OLD_RUN), str(run_dir))
+    try:
+        assert status(run=OLD_RUN.name)["runs"][0]["state"] == "stopped"
+        resumed = inv("resume", "--host", "lab-cpu", "--run", OLD_RUN.name, "--detach")
+        assert resumed.returncode == 0, resumed.stderr
+        final = wait_for("the old run to finish", lambda: finished(OLD_RUN.name))
+        assert final["state"] == "succeeded", final
+        old, new = final["attempts"]
+        assert old["stopped"] and old["samples_written"] == 8 and new["exit_status"] == 0
+        assert [h["state"] for h in final["history"]] == ["stopped", "succeeded"]
+        assert_every_sample_once(runnable, out, final["heartbeat"]["samples_total"])
+    finally:
+        as_lab_user("rm", "-rf", str(run_dir), out)
+
+
 @pytest.fixture
 def clean_env(runnable, tmp_path):
     """An inventory whose lab-cpu runs a private unpatched copy of the runnable venv."""
