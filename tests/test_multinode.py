@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import H200X2, REPO, inv
-from run.server import launch, node_preflight, node_supervision, nodes
+from run.server import launch, node_preflight, node_roles, nodes
 from specrig.errors import UsageError
 from specrig.inventory import Host
 from specrig.run import node_runs
@@ -270,16 +270,16 @@ def test_a_staging_directory_the_worker_does_not_see_is_named(tmp_path):
 
 def test_a_beacon_answers_its_current_state_until_closed():
     port = free_port()
-    beacon = node_supervision.Beacon("127.0.0.1", port, {"job_id": "j", "state": "starting"})
+    beacon = node_roles.Beacon("127.0.0.1", port, {"job_id": "j", "state": "starting"})
     try:
-        assert node_supervision.ask("127.0.0.1", port) == {"job_id": "j", "state": "starting"}
+        assert node_roles.ask("127.0.0.1", port) == {"job_id": "j", "state": "starting"}
         beacon.update(state="running", attempt=2)
-        assert node_supervision.ask("127.0.0.1", port) == {"job_id": "j", "state": "running", "attempt": 2}
+        assert node_roles.ask("127.0.0.1", port) == {"job_id": "j", "state": "running", "attempt": 2}
         with pytest.raises(OSError):
-            node_supervision.Beacon("127.0.0.1", port, {})  # one beacon per address and port
+            node_roles.Beacon("127.0.0.1", port, {})  # one beacon per address and port
     finally:
         beacon.close()
-    assert node_supervision.ask("127.0.0.1", port) is None
+    assert node_roles.ask("127.0.0.1", port) is None
 
 
 # ---- refusals, before any host is reached ------------------------------------------------------------------
