@@ -2,7 +2,7 @@
 host's speculators takes the server path.
 
 The same run as `inv extract` (the plan of server/plan.py, the supervisor program with
-server/supervision.py, the same server command and CLI steps), waited for, with the in-process smoke's
+server/workload.py, the same server command and CLI steps), waited for, with the in-process smoke's
 differences: the model's config shrunk through `--hf-overrides`, random weights (`--load-format
 dummy`), a few built-in conversations, no restart, and a run directory that is removed afterwards.
 """
@@ -71,7 +71,7 @@ def run(smoke, *, model, config, samples, work, timeout_s, server_python, host=N
     elapsed = round(time.monotonic() - started, 1)
     ended = run_dir.exit_record or {}
     shrunk = dict((k, v) for k, v in overrides.items() if not isinstance(v, (dict, list)))
-    if ended.get("state") != "succeeded":
+    if ended.get("state") != contract.SUCCEEDED:
         message, failure = _failure(smoke, run_dir, ended)
         raise RemoteFailure("smoke-failed", message, failure=failure, elapsed_s=elapsed, shrunk=shrunk)
     return {"ok": True, "mode": contract.SERVER, "model": model, "architectures": config.get("architectures"),
