@@ -13,12 +13,12 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from conftest import H200X2, REPO, inv
+from test_runs_lab import wait_for
 import contract
 from run.server import launch, node_preflight, node_roles, nodes
 from specrig.errors import UsageError
@@ -293,16 +293,6 @@ def test_a_beacon_answers_its_current_state_until_closed():
 SUPERVISOR = REPO / "remote" / "run" / "supervisor.py"
 
 
-def wait_until(what, predicate, timeout=60):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
 def test_a_worker_serves_each_head_attempt_reports_its_dead_server_and_ends_as_the_head_ends(tmp_path):
     """The supervisor's loop with a worker's role and workload, on real processes: a head that is only a
     beacon, a 'server' that only sleeps (the loop, not vLLM, is under test; test_multinode_lab.py runs vLLM)."""
@@ -320,15 +310,15 @@ def test_a_worker_serves_each_head_attempt_reports_its_dead_server_and_ends_as_t
             answer = node_roles.ask("127.0.0.2", port) or {}
             return answer if (answer.get("serving"), answer.get("server")) == (serving, server) else None
 
-        first = wait_until("the worker to serve attempt 1", lambda: worker(1, "running"))
+        first = wait_for("the worker to serve attempt 1", lambda: worker(1, "running"), timeout=60, interval=0.2)
         assert first["node_rank"] == 1 and first["state"] == "running"
         head.update(attempt=2)  # the head restarted: the worker's server of attempt 1 ends, another starts
-        wait_until("the worker to serve attempt 2", lambda: worker(2, "running"))
+        wait_for("the worker to serve attempt 2", lambda: worker(2, "running"), timeout=60, interval=0.2)
         status = json.loads((run / "status.json").read_text())
         assert [(a["attempt"], a["head_attempt"]) for a in status["attempts"]] == [(1, 1), (2, 2)]
         assert status["attempts"][0]["failure"] is None and status["attempts"][0]["exit_status"] == -15
         os.kill(status["jobs"]["server"]["pid"], signal.SIGKILL)
-        died = wait_until("the worker to tell its server died", lambda: worker(2, "exited"))
+        died = wait_for("the worker to tell its server died", lambda: worker(2, "exited"), timeout=60, interval=0.2)
         assert died["failure"]["kind"] == "killed"
         head.update(state="succeeded")
         assert supervisor.wait(timeout=60) == 0
