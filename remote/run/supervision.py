@@ -57,7 +57,7 @@ class NotStarted(Exception):
     """The first process of an attempt could not be started (`argv`, the OSError)."""
 
     def __init__(self, argv, error):
-        Exception.__init__(self, error)
+        super().__init__(error)
         self.argv, self.error = argv, error
 
 
@@ -66,7 +66,7 @@ class AttemptEnds(Exception):
     with `failure` (a node lost), or with none (a worker: the head's attempt it served is over)."""
 
     def __init__(self, failure=None):
-        Exception.__init__(self, failure and failure["explain"])
+        super().__init__(failure and failure["explain"])
         self.failure = failure
 
 
