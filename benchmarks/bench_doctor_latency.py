@@ -23,9 +23,10 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from delay_proxy import DelayProxy  # noqa: E402
-from specrig.transport.bundle import current_bundle  # noqa: E402
+
 from specrig.doctor import doctor  # noqa: E402
 from specrig.inventory import load_inventory  # noqa: E402
+from specrig.transport.bundle import current_bundle  # noqa: E402
 
 #: One bundle for the whole run, so that "warm" means the same bytes are already on the host.
 BUNDLE = current_bundle()

@@ -174,7 +174,7 @@ def main():
     print(f"whole process      driver {median(driver, 'total_s'):7.2f} s   bare generate loop "
           f"{median(bare, 'total_s'):7.2f} s   ratio {median(driver, 'total_s') / median(bare, 'total_s'):.2f}")
     writer_rate, dd_rate = (statistics.median(rates[key]) / 2**20 for key in ("driver", "dd"))
-    ratio = statistics.median(w / d for w, d in zip(rates["driver"], rates["dd"]))
+    ratio = statistics.median(w / d for w, d in zip(rates["driver"], rates["dd"], strict=True))
     print(f"write rate         driver {writer_rate:7.0f} MiB/s   dd bs=1M {dd_rate:7.0f} MiB/s   "
           f"ratio {ratio:.2f} (median of {len(rates['dd'])} interleaved rounds of {WRITE_SAMPLES} samples "
           f"of {LAYERS}x{TOKENS}x{HIDDEN} bf16)")

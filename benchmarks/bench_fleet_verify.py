@@ -46,6 +46,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from delay_proxy import DelayProxy  # noqa: E402
+
 from specrig.inventory import load_inventory  # noqa: E402
 from specrig.transport.hostkeys import known_hosts_name  # noqa: E402
 

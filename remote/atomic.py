@@ -18,8 +18,15 @@ def fsync_directory(directory):
         os.close(fd)
 
 
+#: The mode of a file specrig creates on a host: its user's alone (records, heartbeats, manifests).
+PRIVATE = 0o600
+
+
 def write_bytes(path, data, mode=None):
-    """Replace `path` with `data` in one step: temporary file beside it, fsync, os.replace, fsync the directory."""
+    """Replace `path` with `data` in one step: temporary file beside it, fsync, os.replace, fsync the directory.
+
+    `mode` None: an existing file keeps its mode (a patched source in an environment others use),
+    a new one is PRIVATE. The temporary file is created 0600 and given `mode` only once written."""
     directory, name = os.path.split(path)
     directory = directory or "."
     temp = os.path.join(directory, ".%s%s%d" % (name, TEMP_MARK, os.getpid()))
@@ -27,8 +34,8 @@ def write_bytes(path, data, mode=None):
         try:
             mode = os.stat(path).st_mode & 0o7777
         except FileNotFoundError:
-            mode = 0o644
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+            mode = PRIVATE
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -46,8 +53,10 @@ def write_bytes(path, data, mode=None):
     return len(data)
 
 
-def write_json(path, payload):
-    return write_bytes(path, json.dumps(payload, indent=1, sort_keys=True, default=str).encode())
+def write_json(path, payload, mode=PRIVATE):
+    """A record specrig keeps (run.json, status.json, heartbeats, ...): PRIVATE, whatever mode an older
+    specrig gave the file it replaces."""
+    return write_bytes(path, json.dumps(payload, indent=1, sort_keys=True, default=str).encode(), mode)
 
 
 def read_json(path, default=None):

@@ -109,6 +109,17 @@ def reorder_hazard(speculators_version, batch_size, max_length):
             "ok": tokens <= budget or not affected, "max_batch_size": max(1, budget // max_length)}
 
 
+# -- the drift analysis (remote/drift/ on a host; check-compat runs it on unpacked wheels) --------------
+#: Read beside speculators >= 0.8 when installed, or fetched by check-compat at the version speculators
+#: pins: its file backend builds the connector config specrig's launch sends.
+HS_CONNECTORS = "hs-connectors"
+#: Extension-module suffixes: such a module exists but has no source to read.
+COMPILED_SUFFIXES = (".so", ".pyd")
+#: Written by check-compat's wheel unpacker (specrig/drift/compat.py) beside the unpacked .py files: the
+#: compiled modules of the wheel, one dotted name a line, since their files were not unpacked.
+COMPILED_MANIFEST = ".specrig-compiled-modules"
+
+
 # -- which extraction mode a speculators release takes (issue 10) ---------------------------------
 # speculators <= 0.4 drives vLLM in-process (remote/run/extract_driver.py; verify's consumer analysis);
 # 0.5-0.7 ship their data generation only as repository scripts, outside the wheel (nothing to run or

@@ -3,7 +3,13 @@
 # This file stays in syntax that any Python parses, so that an interpreter too
 # old for the rest of remote/ still reports its version instead of a SyntaxError.
 import json
+import os
 import sys
+
+# Everything a call writes on the host is its user's alone (directories 0700, files 0600): run
+# records, logs, the call's files; the supervisor and its jobs inherit this. Over SSH the login
+# shell set it before it wrote the call file; `--host local` and scripts calling entry.py get it here.
+os.umask(0o077)
 
 MINIMUM = (3, 9)
 

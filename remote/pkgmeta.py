@@ -78,8 +78,8 @@ def other_environment(python, packages, timeout):
     if not found or not os.path.isfile(found):
         raise EnvironmentUnreadable("%s: not found" % python)
     try:
-        proc = subprocess.run([found, os.path.abspath(__file__)] + list(packages), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, universal_newlines=True, timeout=timeout,
+        proc = subprocess.run([found, os.path.abspath(__file__)] + list(packages), capture_output=True,
+                              text=True, timeout=timeout,
                               stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
         raise EnvironmentUnreadable("%s did not answer within %d s" % (python, timeout)) from None

@@ -96,11 +96,38 @@ def load_call(path):
     return call
 
 
+#: The name of specrig's cache directory on the host (~/.cache/specrig): its calls/ and bundles/.
+CACHE_NAME = "specrig"
+
+
+def private_cache(call_path):
+    """Make specrig's cache directories on the host private (0700) when this call runs from them:
+    calls/, bundles/, this bundle and the cache itself. New ones are 0700 already (created under
+    `umask 077`); older specrig left them 0755. The call file itself is created 0600 by the command
+    that writes it (specrig/transport). Nothing above the cache (~/.cache, the home) is touched:
+    those are the user's."""
+    calls = os.path.dirname(os.path.abspath(call_path))
+    bundle = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # <cache>/bundles/<sha256>
+    found = []
+    if os.path.basename(calls) == "calls" and os.path.basename(os.path.dirname(calls)) == CACHE_NAME:
+        found += [calls, os.path.dirname(calls)]
+    bundles = os.path.dirname(bundle)
+    if os.path.basename(bundles) == "bundles" and os.path.basename(os.path.dirname(bundles)) == CACHE_NAME:
+        found += [bundle, bundles]
+    for directory in found:
+        try:
+            if os.stat(directory).st_mode & 0o077:
+                os.chmod(directory, 0o700)
+        except OSError:
+            pass  # not ours (another user's cache): nothing to tighten
+
+
 def main(argv):
     if len(argv) != 1:
         emit({"ok": False, "error": {"kind": "bad-call", "message": "usage: entry.py <args.json>"}})
         sys.exit(2)
     path = argv[0]
+    private_cache(path)
     try:
         call = load_call(path)
     except RemoteFailure as failure:

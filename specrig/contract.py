@@ -11,16 +11,21 @@ import importlib.util
 from specrig.paths import remote_dir
 
 
-def _load_host_module(name: str):
-    spec = importlib.util.spec_from_file_location(f"specrig._host.{name}", remote_dir() / f"{name}.py")
+def load_host_module(path: str):
+    """A module of remote/ loaded from its file (`path` without .py: "contract", "run/server/nodes"),
+    for one that imports nothing the laptop lacks."""
+    spec = importlib.util.spec_from_file_location("specrig._host." + path.replace("/", "."),
+                                                  remote_dir() / f"{path}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
+#: The one byte formatter of both sides, in IEC units ("59.5 GiB"; remote/units.py).
+human_bytes = load_host_module("units").human_bytes
 #: The one PEP 440 parser (remote/versions.py), for versions the user gives on this side too.
-_versions = _load_host_module("versions")
-_contract = _load_host_module("contract")
+_versions = load_host_module("versions")
+_contract = load_host_module("contract")
 _contract.versions = _versions  # what `import versions` finds on a host, where remote/ is on sys.path
 Version = _versions.Version
 InvalidVersion = _versions.InvalidVersion
@@ -41,6 +46,9 @@ DRIVER_DEFAULTS: dict = _contract.DRIVER_DEFAULTS
 DRIVER_REQUIRED: tuple[str, ...] = _contract.DRIVER_REQUIRED
 SUPERVISOR_DEFAULTS: dict = _contract.SUPERVISOR_DEFAULTS
 SERVER_DEFAULTS: dict = _contract.SERVER_DEFAULTS
+HS_CONNECTORS: str = _contract.HS_CONNECTORS
+COMPILED_SUFFIXES: tuple[str, ...] = _contract.COMPILED_SUFFIXES
+COMPILED_MANIFEST: str = _contract.COMPILED_MANIFEST
 # The extraction modes, and the one rule that picks a speculators release's (remote/contract.py).
 IN_PROCESS: str = _contract.IN_PROCESS
 REPOSITORY_SCRIPTS: str = _contract.REPOSITORY_SCRIPTS

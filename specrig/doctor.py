@@ -1,4 +1,4 @@
-"""`inv doctor`: what a host is and whether it can run specrig's work.
+"""`inv doctor`: what a host is and whether it can run specrig's work (specrig/ui/doctor.py shows it).
 
 Also the extraction mode a host's speculators version takes (contract.extraction_mode), and the
 refusal of the tasks that cannot serve it (check_extraction_mode), on the task's own connection.
@@ -7,19 +7,13 @@ from __future__ import annotations
 
 import time
 
-from rich.markup import escape
-from rich.table import Table
-
 from specrig import contract
 from specrig.errors import UsageError
-from specrig.transport.bundle import Bundle
 from specrig.inventory import Host
 from specrig.transport import Remote, connect
-from specrig.ui import console, gpu_table, human_bytes, print_json
+from specrig.transport.bundle import Bundle
 
 DOCTOR_TIMEOUT_S = 60
-#: Packages of speculators' environment shown only when installed (or on the server path).
-SERVER_MODE_ONLY = ("hs-connectors",)
 
 
 def doctor_args(host: Host, **extra) -> dict:
@@ -53,21 +47,6 @@ def extraction(facts: dict, host: Host) -> dict:
             "server_python": host.server_interpreter if host.two_environments else None}
 
 
-def describe_extraction(found: dict) -> str:
-    """One line for people: "in-process (speculators 0.3.0)", "server (speculators 0.9.0, vLLM
-    0.32.0 in server_python)"."""
-    mode, speculators = found["mode"], found["speculators"]
-    if mode is None:
-        return "none: speculators is not installed"
-    if mode == contract.REPOSITORY_SCRIPTS:
-        return f"none: {repository_scripts(speculators)}"
-    if mode == contract.SERVER:
-        where = "server_python" if found.get("server_python") else "python"
-        vllm = f"vLLM {found['vllm']} in {where}" if found.get("vllm") else f"no vLLM in {where}"
-        return f"server (speculators {speculators}, {vllm})"
-    return f"{mode} (speculators {speculators})"
-
-
 def repository_scripts(speculators: str) -> str:
     return (f"speculators {speculators} shipped its data generation only as repository scripts, outside the "
             f"wheel: install speculators ≤ 0.4 or ≥ 0.8")
@@ -94,44 +73,3 @@ def check_extraction_mode(remote: Remote, host: Host, task: str) -> dict:
     if mode == contract.REPOSITORY_SCRIPTS:
         raise UsageError(f"{host.name}: {repository_scripts(speculators)}", hint=untouched)
     return dict(facts, mode=mode)
-
-
-def show(facts: dict, *, as_json: bool, host: Host) -> None:
-    if as_json:
-        print_json(facts)
-        return
-    conn, python = facts["connection"], facts["python"]
-    found = facts.get("extraction") or extraction(facts, host)
-    summary = Table.grid(padding=(0, 2))
-    summary.add_row("host", f"{host.name} → {conn['target']} (reached in {conn['seconds']:.2f} s)")
-    summary.add_row("user / shell", f"{facts['user']} / {facts['login_shell']}")
-    summary.add_row("python", f"{python['version']}  {escape(python['executable'])}")
-    server = facts.get("server_env")
-    indent = "  " if server else ""  # two environments: each one's packages under its python
-    for name, version in facts["packages"].items():
-        if version is None and name in SERVER_MODE_ONLY and found["mode"] != contract.SERVER:
-            continue
-        summary.add_row(indent + name, version or "[yellow]not installed[/]")
-    if server:
-        _server_rows(summary, server)
-    summary.add_row("extraction", escape(describe_extraction(found)))
-    disk = facts["disk"]
-    summary.add_row("workdir", f"{disk['path']}: {human_bytes(disk['free_bytes'])} free"
-                               + ("" if disk["exists"] else " (does not exist yet)"))
-    console.print(summary)
-    gpu = facts["gpu"]
-    if not gpu["available"]:
-        console.print(f"GPUs: none visible ({gpu['reason']})")
-        return
-    table = gpu_table(gpu["gpus"], title="GPUs")
-    console.print(table)
-
-
-def _server_rows(summary: Table, server: dict) -> None:
-    """The vLLM server's environment (server_python), when hosts.yaml names another one."""
-    if server.get("error"):
-        summary.add_row("server python", f"[red]{escape(server['error'])}[/]")
-        return
-    summary.add_row("server python", f"{server['version']}  {escape(server['executable'])}")
-    for name, version in server["packages"].items():
-        summary.add_row(f"  {name}", version or "[yellow]not installed[/]")

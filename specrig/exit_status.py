@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import enum
-from typing import Iterable
+from collections.abc import Iterable
 
 
 class ExitStatus(enum.IntEnum):

@@ -8,8 +8,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from specrig.errors import InventoryError
 from specrig.paths import checkout_dir, config_dir
@@ -261,7 +262,8 @@ def _check_entry(entry: Any, where: str, fail) -> dict:
                 if not isinstance(var, str) or not var.isidentifier():
                     raise fail(f"{where}.env.{var}", f"invalid variable name {var!r}")
                 if not isinstance(val, (str, int, float)) or isinstance(val, bool):
-                    raise fail(f"{where}.env.{var}", f"expected a string or number, got {val!r:.60}")
+                    # The type, never the value: env: holds tokens (HF_TOKEN), which no message shows.
+                    raise fail(f"{where}.env.{var}", f"expected a string or number, got a {type(val).__name__}")
     return dict(entry)
 
 

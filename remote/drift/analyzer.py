@@ -78,9 +78,8 @@ class Analysis:
                     self.add(F.MissingSymbol(consumer=location, callee=use.ref.dotted))
                 else:
                     cls = use.base if isinstance(use.base, ClassRef) else use.base.cls
-                    start, end = cls.module.span(cls.node)
                     self.add(F.MissingAttribute(consumer=location, callee=cls.dotted, detail=use.node.attr,
-                                                provider=F.Location(cls.module, start, end)))
+                                                provider=F.Location.of(cls.module, cls.node)))
             elif isinstance(use.ref, MaybeRef):
                 self.add(F.MaybeSymbol(consumer=location, callee=use.ref.dotted))
             elif isinstance(use.ref, UnknownRef):
@@ -125,10 +124,9 @@ class Analysis:
         if problem.parameter is not None and signature.origin in ("dataclass", "struct"):
             # A dataclass has no written signature: point at the field's own declaration.
             provider_module, node = problem.parameter.module, problem.parameter.node
-        start, end = provider_module.span(node)
         return F.SIGNATURE_KINDS[problem.kind](
             consumer=F.Location(module, problem.node.lineno), callee=signature.callee, detail=problem.detail,
-            provider=F.Location(provider_module, start, end), parameters=signature.parameters)
+            provider=F.Location.of(provider_module, node), parameters=signature.parameters)
 
     def run(self):
         for consumer in self.read_consumers():
@@ -157,29 +155,9 @@ def analyze(*, consumers, provider, model=None, rules=True):
         check_model(analysis, model)
     if rules:
         check_rules(analysis)
-    analysis.findings.sort(key=lambda f: (f.consumer.module.relpath, f.consumer.start, f.id))
-    found = [f.as_json() for f in analysis.findings]
-    return {
-        "consumers": consumers,
-        "provider": provider,
-        "model": _model_summary(model),
-        "findings": found,
-        "counts": {"drift": sum(1 for f in found if f["severity"] == "drift"),
-                   "note": sum(1 for f in found if f["severity"] == "note")},
-        "unchecked": analysis.unchecked,
-        "calls_checked": analysis.calls_checked,
-        "checked": [{"callee": callee, "parameters": [p.as_json() for p in signature.parameters]}
-                    for callee, signature in sorted(analysis.checked.items())],
-        "modules_parsed": analysis.provider_tree.parsed_count,
-        "elapsed_s": round(time.perf_counter() - started, 3),
-    }
-
-
-def _model_summary(model):
-    if model is None:
-        return None
-    config = model.get("config") or {}
-    # repo_id and resolved: a model named by its Hugging Face id, and the cache snapshot it was read from.
-    return {"path": model.get("path"), "repo_id": model.get("repo_id"),
-            "resolved": model.get("resolved") or model.get("path"), "architectures": config.get("architectures") or [],
-            "custom_code": bool(config.get("auto_map") or (model.get("tokenizer_config") or {}).get("auto_map"))}
+    return F.report(
+        analysis.findings, started=started, consumers=consumers, provider=provider, model=model,
+        unchecked=analysis.unchecked, calls_checked=analysis.calls_checked,
+        checked=[{"callee": callee, "parameters": [p.as_json() for p in signature.parameters]}
+                 for callee, signature in sorted(analysis.checked.items())],
+        modules_parsed=analysis.provider_tree.parsed_count)

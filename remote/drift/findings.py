@@ -1,9 +1,11 @@
-"""One class per kind of drift; each finding explains itself in one sentence and serializes to JSON.
+"""One class per kind of drift; each finding explains itself in one sentence and serializes to JSON;
+report() puts an analysis's findings in the report every mode of verify returns.
 
 The JSON shape and the id format are documented in docs/findings.md.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -26,6 +28,11 @@ class Location:
     def __post_init__(self):
         if self.end is None:
             object.__setattr__(self, "end", self.start)  # frozen: the one way to complete a field
+
+    @classmethod
+    def of(cls, module, node):
+        """The lines of `node` in `module`: a def or class header with its decorators, any other node whole."""
+        return cls(module, *module.span(node))
 
     def as_consumer(self):
         return {"module": self.module.name, "file": self.module.relpath, "line": self.start,
@@ -204,3 +211,80 @@ class Behaviour(Finding):
 
 SIGNATURE_KINDS = {cls.kind: cls for cls in (
     UnexpectedKeyword, MissingArgument, TooManyPositional, KeywordOnlyPositional, PositionalOnlyKeyword)}
+
+
+@dataclass(frozen=True)
+class ServerContract(Finding):
+    """A point of the server mode's contract (docs/server-mode.md section 10) that the installed vLLM breaks.
+
+    The check that found it (drift/server/) words the explanation: each point breaks in its own way.
+    """
+
+    kind = "server-contract"
+
+    #: "drift", or "note" where the point breaks only in some setups (tensor parallelism, no model given).
+    severity: str = "drift"
+    #: The contract point of docs/server-mode.md section 10: "C1".
+    point: str | None = None
+    #: The point's id in drift.server.points.POINTS, the id's middle part: "method-known".
+    rule: str | None = None
+    #: What is wrong and what fails because of it.
+    message: str | None = None
+
+    @property
+    def id(self):
+        return ":".join(part for part in (self.kind, self.rule, self.detail) if part)
+
+    def explain(self):
+        return self.message
+
+    def as_json(self):
+        return dict(super().as_json(), point=self.point)
+
+
+class UnsupportedRelease(Finding):
+    """speculators 0.5-0.7: their data generation ships only as repository scripts (remote/contract.py)."""
+
+    kind = "unsupported-release"
+
+    def explain(self):
+        return ("speculators %s ships its data generation only as repository scripts, outside the wheel (the wheel "
+                "has no data-generation command): specrig supports speculators <= 0.4 (in-process) and "
+                ">= 0.8 (a vLLM server)." % self.detail)
+
+
+def report(findings, *, started, consumers, provider, model, unchecked, calls_checked, checked, modules_parsed,
+           mode=None, contract=None):
+    """The report of one analysis (docs/findings.md): `findings` (Finding objects) in the order of their
+    consumer lines, as JSON, with their counts; `mode` (the extraction mode analysed) leads it and `contract` follows `checked` when given.
+
+    started: time.perf_counter() when the analysis began; model: as verify read it (or None).
+    """
+    ordered = sorted(findings, key=lambda f: (f.consumer.module.relpath, f.consumer.start, f.id))
+    found = [f.as_json() for f in ordered]
+    data = {"mode": mode} if mode else {}
+    data.update({
+        "consumers": consumers,
+        "provider": provider,
+        "model": _model_summary(model),
+        "findings": found,
+        "counts": {"drift": sum(1 for f in found if f["severity"] == "drift"),
+                   "note": sum(1 for f in found if f["severity"] == "note")},
+        "unchecked": unchecked,
+        "calls_checked": calls_checked,
+        "checked": checked,
+    })
+    if contract is not None:
+        data["contract"] = contract
+    data.update({"modules_parsed": modules_parsed, "elapsed_s": round(time.perf_counter() - started, 3)})
+    return data
+
+
+def _model_summary(model):
+    if model is None:
+        return None
+    config = model.get("config") or {}
+    # repo_id and resolved: a model named by its Hugging Face id, and the cache snapshot it was read from.
+    return {"path": model.get("path"), "repo_id": model.get("repo_id"),
+            "resolved": model.get("resolved") or model.get("path"), "architectures": config.get("architectures") or [],
+            "custom_code": bool(config.get("auto_map") or (model.get("tokenizer_config") or {}).get("auto_map"))}

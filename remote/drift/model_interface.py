@@ -37,8 +37,9 @@ to_empty train training type xpu zero_grad
 NN_MODULE = frozenset({"torch.nn.Module", "torch.nn.modules.module.Module"})
 
 
-def _opaque_lacks(base, name):
-    """Whether the unread base class `base` certainly has no attribute `name`."""
+def model_base_lacks(base, name):
+    """Whether `base`, an unread base class of a model, certainly has no attribute `name`: the `opaque_lacks`
+    of drift.classes for model classes, whose one unread base is torch.nn.Module (NN_MODULE_API)."""
     return base in NN_MODULE and name not in NN_MODULE_API
 
 
@@ -92,7 +93,9 @@ def protocol_members(index, protocol):
     return names
 
 
-def _implements(index, cls, protocol):
+def unimplemented_members(index, cls, protocol):
+    """The members of `protocol` (a runtime-checkable Protocol class) that model class `cls` lacks: [] when
+    `cls` implements it, by subclassing it or by defining every member itself."""
     if any(entry == protocol for entry in info(index, cls).classes()):
         return []
     missing = []
@@ -103,7 +106,7 @@ def _implements(index, cls, protocol):
     return missing
 
 
-def _inner_class(index, cls, attribute):
+def inner_class(index, cls, attribute):
     """The class of `self.<attribute>` as the model's own __init__ constructs it, or None."""
     for entry in info(index, cls).classes():
         for method in entry.node.body:
@@ -243,9 +246,8 @@ def _model_class(analysis, consumer, use, entries, registry_module, architecture
 def _check_class(analysis, consumer, use, protocol, cls):
     index = analysis.provider
     location = F.Location(consumer.module, use.node.lineno)
-    start, end = cls.module.span(cls.node)
-    provider = F.Location(cls.module, start, end)
-    missing = _implements(index, cls, protocol)
+    provider = F.Location.of(cls.module, cls.node)
+    missing = unimplemented_members(index, cls, protocol)
     if missing:
         analysis.add(F.ModelInterface(consumer=location, callee=cls.dotted, detail=protocol.qualname,
                                       provider=provider, missing_members=missing,
@@ -262,14 +264,13 @@ def _check_class(analysis, consumer, use, protocol, cls):
         owner = classes[path[:-1]]
         if owner is None:
             continue
-        found = instance_member(index, owner, path[-1], opaque_lacks=_opaque_lacks)
+        found = instance_member(index, owner, path[-1], opaque_lacks=model_base_lacks)
         if isinstance(found, MissingRef):
-            o_start, o_end = owner.module.span(owner.node)
             analysis.add(F.ModelAttribute(consumer=F.Location(consumer.module, node.lineno), callee=cls.dotted,
-                                          detail=".".join(path), provider=F.Location(owner.module, o_start, o_end)))
+                                          detail=".".join(path), provider=F.Location.of(owner.module, owner.node)))
             classes[path] = None
         elif path not in classes:
-            classes[path] = _inner_class(index, owner, path[-1])
+            classes[path] = inner_class(index, owner, path[-1])
             if classes[path] is None and any(p[:len(path)] == path and len(p) > len(path) for p, _ in uses.reads):
                 analysis.skip(consumer.module, node, "%s.%s" % (cls.dotted, ".".join(path)),
                               "the model's source does not construct it from a class that can be read")

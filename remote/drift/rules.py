@@ -17,7 +17,7 @@ from typing import Callable
 from drift import findings as F
 from drift.classes import class_member, instance_member
 from drift.consumer import BoundMethod, ConsumerModule
-from drift.model_interface import _opaque_lacks as model_base_lacks
+from drift.model_interface import model_base_lacks
 from drift.symbols import ClassRef, ExternalRef, FunctionRef, MissingRef, ValueRef
 
 

@@ -6,11 +6,7 @@ import os
 import tokenize
 from dataclasses import dataclass, field
 
-#: Extension-module suffixes: such a module exists but has no source to read.
-COMPILED_SUFFIXES = (".so", ".pyd")
-#: Written by the wheel unpacker (specrig.drift.compat) beside the unpacked .py files: the
-#: compiled modules of the wheel, one dotted name a line, since their files were not unpacked.
-COMPILED_MANIFEST = ".specrig-compiled-modules"
+from contract import COMPILED_MANIFEST, COMPILED_SUFFIXES
 
 
 # eq=False: a module is the one object its SourceTree parsed for a file; equal means the same object,

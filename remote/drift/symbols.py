@@ -11,8 +11,7 @@ import ast
 from dataclasses import dataclass
 
 from drift.classes import class_member
-from drift.refs import (ClassRef, ExternalRef, FunctionRef, MaybeRef, MissingRef, ModuleRef, UnknownRef,
-                        ValueRef)
+from drift.refs import ClassRef, ExternalRef, FunctionRef, MaybeRef, MissingRef, ModuleRef, UnknownRef, ValueRef
 
 
 @dataclass(frozen=True)
@@ -38,11 +37,6 @@ def absolute_module(package, level, module):
     if module:
         return base + "." + module if base else module
     return base
-
-
-def _is_type_checking(test):
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
 
 
 class Scope:

@@ -16,21 +16,19 @@ the installed provider is read when it is another environment than this one's.
 The speculators release picks the analysis (contract.extraction_mode): <= 0.4 the
 in-process consumer analysis (drift.analyzer.analyze()); 0.5-0.7 one finding saying those
 releases ship their data generation only as repository scripts; >= 0.8 the server contract
-(drift.server_contract.analyze_server(); hs-connectors, when installed or given as a
+(drift.server.points.analyze_server(); hs-connectors, when installed or given as a
 consumer root, is read too). Returns the report (docs/findings.md).
 """
 import gc
 import json
 import os
 import re
+import time
 
 import hfcache
-from contract import extraction_mode
+from contract import HS_CONNECTORS, IN_PROCESS, REPOSITORY_SCRIPTS, SERVER, extraction_mode
 from drift.analyzer import analyze
 from rpc import RemoteFailure
-
-#: Read beside speculators on the server path when installed (its file backend builds the connector config).
-HS_CONNECTORS = "hs-connectors"
 
 
 def run(args):
@@ -47,11 +45,11 @@ def run(args):
         try:
             provider = _installed(args.get("provider") or "vllm")
         except RemoteFailure as failure:
-            if _path(consumers) != "server":
+            if _mode(consumers) != SERVER:
                 raise
             raise RemoteFailure(failure.kind, "%s; speculators %s talks to a vLLM server, whose environment "
                                 "(server_python in hosts.yaml) the call did not name"
-                                % (failure.message, _speculators(consumers)["version"]), **failure.details)
+                                % (failure.message, _speculators(consumers)["version"]), **failure.details) from None
     if not consumers:
         raise RemoteFailure("bad-argument", "no consumer package given")
     model = None
@@ -59,13 +57,11 @@ def run(args):
         model = _model_directory(hfcache.resolve(args["model"], os.environ))
     elif args.get("model_config"):
         model = _model_config(os.path.expanduser(args["model_config"]))
-    # The analysis allocates hundreds of thousands of AST nodes and frees none of them until it ends;
-    # the cyclic collector would scan them over and over (a third of the run) to find no garbage.
-    path = _path(consumers)
-    if path == "repository-scripts":
+    mode = _mode(consumers)
+    if mode == REPOSITORY_SCRIPTS:
         return _repository_scripts(consumers, provider, model)
-    if path == "server":
-        from drift.server_contract import analyze_server
+    if mode == SERVER:
+        from drift.server.points import analyze_server
 
         if installed and not any(c["package"] == "hs_connectors" for c in consumers):
             try:
@@ -73,6 +69,8 @@ def run(args):
             except RemoteFailure:
                 pass  # optional: the file-backend check is skipped
         return analyze_server(consumers, provider, model)
+    # The analysis allocates hundreds of thousands of AST nodes and frees none of them until it ends;
+    # the cyclic collector would scan them over and over (a third of the run) to find no garbage.
     gc.disable()
     try:
         return analyze(consumers=consumers, provider=provider, model=model)
@@ -84,21 +82,20 @@ def _speculators(consumers):
     return next((c for c in consumers if c["package"] == "speculators"), None)
 
 
-def _path(consumers):
-    """The extraction path of the speculators consumer (in-process when there is none or no version)."""
+def _mode(consumers):
+    """The extraction mode of the speculators consumer (in-process when there is none or no version)."""
     speculators = _speculators(consumers)
     if speculators is None:
-        return "in-process"
-    return extraction_mode(speculators.get("version")) or "in-process"
+        return IN_PROCESS
+    return extraction_mode(speculators.get("version")) or IN_PROCESS
 
 
 def _repository_scripts(consumers, provider, model):
     """speculators 0.5-0.7: nothing to check, one finding that says so (docs/findings.md)."""
     from drift import findings as F
-    from drift.analyzer import _model_summary
-    from drift.server_contract import UnsupportedRelease
     from drift.source import SourceTree
 
+    started = time.perf_counter()
     speculators = _speculators(consumers)
     tree = SourceTree(speculators["root"], [speculators["package"]])
     module, line = None, 1
@@ -112,13 +109,10 @@ def _repository_scripts(consumers, provider, model):
             break
     if module is None:
         module = tree.module(speculators["package"])
-    finding = UnsupportedRelease(consumer=F.Location(module, line or 1), callee="speculators",
-                                 detail=speculators.get("version"))
-    found = [finding.as_json()] if module is not None else []
-    return {"path": "repository-scripts", "consumers": consumers, "provider": provider,
-            "model": _model_summary(model), "findings": found,
-            "counts": {"drift": len(found), "note": 0}, "unchecked": [], "calls_checked": 0, "checked": [],
-            "modules_parsed": 0, "elapsed_s": 0.0}
+    found = [] if module is None else [F.UnsupportedRelease(consumer=F.Location(module, line or 1),
+                                                            callee="speculators", detail=speculators.get("version"))]
+    return F.report(found, started=started, mode=REPOSITORY_SCRIPTS, consumers=consumers, provider=provider,
+                    model=model, unchecked=[], calls_checked=0, checked=[], modules_parsed=0)
 
 
 def _installed(name):
@@ -185,7 +179,7 @@ def _read_json(path):
         with open(path, encoding="utf-8") as handle:
             return json.load(handle)
     except ValueError as exc:
-        raise RemoteFailure("bad-argument", "%s is not valid JSON: %s" % (path, exc))
+        raise RemoteFailure("bad-argument", "%s is not valid JSON: %s" % (path, exc)) from None
 
 
 def _model_directory(found):

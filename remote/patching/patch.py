@@ -33,6 +33,7 @@ from patching import store as patchstore
 from patching.store import file_sha256, sha256
 from rpc import RemoteFailure
 
+
 def status(args):
     """The `patch.status` command: each patch's state and what specrig recorded."""
     return _engine(args).status(args.get("patchset"))

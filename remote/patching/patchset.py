@@ -8,9 +8,9 @@ import json
 import os
 import re
 
-from patching import edits
 import pkgmeta
 import versions
+from patching import edits
 
 #: patchsets/ beside remote/ in the bundle (this file is remote/patching/patchset.py).
 PATCHSETS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "patchsets")

@@ -22,7 +22,9 @@ import pkgmeta
 import procs
 import telemetry
 from run import runs
-from run.server import launch, preflight as server_preflight
+from run.server import launch
+from run.server import preflight as server_preflight
+from units import human_bytes
 
 #: speculators' default EAGLE-3 choice captures four layers.
 DEFAULT_LAYER_COUNT = 4
@@ -86,13 +88,6 @@ def _dtype(config):
             if source.get(key):
                 return source[key]
     return "bfloat16"
-
-
-def human_size(count):
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if count < 1000 or unit == "TB":
-            return "%.1f %s" % (count, unit)
-        count /= 1000.0
 
 
 def model_config(model, model_id):
@@ -421,10 +416,10 @@ def disk(output_dir, estimate):
     if not os.access(where, os.W_OK):
         return check("disk", False, "%s is not writable" % where, "choose an --out this user can write")
     if not estimate or not estimate["tokens"]:
-        return check("disk", True, "%s free at %s (output size unknown)" % (human_size(free), where))
+        return check("disk", True, "%s free at %s (output size unknown)" % (human_bytes(free), where))
     need = estimate["bytes"] * DISK_MARGIN
     return check("disk", free >= need, "%s free at %s; the output needs about %s (%d B/token x %d tokens)"
-                 % (human_size(free), where, human_size(estimate["bytes"]), estimate["bytes_per_token"], estimate["tokens"]),
+                 % (human_bytes(free), where, human_bytes(estimate["bytes"]), estimate["bytes_per_token"], estimate["tokens"]),
                  "free space or choose another --out; or lower --max-samples")
 
 

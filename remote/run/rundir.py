@@ -1,6 +1,6 @@
 """One run directory per supervised run: <workdir>/runs/<run-id>/ (stdlib only).
 
-    run.json          the launch record: driver arguments, supervision options, env, python
+    run.json          the launch record: driver arguments, supervision options, env_keys, python
     code/             the remote/ files the run was launched with (bundles may be replaced)
     driver-args.json  what the driver reads (its schema is documented in extract_driver.py)
     heartbeat.json    written by the driver, atomically, every few seconds
@@ -12,6 +12,11 @@
 
 Every JSON file is replaced atomically (write to a temporary name, fsync, rename),
 so a reader never sees half a file.
+
+A run is its user's alone: runs/ and every run directory 0700, every file 0600 (the call's
+`umask 077`, which the supervisor and its jobs inherit; make_private for what older specrig left
+0755/0644, and for code/, copied with the bundle's modes). run.json keeps the names of the
+hosts.yaml `env:` variables (`env_keys`), never their values.
 """
 import datetime
 import os
@@ -23,6 +28,9 @@ from atomic import read_json
 from contract import ACTIVE_STATES, LOST, STARTING
 
 RUNS = "runs"
+#: Modes of what specrig writes in a workdir: directories and files its user's alone.
+PRIVATE_DIR = 0o700
+PRIVATE_FILE = 0o600
 
 
 def now_iso():
@@ -31,6 +39,22 @@ def now_iso():
 
 def runs_root(workdir):
     return os.path.join(os.path.expanduser(workdir), RUNS)
+
+
+def make_private(path):
+    """`path` and everything under it its user's alone: directories PRIVATE_DIR, files PRIVATE_FILE.
+    Symbolic links are not followed (what they point at is not the run's)."""
+    if os.path.islink(path) or not os.path.exists(path):
+        return
+    os.chmod(path, PRIVATE_DIR if os.path.isdir(path) else PRIVATE_FILE)
+    for directory, subdirectories, names in os.walk(path):
+        for name in subdirectories + names:
+            entry = os.path.join(directory, name)
+            try:
+                if not os.path.islink(entry):
+                    os.chmod(entry, PRIVATE_DIR if name in subdirectories else PRIVATE_FILE)
+            except FileNotFoundError:
+                pass  # a temporary file renamed away meanwhile
 
 
 def new_run_id():

@@ -15,6 +15,11 @@
                                                   that succeeded or is active is left as it is
     runs.verify-output {"workdir", "run": id|null}   the run's output: sample indices, each loaded
 
+A launch's `env` (hosts.yaml `env:`; a node's VLLM_HOST_IP) goes into this call's environment, which
+the supervisor and its jobs inherit, as the call's own `env` does; run.json keeps the names alone
+(`env_keys`): a token in `env:` is never written on the host. A resume's environment is its call's
+(hosts.yaml `env:` now), as a launch's.
+
 `run` is a run id, a fleet-run id (launch's `fleet.fleet_run_id`: that host's run of the fleet run) or
 a multi-node job's id (`nodes.job_id`: this node's run of the job).
 
@@ -96,8 +101,12 @@ def find_run(workdir, run_id, *, prefer_active=False):
 def _lock(workdir):
     """Serialise launches and resumes on this host: the output-directory check and the start are one step."""
     root = rundir.runs_root(workdir)
-    os.makedirs(root, exist_ok=True)
+    # The workdir is the user's (hosts.yaml names it; made 0700 when specrig makes it); runs/ is
+    # specrig's: its user's alone, even where an older specrig made it 0755.
+    os.makedirs(root, mode=rundir.PRIVATE_DIR, exist_ok=True)
+    os.chmod(root, rundir.PRIVATE_DIR)
     handle = open(os.path.join(root, ".lock"), "w")
+    os.fchmod(handle.fileno(), rundir.PRIVATE_FILE)
     fcntl.flock(handle, fcntl.LOCK_EX)
     return handle
 
@@ -126,10 +135,19 @@ def host_paths(driver_args):
     return driver_args
 
 
+def job_environment(env):
+    """The job's variables (a launch's `env`) into this call's environment, which the supervisor it
+    starts inherits and hands on to its jobs; their names, for run.json. The values are written nowhere."""
+    env = {str(key): str(value) for key, value in (env or {}).items()}
+    os.environ.update(env)
+    return sorted(env)
+
+
 # -- actions ------------------------------------------------------------------------------------
 
 def launch(args):
     workdir = workdir_of(args)
+    env_keys = job_environment(args.get("env"))
     driver_args = host_paths(args.get("driver_args"))
     if not driver_args.get("output_dir"):
         raise RemoteFailure("bad-argument", "no output directory given (driver_args.output_dir)")
@@ -146,7 +164,7 @@ def launch(args):
                                                                                driver_args["output_dir"]),
                                 run=busy[0].run_id)
         run = rundir.RunDir(os.path.join(rundir.runs_root(workdir), rundir.new_run_id()))
-        os.makedirs(run.path)
+        os.makedirs(run.path, mode=rundir.PRIVATE_DIR)
         driver_args["heartbeat"] = run.file("heartbeat.json")
         program = args.get("driver_program")
         atomic.write_json(run.file("driver-args.json"), driver_args)
@@ -155,7 +173,9 @@ def launch(args):
         atomic.write_json(run.file("run.json"), {
             "run_id": run.run_id, "created_at": rundir.now_iso(), "host": args.get("host"),
             "python": sys.executable, "workdir": workdir, "out": driver_args["output_dir"],
-            "driver_args": driver_args, "options": options, "env": args.get("env") or {},
+            "driver_args": driver_args, "options": options,
+            # The names of the job's variables (hosts.yaml `env:`): their values are never stored.
+            "env_keys": env_keys,
             # One shard of a fleet run: {fleet_run_id, hosts, shard_index, shard_count}; else None.
             "fleet": args.get("fleet"),
             # One node of a multi-node job (run/server/nodes.py record: job_id, role, node_rank, ...); else None.
@@ -173,6 +193,7 @@ def resume(args):
     workdir = workdir_of(args)
     with _lock(workdir):
         run = find_run(workdir, args.get("run"))
+        stored = scrub_env(run)  # before anything may refuse: a finished or active run is scrubbed too
         state = run.state()
         if args.get("fleet") and (state in ACTIVE_STATES or state == SUCCEEDED):
             # The whole fleet run resumed: a host whose shard is done or still going is left alone.
@@ -187,9 +208,12 @@ def resume(args):
             raise RemoteFailure("output-busy", "run %s is writing %s now" % (busy[0].run_id, run.record["out"]))
         # A lost run's driver (or server and client) may outlive its supervisor; two must not share the output.
         _terminate(_jobs(run), run.record["options"]["grace_s"])
+        # The run's files its user's alone, where an older specrig left them readable to everyone.
+        rundir.make_private(run.path)
         # The driver runs on this call's python: the environment may have been fixed or moved since.
         record = run.record
         record.update(python=sys.executable, resumed_at=record.get("resumed_at", []) + [rundir.now_iso()])
+        resumed_environment(record, stored)
         if record.get("server"):
             record["server"] = _server_plan(run, record["driver_args"], record.get("server_python"),
                                             record.get("nodes"))
@@ -201,6 +225,30 @@ def resume(args):
                 pass
         pid = _start_supervisor(run)
     return {"run_id": run.run_id, "path": run.path, "supervisor_pid": pid, "resumed_from": state}
+
+
+def scrub_env(run):
+    """The values an older specrig stored in run.json (`env`), dropped from it (their names kept in
+    `env_keys`) and returned: {} for a run of this specrig."""
+    record = run.record
+    if "env" not in record:
+        return {}
+    stored = {str(key): str(value) for key, value in (record.pop("env") or {}).items()}
+    record["env_keys"] = sorted(set(record.get("env_keys") or ()) | set(stored))
+    atomic.write_json(run.file("run.json"), record)
+    return stored
+
+
+def resumed_environment(record, stored):
+    """A resume's environment is its call's (hosts.yaml `env:` now), as a launch's. The values an older
+    specrig stored (`stored`, scrub_env) fill what the call has no value for, as that specrig's
+    supervisor gave them. A node of a multi-node job gets its address for vLLM again (VLLM_HOST_IP),
+    as at its launch."""
+    for key, value in stored.items():
+        os.environ.setdefault(key, value)
+    nodes = record.get("nodes") or {}
+    if nodes.get("addresses"):
+        os.environ["VLLM_HOST_IP"] = str(nodes["addresses"][nodes["node_rank"]])
 
 
 def _server_plan(run, driver_args, server_python, nodes=None):
@@ -226,6 +274,7 @@ def _start_supervisor(run):
     # and a resume picks up fixes of the driver.
     shutil.rmtree(code, ignore_errors=True)
     shutil.copytree(REMOTE_ROOT, code, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    rundir.make_private(code)  # copytree keeps the bundle's modes: 0644 in a bundle of older specrig
     with open(run.file("supervisor.log"), "ab") as log:
         proc = subprocess.Popen([sys.executable, os.path.join(code, "run", "supervisor.py"), run.path],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -264,7 +313,7 @@ def logs(args):
     size = os.path.getsize(path) if os.path.exists(path) else 0
     offset = args.get("offset")
     if offset is None:
-        text = _tail(path, args.get("lines") or LOG_LINES)
+        text = _tail(path, args.get("lines") or LOG_LINES, exact=True)
     else:
         with open(path, "rb") as handle:
             handle.seek(min(offset, size))
@@ -279,14 +328,22 @@ def _log_path(run, name):
     return run.file(LOGS[name or "driver"])
 
 
-def _tail(path, lines):
+def _tail(path, lines, exact=False):
+    """The last `lines` lines, without the last line end. `exact` (`logs`, whose text `inv logs --raw`
+    shows as it is): lines end at line feeds alone, and the text is the file's; else every line
+    boundary of str.splitlines (a progress bar's carriage returns) ends one (status's log tail)."""
     try:
         with open(path, "rb") as handle:
             handle.seek(max(0, os.path.getsize(path) - 256 * 1024))
             text = handle.read().decode(errors="replace")
     except FileNotFoundError:
         return ""
-    return "\n".join(text.splitlines()[-lines:])
+    if not exact:
+        return "\n".join(text.splitlines()[-lines:])
+    found = text.split("\n")
+    if found[-1] == "":
+        found.pop()
+    return "\n".join(found[-lines:])
 
 
 def _jobs(run):

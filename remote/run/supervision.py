@@ -80,8 +80,8 @@ def found_failure(kind, explain, advice, retryable, **fields):
 
 
 def child_env(**extra):
-    """A child's environment: the supervisor's own (the launching call set hosts.yaml's `env:` in it),
-    unbuffered output so the log keeps up, and `extra`."""
+    """A child's environment: the supervisor's own (runs.py put the job's variables there: hosts.yaml's
+    `env:`, a node's VLLM_HOST_IP), unbuffered output so the log keeps up, and `extra`."""
     return dict(os.environ, PYTHONUNBUFFERED="1", **extra)
 
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 import functools
 
 import invoke
-from rich.markup import escape
 
 from specrig.errors import SpecrigError, UsageError
 from specrig.exit_status import ExitStatus
 from specrig.ui import errors
+from specrig.ui.terminal import markup, visible
 
 
 def guarded(function):
@@ -19,10 +19,11 @@ def guarded(function):
         try:
             status = function(*args, **kwargs)
         except SpecrigError as exc:
-            # Escaped: `[host]:port` in a message is text, not rich markup.
-            errors.print(f"[bold red]error:[/] {escape(exc.one_line())}", markup=True, soft_wrap=True)
+            # Escaped: `[host]:port` in a message is text, not rich markup; a host's text in it (a message,
+            # a traceback) shows its control characters, which the terminal does not obey.
+            errors.print(f"[bold red]error:[/] {markup(exc.one_line())}", markup=True, soft_wrap=True)
             if exc.detail:
-                errors.print(exc.detail.rstrip(), markup=False, soft_wrap=True)
+                errors.print(visible(exc.detail.rstrip()), markup=False, soft_wrap=True)
             raise invoke.Exit(code=int(exc.exit_status)) from None
         except KeyboardInterrupt:
             errors.print("interrupted")

@@ -1,18 +1,21 @@
 """specrig's tasks, the one namespace behind `inv` (a checkout's tasks.py) and `specrig`.
 
 `inv --list` / `specrig --list` lists them; `--help TASK` shows a task's help (its docstring).
-Thin on purpose: argument handling and one call into the specrig package.
+Thin on purpose: argument handling, then a task's data function and its view handed to the runner
+(specrig/cli/runner.py), which picks one host's output or a group's summary.
 Exit codes: specrig/exit_status.py and the README.
+Every module that reaches a host (paramiko) or builds the lab is imported inside the task that
+needs it: `--list` and `--help` import neither (tests/test_lazy_imports.py).
 """
 from invoke import Collection, task
 
-from specrig import lab as lab_host
 from specrig.cli.guard import guarded, whole_number
+from specrig.cli.runner import run_task
 from specrig.errors import UsageError
-from specrig.exit_status import ExitStatus
-from specrig.fleet import DEFAULT_PARALLEL, PARALLEL_VARIABLE, fleet_hosts, run_task
-from specrig.run.settings import task_help
+from specrig.group import DEFAULT_PARALLEL, PARALLEL_VARIABLE
 from specrig.inventory import load_inventory
+from specrig.paths import checkout_dir
+from specrig.run.settings import task_help
 
 HOST_HELP = ("host name from hosts.yaml, or 'local' for this machine without SSH; or several: a group, 'all', "
              f"or a comma list (in parallel, ${PARALLEL_VARIABLE} at once, default {DEFAULT_PARALLEL})")
@@ -34,15 +37,10 @@ def hosts(c, json=False):
 @guarded
 def doctor(c, host, json=False):
     """Check a host: reachability, login shell, python, speculators/vllm/torch/transformers in each environment, GPUs, disk."""
-    from specrig.doctor import doctor as run_doctor, show
-    from specrig.ui.fleet import doctor_figures
+    from specrig.doctor import doctor as host_doctor
+    from specrig.ui.doctor import DOCTOR
 
-    inventory = load_inventory()
-    targets = fleet_hosts(inventory, host)
-    if targets:
-        return run_task("doctor", targets, run_doctor, as_json=json, figures=doctor_figures)
-    target = inventory.host(host)
-    show(run_doctor(target), as_json=json, host=target)
+    return run_task(host, host_doctor, DOCTOR, as_json=json)
 
 
 @task(name="trust-host", help={"host": HOST_HELP, "json": JSON_HELP})
@@ -56,11 +54,13 @@ def trust_host(c, host, json=False):
 
 
 @task(help={"runnable": "also build the CPU vLLM environment that can run the extraction (~5 min, 8 GB)",
-            "hosts": "also N fleet hosts lab-1 ... lab-N (group lab-fleet): each its own sshd and host key on "
+            "hosts": "also N more lab hosts lab-1 ... lab-N (group lab-fleet): each its own sshd and host key on "
                      "127.0.1.n:2222, sharing the lab's environments; hosts.yaml names 3, .lab/fleet.yaml all N"})
 @guarded
 def up(c, runnable=False, hosts=None):
     """Build the lab host on this machine (root): sshd on 127.0.0.1, zsh/bash/dash users, remote venvs."""
+    from specrig import lab as lab_host
+
     lab_host.up(runnable=runnable, hosts=whole_number(hosts, option="--hosts", default=0))
 
 
@@ -68,20 +68,25 @@ def up(c, runnable=False, hosts=None):
 @guarded
 def down(c):
     """Remove everything `inv lab.up` made."""
+    from specrig import lab as lab_host
+
     lab_host.down()
 
 
-lab = Collection("lab", up, down)
-namespace = Collection(hosts, doctor, trust_host, lab)
+namespace = Collection(hosts, doctor, trust_host)
+if checkout_dir() is not None:
+    # The lab builds a host from a clone's hosts.yaml and lock files: it ships in no wheel
+    # (docs/ARCHITECTURE.md, "The lab and the wheel"); an editable install is a clone.
+    namespace.add_collection(Collection("lab", up, down))
 
 
 # ---- extract: supervised runs (issue 6) -------------------------------------------------------
-RUN_HELP = ("run id, or a fleet-run id: each host's run of it (default: the newest run; "
+RUN_HELP = ("run id, or a sharded run's or multi-node job's id: each host's run of it (default: the newest run; "
             "`inv status --host H` lists them)")
 
 
 NODE_OPTIONS = {
-    "nodes": "one multi-node job over the group's hosts instead of a fleet run: dp (data parallel over the nodes) "
+    "nodes": "one multi-node job over the group's hosts instead of a sharded run: dp (data parallel over the nodes) "
              "or tp-pp (tensor x pipeline parallel); the first host is the head and gives the settings "
              "(docs/runs.md, 'Multi-node'; server mode only)",
     "pp": "--nodes tp-pp: pipeline-parallel size (default: the number of nodes)",
@@ -104,102 +109,98 @@ def extract(c, host, model=None, data=None, out=None, tp=None, layers=None, batc
             rendezvous_port=None, watch_port=None, skip_preflight=False, detach=False, json=False):
     """Preflight, launch the supervised extraction on a host, and show it live (Ctrl-C detaches; the run goes on).
 
-    The host's speculators picks the path: <= 0.4 drives vLLM in-process; >= 0.8 runs a vLLM server and
+    The host's speculators picks the mode: <= 0.4 drives vLLM in-process; >= 0.8 runs a vLLM server and
     speculators' prepare-data and generate-offline-data (server mode, docs/server-mode.md).
 
-    On several hosts (a group, a list): one fleet run, the dataset split by global sample index (in-process:
-    host k of n takes i % n == k; server mode: speculators' own --world-size/--rank chunks); every host's
-    preflight first, nothing launched unless all pass; `{host}` in --out is each host's name. `inv gather`
-    checks the union.
+    On several hosts (a group, a list): one sharded run, the dataset split by global sample index
+    (in-process: host k of n takes i % n == k; server mode: speculators' own --world-size/--rank chunks);
+    every host's preflight first, nothing launched unless all pass; `{host}` in --out is each host's
+    name. `inv gather` checks the union.
 
     With --nodes: one job over the group's hosts, for a target larger than one host: vLLM spans the nodes
     (data parallel, or tensor x pipeline parallel), specrig starts the head then the workers and follows
     them as one; `inv stop --host GROUP --run JOB` ends every node."""
-    from specrig.run import fleet_runs, node_runs
-    from specrig.run.runs import extract as run_extract
+    from specrig.cli import extract as extraction
+    from specrig.group import group_hosts
+    from specrig.run.node_runs import MODES
 
     inventory = load_inventory()
-    targets = fleet_hosts(inventory, host)
+    targets = group_hosts(inventory, host)
     given = {"model": model, "data": data, "out": out, "tp": tp, "layers": layers, "batch_size": batch_size,
              "max_len": max_len, "max_samples": max_samples, "port": port, "concurrency": concurrency,
              "allow_skipped": allow_skipped or None}
-    multinode = {"pp": whole_number(pp, option="--pp", default=None),
-                 "dp_local": whole_number(dp_local, option="--dp-local", default=None),
-                 "rendezvous_port": whole_number(rendezvous_port, option="--rendezvous-port", default=None),
-                 "watch_port": whole_number(watch_port, option="--watch-port", default=None)}
+    sizes = {"pp": whole_number(pp, option="--pp", default=None),
+             "dp_local": whole_number(dp_local, option="--dp-local", default=None),
+             "rendezvous_port": whole_number(rendezvous_port, option="--rendezvous-port", default=None),
+             "watch_port": whole_number(watch_port, option="--watch-port", default=None)}
+    attach = not (detach or json)
     if nodes is not None:
-        if nodes not in node_runs.MODES:
-            raise UsageError(f"--nodes {nodes!r}: one of {', '.join(node_runs.MODES)}")
-        return node_runs.extract(host, targets or [inventory.host(host)], given, mode=nodes, **multinode,
-                                 skip_preflight=skip_preflight, attach=not (detach or json), as_json=json)
-    given_alone = [name for name, value in multinode.items() if value is not None]
+        if nodes not in MODES:
+            raise UsageError(f"--nodes {nodes!r}: one of {', '.join(MODES)}")
+        return extraction.extract_job(host, targets or [inventory.host(host)], given, mode=nodes, sizes=sizes,
+                                      skip_preflight=skip_preflight, attach=attach, as_json=json)
+    given_alone = [name for name, value in sizes.items() if value is not None]
     if given_alone:
         raise UsageError(f"--{given_alone[0].replace('_', '-')} applies to a multi-node job",
                          hint="add --nodes dp or --nodes tp-pp (docs/runs.md, 'Multi-node')")
     if targets and len(targets) > 1:
-        return fleet_runs.extract(host, targets, given, skip_preflight=skip_preflight, attach=not (detach or json),
-                                  as_json=json)
-    return run_extract(targets[0] if targets else inventory.host(host), given, skip_preflight=skip_preflight,
-                       attach=not (detach or json), as_json=json)
+        return extraction.extract_sharded(host, targets, given, skip_preflight=skip_preflight, attach=attach,
+                                          as_json=json)
+    return extraction.extract_on_host(targets[0] if targets else inventory.host(host), given,
+                                      skip_preflight=skip_preflight, attach=attach, as_json=json)
 
 
-@task(help={"host": HOST_HELP, "run": "run id or fleet-run id (default: every run)", "json": JSON_HELP})
+@task(help={"host": HOST_HELP, "run": "run id, or a sharded run's or multi-node job's id (default: every run)",
+            "json": JSON_HELP})
 @guarded
 def status(c, host, run=None, json=False):
     """Runs on a host: state, progress, attempts and classified failures, GPUs; on many, the samples' total."""
-    from specrig.run.fleet_runs import status_total
-    from specrig.run.runs import run_status, status as show_status
-    from specrig.ui.fleet import status_figures
+    from specrig.run import runs
+    from specrig.run.view import STATUS
 
-    inventory = load_inventory()
-    targets = fleet_hosts(inventory, host)
-    if targets:
-        return run_task("status", targets, lambda target: run_status(target, run), as_json=json,
-                        figures=status_figures, total=status_total)
-    return show_status(inventory.host(host), run, as_json=json)
+    return run_task(host, lambda target: runs.status(target, run), STATUS, as_json=json)
 
 
 @task(help={"host": HOST_HELP, "run": RUN_HELP, "follow": "keep printing new lines until the run ends (Ctrl-C stops)",
             "n": "how many of the last lines to print (default 50)",
-            "server": "server mode: the vLLM server's log instead of the client steps'"})
+            "server": "server mode: the vLLM server's log instead of the client steps'",
+            "raw": "the log's text as it is, control characters included (on a terminal they are shown escaped: \\x1b)"})
 @guarded
-def logs(c, host, run=None, follow=False, n=None, server=False):
+def logs(c, host, run=None, follow=False, n=None, server=False, raw=False):
     """A run's log, every attempt with the supervisor's markers: the driver's, or in server mode speculators'
     CLI steps' (--server: the vLLM server's). Several hosts' lines are prefixed with the host."""
-    from specrig.run.runs import log_lines, logs as show_logs, stream_logs
-    from specrig.ui.fleet import PrefixedLines, logs_figures
+    from specrig.run import runs
+    from specrig.run.view import LOGS, RAW_LOGS, write_log
+    from specrig.ui.group import PrefixedLines
 
-    count = whole_number(n, option="-n", default=50)
+    lines = runs.log_lines(whole_number(n, option="-n", default=50))
     log = "server" if server else "driver"
-    inventory = load_inventory()
-    targets = fleet_hosts(inventory, host)
-    if not targets:
-        return show_logs(inventory.host(host), run, follow=follow, lines=count, log=log)
-    lines = log_lines(count)
-    prefixed = PrefixedLines([target.name for target in targets])
 
-    def host_logs(target):
-        with prefixed.writer(target.name) as write:
-            return stream_logs(target, run, follow=follow, lines=lines, write=write, log=log)
+    def host_log(target):
+        return runs.logs(target, run, follow=follow, lines=lines, log=log)
 
-    return run_task("logs", targets, host_logs, as_json=False, figures=logs_figures,
-                    detach_note="stopped following; the runs go on" if follow else None,
-                    parallel=len(targets) if follow else None)
+    def prefixed_logs(targets):
+        prefixed = PrefixedLines([target.name for target in targets], raw=raw)
+
+        def prefixed_log(target):
+            with prefixed.writer(target.name) as write:
+                return write_log(host_log(target), write)
+
+        return prefixed_log
+
+    return run_task(host, host_log, RAW_LOGS if raw else LOGS, as_json=False, group_work=prefixed_logs,
+                    detach_note="stopped following; the runs go on" if follow else None)
 
 
-@task(help={"host": HOST_HELP, "run": "run id or fleet-run id (default: the newest active run)", "json": JSON_HELP})
+@task(help={"host": HOST_HELP, "run": "run id, or a sharded run's or multi-node job's id (default: the newest "
+                                      "active run)", "json": JSON_HELP})
 @guarded
 def stop(c, host, run=None, json=False):
     """Stop a run: SIGTERM to its whole process group, a grace period, SIGKILL; report anything left."""
-    from specrig.run.runs import stop as show_stop, stop_run
-    from specrig.ui.fleet import stop_figures
+    from specrig.run import runs
+    from specrig.run.view import STOP
 
-    inventory = load_inventory()
-    targets = fleet_hosts(inventory, host)
-    if targets:
-        return run_task("stop", targets, lambda target: stop_run(target, run), as_json=json, figures=stop_figures,
-                        judge=lambda result: ExitStatus.OK if result["clean"] else ExitStatus.FINDINGS)
-    return show_stop(inventory.host(host), run, as_json=json)
+    return run_task(host, lambda target: runs.stop(target, run), STOP, as_json=json)
 
 
 @task(help={"host": HOST_HELP, "run": RUN_HELP, "detach": "return at once instead of showing the live view",
@@ -207,44 +208,40 @@ def stop(c, host, run=None, json=False):
 @guarded
 def resume(c, host, run=None, detach=False, json=False):
     """Restart a failed, stopped or lost run; the driver continues from the first missing sample."""
-    from specrig.run.runs import final_verdict, resume as show_resume, resume_and_watch
-    from specrig.ui.fleet import RunsBoard, resume_figures
+    from specrig.group import group_hosts
+    from specrig.run import live, runs
+    from specrig.run.sharded_runs import JOB_PREFIX, is_group_run_id
+    from specrig.run.view import resume_view
 
-    from specrig.run.fleet_runs import JOB_PREFIX, is_group_id
-
-    inventory = load_inventory()
-    targets = fleet_hosts(inventory, host)
     attach = not (detach or json)
-    if run and run.startswith(JOB_PREFIX) and not targets:
+    if run and run.startswith(JOB_PREFIX) and group_hosts(load_inventory(), host) is None:
         # A worker alone would wait for a head that is not coming back; the head alone for its workers.
         raise UsageError(f"--run {run!r} is a multi-node job: it resumes on every node at once",
                          hint="pass its group: `inv resume --host GROUP --run JOB`")
-    if not targets:
-        return show_resume(inventory.host(host), run, attach=attach, as_json=json)
-    board = RunsBoard([target.name for target in targets]) if attach else None
+    board = live.RunsBoard() if attach else None
 
-    def resume_host(target):
-        # The whole fleet run (or multi-node job): hosts whose run succeeded or still runs are left as they are.
-        return resume_and_watch(target, run, on_update=(lambda state: board.update(target.name, state))
-                                if board else None, fleet=is_group_id(run))
+    def resume_in_group(target):
+        # The whole sharded run (or multi-node job): hosts whose run succeeded or still runs are left as they are.
+        return runs.resume(target, run, whole_run=is_group_run_id(run),
+                           on_update=(lambda state: board.update(target.name, state)) if board else None)
 
-    return run_task("resume", targets, resume_host, as_json=json, figures=resume_figures, judge=final_verdict, board=board,
+    return run_task(host, lambda target: runs.resume(target, run), resume_view(live.follow if attach else None),
+                    as_json=json, group_work=lambda targets: resume_in_group, board=board,
                     detach_note=f"detached; the runs go on. `inv status --host {host}` shows them, "
-                                f"`inv stop --host {host}` stops them." if attach else None,
-                    parallel=len(targets) if attach else None)
+                                f"`inv stop --host {host}` stops them." if attach else None)
 
 
-@task(help={"host": HOST_HELP, "run": "the fleet-run id `inv extract` printed (or a run id)", "json": JSON_HELP})
+@task(help={"host": HOST_HELP, "run": "the sharded run's id `inv extract` printed (or a run id)", "json": JSON_HELP})
 @guarded
 def gather(c, host, run, json=False):
-    """Check a fleet run's shards: every sample index exactly once, every file loading whole on its host.
+    """Check a sharded run's shards: every sample index exactly once, every file loading whole on its host.
 
     Each host lists its shard's outputs and loads them (exit 1 names the missing, duplicated or
     unloadable indices)."""
-    from specrig.fleet import select_hosts
-    from specrig.run.fleet_runs import gather as run_gather
+    from specrig.cli.extract import gather as gather_shards
+    from specrig.group import select_hosts
 
-    return run_gather(select_hosts(load_inventory(), host), run, as_json=json)
+    return gather_shards(select_hosts(load_inventory(), host), run, as_json=json)
 
 
 for _task in (extract, status, logs, stop, resume, gather):
@@ -261,23 +258,11 @@ for _task in (extract, status, logs, stop, resume, gather):
 @guarded
 def smoke_task(c, host, model=None, samples=None, json=False):
     """Run the extraction driver on the target's config shrunk (few layers, small dims, dummy weights): drift in a minute."""
-    from specrig.errors import Findings
-    from specrig.run.smoke import show, show_failure, smoke
-    from specrig.ui.fleet import smoke_figures
+    from specrig.run.smoke import smoke
+    from specrig.run.view import SMOKE
 
     count = whole_number(samples, option="--samples", default=6)
-    inventory = load_inventory()
-    targets = fleet_hosts(inventory, host)
-    if targets:
-        return run_task("smoke", targets, lambda target: smoke(target, model=model, samples=count),
-                        as_json=json, figures=smoke_figures)
-    target = inventory.host(host)
-    try:
-        result = smoke(target, model=model, samples=count)
-    except Findings as failure:
-        show_failure(failure, as_json=json)
-        raise
-    show(result, host=target, as_json=json)
+    return run_task(host, lambda target: smoke(target, model=model, samples=count), SMOKE, as_json=json)
 
 
 namespace.add_task(smoke_task)
@@ -294,18 +279,10 @@ namespace.add_task(smoke_task)
 def verify_signatures(c, host, model=None, json=False, show_source=False):
     """Find where the host's speculators drifted from its vLLM, statically (exit 1: drift, 2: could not check)."""
     from specrig.drift.verify import verify
-    from specrig.drift.view import show
-    from specrig.ui.fleet import verify_figures
+    from specrig.drift.view import verify_view
 
-    inventory = load_inventory()
-    targets = fleet_hosts(inventory, host)
-    if targets:
-        return run_task("verify-signatures", targets, lambda target: verify(target, model=model).data, as_json=json,
-                        figures=verify_figures,
-                        judge=lambda data: ExitStatus.FINDINGS if data["counts"]["drift"] else ExitStatus.OK)
-    report = verify(inventory.host(host), model=model)
-    show(report, as_json=json, show_source=show_source)
-    return report.exit_status
+    return run_task(host, lambda target: verify(target, model=model), verify_view(show_source=show_source),
+                    as_json=json)
 
 
 @task(name="check-compat",
@@ -339,20 +316,14 @@ namespace.add_task(check_compat)
 PATCHSET_HELP = "patchset name (a folder of patchsets/); default: the one whose ranges match the host's versions"
 
 
-def _patch_task(action: str, host: str, *, as_json: bool, **options) -> ExitStatus:
-    """apply-patches, patch-status, revert-patches: on one host as the engine shows it, or on many."""
-    from specrig.patching import engine
-    from specrig.ui.fleet import patches_figures
+def _patch_task(title: str, host: str, *, as_json: bool, **options) -> int:
+    """apply-patches, patch-status, revert-patches: the host's patches, asked of its engine."""
+    from specrig.patching import patches
+    from specrig.patching.view import patches_view
 
-    inventory = load_inventory()
-    targets = fleet_hosts(inventory, host)
-    if not targets:
-        return engine.run_task(action, inventory.host(host), as_json=as_json, **options)
-    title, function = {"apply": ("apply-patches", engine.apply_patches),
-                       "status": ("patch-status", engine.patch_status),
-                       "revert": ("revert-patches", engine.revert_patches)}[action]
-    return run_task(title, targets, lambda target: function(target, **options), as_json=as_json,
-                    figures=patches_figures)
+    function = {"apply-patches": patches.apply_patches, "patch-status": patches.patch_status,
+                "revert-patches": patches.revert_patches}[title]
+    return run_task(host, lambda target: function(target, **options), patches_view(title), as_json=as_json)
 
 
 @task(name="apply-patches", help={
@@ -363,14 +334,14 @@ def _patch_task(action: str, host: str, *, as_json: bool, **options) -> ExitStat
 @guarded
 def apply_patches(c, host, patchset=None, dry_run=False, model=None, json=False):
     """Apply the patchset matching the host's speculators/vLLM, then verify the drift it fixes is gone."""
-    return _patch_task("apply", host, as_json=json, patchset=patchset, dry_run=dry_run, model=model)
+    return _patch_task("apply-patches", host, as_json=json, patchset=patchset, dry_run=dry_run, model=model)
 
 
 @task(name="patch-status", help={"host": HOST_HELP, "patchset": PATCHSET_HELP, "json": JSON_HELP})
 @guarded
 def patch_status(c, host, patchset=None, json=False):
     """Each patch's state on the host: pending, applied, not-applicable, conflict, or missing (file replaced)."""
-    return _patch_task("status", host, as_json=json, patchset=patchset)
+    return _patch_task("patch-status", host, as_json=json, patchset=patchset)
 
 
 @task(name="revert-patches", help={
@@ -379,7 +350,7 @@ def patch_status(c, host, patchset=None, json=False):
 @guarded
 def revert_patches(c, host, patch=None, force=False, json=False):
     """Restore the original bytes of the files specrig patched (refused if a file changed since, unless --force)."""
-    return _patch_task("revert", host, as_json=json, patch=patch, force=force)
+    return _patch_task("revert-patches", host, as_json=json, patch=patch, force=force)
 
 
 namespace.add_task(apply_patches)

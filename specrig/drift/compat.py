@@ -5,7 +5,7 @@ unpacked there once, .py files only (compiled modules are listed in a manifest
 so that imports of them still resolve). The analyzer (remote/drift/) runs in
 this process: it is standard-library code, the same that runs on hosts.
 
-For speculators >= 0.8 (the server path, specrig.contract.extraction_mode) the hs-connectors
+For speculators >= 0.8 (server mode, specrig.contract.extraction_mode) the hs-connectors
 release speculators pins is fetched too: the analyzer compares its file backend with the
 connector config specrig's launch sends.
 """
@@ -20,16 +20,20 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from specrig.contract import (
+    COMPILED_MANIFEST,
+    COMPILED_SUFFIXES,
+    HS_CONNECTORS,
+    InvalidVersion,
+    Version,
+    extraction_mode,
+)
 from specrig.drift.verify import VERIFY_TIMEOUT_S, Report
-from specrig.contract import InvalidVersion, Version, extraction_mode
 from specrig.errors import CouldNotCheck, UsageError
 from specrig.inventory import LOCAL, Host
 from specrig.transport import connect
 
 WHEEL_CACHE = Path("~/.cache/specrig/wheels").expanduser()
-#: Written by drift.source.SourceTree's reader: the dotted names of the wheel's compiled modules.
-COMPILED_MANIFEST = ".specrig-compiled-modules"
-COMPILED_SUFFIXES = (".so", ".pyd")
 COMPLETE_MARKER = ".specrig-unpacked"
 
 
@@ -119,10 +123,6 @@ def analyze_roots(consumers: list[dict], provider: dict, *, model_config: str | 
             raise CouldNotCheck(exc.message, hint=exc.hint) from None
 
 
-#: Read beside speculators >= 0.8 (the server path): its file backend builds the connector config.
-HS_CONNECTORS = "hs-connectors"
-
-
 def pinned_version(wheel: Path, dependency: str) -> str | None:
     """The version `wheel`'s METADATA pins `dependency` to (`Requires-Dist: name==X`), or None."""
     pattern = re.compile(r"^Requires-Dist:\s*" + re.escape(dependency).replace(r"\-", "[-_.]")
@@ -136,7 +136,7 @@ def pinned_version(wheel: Path, dependency: str) -> str | None:
 
 
 def consumer_roots(speculators: str, cache: Path = WHEEL_CACHE) -> list[dict]:
-    """speculators' unpacked root, and for the server path (>= 0.8) the hs-connectors release it pins
+    """speculators' unpacked root, and in server mode (>= 0.8) the hs-connectors release it pins
     (the same version when the pin cannot be read; left out when it cannot be downloaded)."""
     consumer = package_root("speculators", speculators, cache)
     roots = [consumer]

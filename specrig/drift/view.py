@@ -9,7 +9,6 @@ from __future__ import annotations
 import sys
 from collections import defaultdict
 
-from rich.markup import escape
 from rich.measure import Measurement
 from rich.syntax import Syntax
 from rich.table import Table
@@ -17,6 +16,8 @@ from rich.text import Text
 
 from specrig.drift.verify import Report
 from specrig.ui import console, print_indented, print_json
+from specrig.ui.task import TaskView
+from specrig.ui.terminal import markup, visible
 
 
 def show(report: Report, *, as_json: bool, show_source: bool = False) -> None:
@@ -25,12 +26,12 @@ def show(report: Report, *, as_json: bool, show_source: bool = False) -> None:
         print_json(report.data)
         return
     data = report.data
-    console.print(f"[bold]{escape(report.source)}[/]: {escape(_package_line(data))} "
+    console.print(f"[bold]{markup(report.source)}[/]: {markup(_package_line(data))} "
                   f"({data['modules_parsed']} provider modules read in {data['elapsed_s']:.2f} s)")
     model = data.get("model")
     if model:
         # `resolved`: the directory, or a repo id and the cache snapshot it names.
-        console.print(f"model: {escape(str(model['resolved']))} "
+        console.print(f"model: {markup(str(model['resolved']))} "
                       f"({', '.join(model['architectures']) or 'no architectures'}"
                       f"{', custom code' if model['custom_code'] else ''})")
     by_file: dict[str, list[dict]] = defaultdict(list)
@@ -53,7 +54,7 @@ def show(report: Report, *, as_json: bool, show_source: bool = False) -> None:
                f"{counts['note']} note{'s' * (counts['note'] != 1)}")
     if data.get("unchecked"):
         summary += f"; {len(data['unchecked'])} touch point(s) could not be decided from source (--json lists them)"
-    console.print(("[red]" if counts["drift"] else "[green]") + escape(summary) + "[/]")
+    console.print(("[red]" if counts["drift"] else "[green]") + markup(summary) + "[/]")
 
 
 def _package_line(data: dict) -> str:
@@ -92,7 +93,7 @@ def _findings_table(path: str, findings: list[dict]) -> Table:
     # too narrow breaks a word across lines, never cuts it to "…".
     callee_header = "callee / code"
     callee_width = max(len(callee_header), *(len(f["callee"]) for f in findings))
-    table = Table(title=escape(path), title_justify="left", show_lines=True, expand=True)
+    table = Table(title=markup(path), title_justify="left", show_lines=True, expand=True)
     table.add_column("line", justify="right", no_wrap=True, overflow="fold")
     table.add_column("kind", no_wrap=True, overflow="fold")
     table.add_column(callee_header, width=callee_width, overflow="fold")
@@ -122,13 +123,13 @@ def _show_source(finding: dict) -> None:
     if not provider and not fix:
         return
     # Ids and paths hold callee names: printed whole (soft_wrap), never broken by rich.
-    console.print(f"[dim]{escape(finding['id'])}[/]", soft_wrap=True)
+    console.print(f"[dim]{markup(finding['id'])}[/]", soft_wrap=True)
     if provider:
-        console.print(f"{escape(provider['file'])}:{provider['start']}-{provider['end']}", soft_wrap=True)
-        console.print(Syntax(provider["text"], "python", line_numbers=True, start_line=provider["start"],
+        console.print(f"{markup(provider['file'])}:{provider['start']}-{provider['end']}", soft_wrap=True)
+        console.print(Syntax(visible(provider["text"]), "python", line_numbers=True, start_line=provider["start"],
                              word_wrap=True))
     if fix:
-        console.print(Syntax(fix["patch"], "diff", word_wrap=True))
+        console.print(Syntax(visible(fix["patch"]), "diff", word_wrap=True))
 
 
 def show_matrix(result: dict, *, as_json: bool) -> None:
@@ -147,3 +148,21 @@ def show_matrix(result: dict, *, as_json: bool) -> None:
             row.append(f"[{'red' if count else 'green'}]{count}[/]")
         table.add_row(*row)
     console.print(table)
+
+
+def verify_figures(report: Report) -> str:
+    """A host's drift report in a line (a group's `inv verify-signatures`)."""
+    counts = report.data["counts"]
+    consumers = ", ".join(f"{c.get('name') or c.get('package')} {c.get('version', '?')}"
+                          for c in report.data["consumers"])
+    provider = report.data["provider"]
+    return (f"{counts['drift']} drift finding(s), {counts['note']} note(s); {consumers} against "
+            f"{provider.get('name') or provider.get('package')} {provider.get('version', '?')}")
+
+
+def verify_view(*, show_source: bool) -> TaskView:
+    """`inv verify-signatures`: the report (exit 1 when it holds drift); --json its data."""
+    return TaskView("verify-signatures",
+                    show=lambda report, *, host, as_json: show(report, as_json=as_json, show_source=show_source),
+                    figures=verify_figures, judge=lambda report: report.exit_status,
+                    result_json=lambda report: report.data)

@@ -29,8 +29,8 @@ import paramiko
 import yaml
 
 from specrig.errors import UsageError
-from specrig.transport.hostkeys import known_hosts_name, record
 from specrig.inventory import Host, load_inventory
+from specrig.transport.hostkeys import known_hosts_name, record
 
 STATE = Path("/var/lib/specrig-lab")
 READY = STATE / "READY"
@@ -42,10 +42,11 @@ APT_PACKAGES = ("openssh-server", "zsh", "python3-venv")
 #: The releases the analysis-only venv holds: the pair where the drift was first met.
 ANALYSIS_PACKAGES = ("speculators==0.3.0", "vllm==0.16.0")
 SYSTEM_PYTHON = "/usr/bin/python3"
-#: The fleet: host n listens on FLEET_PREFIX + n, port FLEET_PORT; its files are under FLEET / str(n).
+#: The lab's extra hosts lab-1 ... lab-N (`inv lab.up --hosts N`; "fleet" in their paths and group):
+#: host n listens on EXTRA_HOST_ADDRESS + n, port FLEET_PORT; its files are under FLEET / str(n).
 FLEET = STATE / "fleet"
 FLEET_READY = FLEET / "READY"
-FLEET_PREFIX = "127.0.1."
+EXTRA_HOST_ADDRESS = "127.0.1."
 FLEET_PORT = 2222
 #: `--hosts` goes up to FLEET_MAX; the addresses above it are left to tests' private hosts.
 FLEET_MAX = 199
@@ -323,7 +324,7 @@ def _record_host_key(host: Host) -> None:
 # ---- the fleet: lab-1 ... lab-N, each its own sshd on its own loopback address ---------------------
 
 def fleet_address(number: int) -> str:
-    return f"{FLEET_PREFIX}{number}"
+    return f"{EXTRA_HOST_ADDRESS}{number}"
 
 
 def fleet_state(number: int) -> Path:

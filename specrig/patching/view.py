@@ -1,12 +1,16 @@
-"""How people see the patch engine's results: the patches and their states, diffs, what was written."""
+"""How people see a host's patches: the patches and their states, diffs, what was written; and the
+patch tasks' views (specrig/ui/task.py)."""
 from __future__ import annotations
 
-from rich.markup import escape
 from rich.syntax import Syntax
 from rich.table import Table
 
+from specrig.errors import Findings
+from specrig.exit_status import ExitStatus
 from specrig.inventory import Host
-from specrig.ui import console, print_indented
+from specrig.ui import console, print_indented, print_json
+from specrig.ui.task import TaskView
+from specrig.ui.terminal import markup, visible
 
 STATE_STYLE = {"applied": "green", "pending": "yellow", "missing": "yellow", "not-applicable": "dim",
                "conflict": "red"}
@@ -19,23 +23,23 @@ def show(result: dict, *, host: Host) -> None:
     env = result["environment"]
     packages = ", ".join(_package(name, p) for name, p in result["facts"]["packages"].items())
     where = f"{env['role']} " if host.two_environments and env.get("role") else ""
-    console.print(f"[bold]{escape(host.name)}[/]: {escape(where + env['prefix'])} ({escape(packages)}, "
+    console.print(f"[bold]{markup(host.name)}[/]: {markup(where + env['prefix'])} ({markup(packages)}, "
                   f"platform {result['facts']['platform']})")
     if result.get("patchset"):
-        console.print(f"patchset [bold]{escape(result['patchset']['name'])}[/]: "
-                      f"{escape(result['patchset']['description'])}")
+        console.print(f"patchset [bold]{markup(result['patchset']['name'])}[/]: "
+                      f"{markup(result['patchset']['description'])}")
     elif result.get("patchset_problem"):
-        console.print(f"[yellow]{escape(result['patchset_problem'])}[/]")
+        console.print(f"[yellow]{markup(result['patchset_problem'])}[/]")
     if result.get("patches"):
         _show_patches(result["patches"], host)
     for recorded in result.get("recorded", []):
         if recorded["state"] != "intact" or recorded.get("environment") not in (None, env.get("role")):
-            console.print(f"[yellow]{escape(recorded['file'])}: {escape(recorded['state'])} "
-                          f"(patched by specrig: {escape(', '.join(recorded['patches']))})[/]")
+            console.print(f"[yellow]{markup(recorded['file'])}: {markup(recorded['state'])} "
+                          f"(patched by specrig: {markup(', '.join(recorded['patches']))})[/]")
     if result.get("dry_run"):
         for file in result["files"]:
             if file["diff"]:
-                console.print(Syntax(file["diff"], "diff", word_wrap=True))
+                console.print(Syntax(visible(file["diff"]), "diff", word_wrap=True))
         console.print("dry run: nothing was changed")
     elif result["action"] == "apply" and "files" in result:  # absent when the run was refused
         _show_applied(result)
@@ -50,17 +54,17 @@ def _show_patches(patches: list[dict], host: Host) -> None:
     if console.width < TABLE_MIN_WIDTH:
         # As findings are shown when narrow: the id and state on a line of their own, never cut.
         for patch_id, state, description, where in rows:
-            console.print(f"{escape(patch_id)}  [{STATE_STYLE.get(state, '')}]{state}[/]", soft_wrap=True)
-            print_indented(escape(description))
-            print_indented(f"[dim]{escape(where)}[/]")
+            console.print(f"{markup(patch_id)}  [{STATE_STYLE.get(state, '')}]{state}[/]", soft_wrap=True)
+            print_indented(markup(description))
+            print_indented(f"[dim]{markup(where)}[/]")
         return
     table = Table(expand=True)
     table.add_column("patch", no_wrap=True)
     table.add_column("state", no_wrap=True)
     table.add_column("what", ratio=1, overflow="fold")
     for patch_id, state, description, where in rows:
-        table.add_row(escape(patch_id), f"[{STATE_STYLE.get(state, '')}]{state}[/]",
-                      f"{escape(description)}\n[dim]{escape(where)}[/]")
+        table.add_row(markup(patch_id), f"[{STATE_STYLE.get(state, '')}]{state}[/]",
+                      f"{markup(description)}\n[dim]{markup(where)}[/]")
     console.print(table)
 
 
@@ -104,6 +108,59 @@ def _show_revert(result: dict, host: Host) -> None:
         return
     for file in result["files"]:
         where = f"{file['environment']}: " if host.two_environments and file.get("environment") else ""
-        console.print(f"{escape(where + file['path'])}: {escape(file['outcome'])} "
-                      f"({escape(', '.join(file['patches']))})")
+        console.print(f"{markup(where + file['path'])}: {markup(file['outcome'])} "
+                      f"({markup(', '.join(file['patches']))})")
     console.print(f"{host.name}: wrote {result['bytes_written']} bytes")
+
+
+# ---- the tasks' views ---------------------------------------------------------------------------
+
+def show_patches(result: dict, *, host: Host, as_json: bool) -> None:
+    if as_json:
+        print_json(result)
+    else:
+        show(result, host=host)
+
+
+def show_refused(found: Findings, *, host: Host, as_json: bool) -> ExitStatus | None:
+    """A conflict, a refused revert, drift left after applying: --json prints the engine's result with
+    the error and ends there; people see the patches, then the error."""
+    if as_json:
+        print_json({**found.payload, "error": found.message})
+        return found.exit_status
+    if found.payload.get("patches"):
+        show(found.payload, host=host)
+    return None
+
+
+def patches_figures(result: dict) -> str:
+    """apply-patches and patch-status: the patchset and its patches by state; what applying wrote."""
+    if result["action"] == "revert":
+        return revert_figures(result)
+    if not result.get("patchset"):
+        return result.get("patchset_problem") or "no patchset"
+    states: dict[str, int] = {}
+    for patch in result["patches"]:
+        states[patch["state"]] = states.get(patch["state"], 0) + 1
+    text = f"patchset {result['patchset']['name']}: " + ", ".join(f"{n} {state}" for state, n in states.items())
+    if result.get("dry_run"):
+        return text + f"; dry run: {sum(bool(f['diff']) for f in result['files'])} file(s) would change"
+    if result["action"] == "apply" and "files" in result:
+        written = result["bytes_written"]
+        text += (f"; wrote {written} bytes to {sum(bool(f['bytes_written']) for f in result['files'])} file(s)"
+                 if written else "; nothing to do")
+        if result.get("verification") is not None:
+            other = len(result["verification"]["other_drift"])
+            text += "; verified" + (f", {other} other drift finding(s)" if other else "")
+    return text
+
+
+def revert_figures(result: dict) -> str:
+    if not result["files"]:
+        return "nothing to revert"
+    return f"{len(result['files'])} file(s) reverted, {result['bytes_written']} bytes written"
+
+
+def patches_view(title: str) -> TaskView:
+    """apply-patches, patch-status, revert-patches."""
+    return TaskView(title, show=show_patches, figures=patches_figures, show_findings=show_refused)

@@ -1,57 +1,63 @@
-"""The live view of a run: phase, progress and ETA, tokens/s, GPUs, the last log lines.
+"""The live views of runs: one run's panel (phase, progress and ETA, tokens/s, GPUs, the last log
+lines), and a group's board of runs, one row per host.
 
-It only reads: one `runs status` call a second over the task's connection.
-Ctrl-C detaches and says so; the run goes on, on the host.
+They only read: a `runs status` call a second (specrig/run/runs.py: follow_run, watch_run).
+Ctrl-C detaches and says so; the runs go on, on their hosts.
 """
 from __future__ import annotations
 
-import time
+import threading
+from collections.abc import Sequence
 
 from rich.console import Group
 from rich.live import Live
 from rich.panel import Panel
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.table import Table
 from rich.text import Text
 
-from specrig.contract import ACTIVE_STATES, SUCCEEDED
+from specrig.contract import FAILED, RESTARTING, SUCCEEDED
 from specrig.errors import ConnectionFailed, RemoteTimeout
+from specrig.exit_status import ExitStatus
+from specrig.group import HostOutcome
 from specrig.inventory import Host
-from specrig.run.view import STATE_STYLE, describe_failure, format_duration, rate_text, show_run
-from specrig.transport import Remote
+from specrig.run.runs import follow_run
+from specrig.run.view import (
+    STATE_STYLE,
+    describe_failure,
+    format_duration,
+    rate_text,
+    samples,
+    show_run,
+)
 from specrig.ui import console, gpu_table
+from specrig.ui.group import outcome_word
+from specrig.ui.terminal import markup, visible
 
-POLL_S = 1.0
 LOG_LINES = 8
 
 
-def follow(remote: Remote, host: Host, run_id: str) -> dict | None:
-    """Show the run until it ends (its summary is returned) or the user detaches (None)."""
+def follow(host: Host, run_id: str) -> ExitStatus:
+    """Show the run until it ends (OK if it succeeded, else FINDINGS) or the user detaches (OK: the run goes on)."""
     progress, bar = samples_bar()
-    run, tail = None, ""
     try:
         with Live(console=console, refresh_per_second=4, transient=False) as live:
-            while True:
-                result = remote.call("runs.status", {"workdir": host.workdir, "run": run_id,
-                                              "lines": LOG_LINES}, timeout=60)
-                run, tail = result["runs"][0], result.get("log_tail") or ""
-                live.update(render(run, tail, progress, bar))
-                if run["state"] not in ACTIVE_STATES:
-                    break
-                time.sleep(POLL_S)
+            run = follow_run(host, run_id, lambda run: live.update(render(run, run["log_tail"], progress, bar)),
+                             lines=LOG_LINES)
     except KeyboardInterrupt:
         console.print(f"detached from run {run_id}; it goes on on {host.name}. "
                       f"`inv status --host {host.name} --run {run_id}` shows it, "
                       f"`inv stop --host {host.name} --run {run_id}` stops it.")
-        return None
+        return ExitStatus.OK
     except (ConnectionFailed, RemoteTimeout) as exc:
         raise type(exc)(f"{exc.message}; run {run_id} goes on on {host.name}",
                         hint=f"`inv status --host {host.name} --run {run_id}` once the host is reachable") from None
     if not console.is_terminal:
         console.line()  # rich leaves a non-terminal's last Live frame without its line end
-    console.print(f"run {run_id} {run['state']}")
+    console.print(f"run {markup(run_id)} {markup(run['state'])}")
     if run["state"] != SUCCEEDED:
         show_run(run)
-    return run
+    return ExitStatus.OK if run["state"] == SUCCEEDED else ExitStatus.FINDINGS
 
 
 def samples_bar() -> tuple[Progress, int]:
@@ -68,19 +74,69 @@ def render(run: dict, tail: str, progress: Progress, bar) -> Panel:
     eta = format_duration(beat["eta_s"]) if beat.get("eta_s") else "-"
     progress.update(bar, completed=done, total=total, rate=rate, eta=eta)
     style = STATE_STYLE.get(run["state"], "")
-    header = Text.from_markup(f"[{style}]{run['state']}[/]  phase [bold]{beat.get('phase') or '-'}[/]  "
+    header = Text.from_markup(f"[{style}]{markup(run['state'])}[/]  phase [bold]{markup(beat.get('phase') or '-')}[/]  "
                               f"attempt {len(run.get('attempts') or [])}"
-                              + (f"  server [bold]{beat['server']}[/]" if beat.get("server") else "")
+                              + (f"  server [bold]{markup(beat['server'])}[/]" if beat.get("server") else "")
                               + (f"  [yellow]stalled {run.get('seconds_since_progress')} s[/]"
                                  if run.get("stalled") else ""))
     parts = [header, progress]
     failure = run.get("last_failure")
-    if failure and run["state"] in ("restarting", "failed"):
+    if failure and run["state"] in (RESTARTING, FAILED):
         parts.append(Text.from_markup("last failure: " + describe_failure(failure)))
     gpus = (run.get("gpus") or {}).get("gpus") or []
     if gpus:
         table = gpu_table(gpus, apps=run.get("gpu_apps") or [], box=None, padding=(0, 1))
         parts.append(table)
-    parts.append(Text(tail, style="dim", overflow="ellipsis", no_wrap=True))
-    return Panel(Group(*parts), title=f"run {run['run_id']}", subtitle="Ctrl-C detaches (the run goes on)")
+    parts.append(Text(visible(tail), style="dim", overflow="ellipsis", no_wrap=True))
+    return Panel(Group(*parts), title=f"run {markup(run['run_id'])}", subtitle="Ctrl-C detaches (the run goes on)")
 
+
+class RunsBoard:
+    """The newest status of each host's run in a group; the live view renders it as a table (rich
+    calls __rich__ from its refresh thread while hosts' threads update)."""
+
+    def __init__(self, names: Sequence[str] = ()):
+        self._runs: dict[str, dict | None] = dict.fromkeys(names)
+        #: Hosts whose part failed before or while following their run: what it came to.
+        self._failed: dict[str, ExitStatus] = {}
+        self._lock = threading.Lock()
+
+    def expect(self, names: Sequence[str]) -> None:
+        """The hosts of the group (each shows as waiting until its run's first status)."""
+        with self._lock:
+            self._runs = dict.fromkeys(names)
+
+    def update(self, host: str, run: dict) -> None:
+        with self._lock:
+            self._runs[host] = run
+
+    def finished(self, outcome: HostOutcome) -> None:
+        if outcome.error is not None:
+            with self._lock:
+                self._failed[outcome.host] = outcome.exit_status
+
+    def __rich__(self) -> Table:
+        with self._lock:
+            runs, failed = dict(self._runs), dict(self._failed)
+        table = Table(title="runs (Ctrl-C detaches; the runs go on)", title_justify="left", expand=True)
+        for column in ("host", "run", "state", "phase", "samples", "ETA"):
+            table.add_column(column, overflow="fold")
+        for host, run in runs.items():
+            if host in failed:
+                table.add_row(markup(host), markup(run["run_id"]) if run else "-", outcome_word(failed[host]), "", "", "")
+                continue
+            if run is None:
+                table.add_row(markup(host), "-", "[dim]waiting[/]", "", "", "")
+                continue
+            beat = run.get("heartbeat") or {}
+            style = STATE_STYLE.get(run["state"], "")
+            table.add_row(markup(host), markup(run["run_id"]), Text(visible(run["state"]), style=style),
+                          markup(beat.get("phase") or "-"), samples(beat),
+                          format_duration(beat["eta_s"]) if beat.get("eta_s") else "-")
+        beats = [run.get("heartbeat") or {} for run in runs.values() if run]
+        if len(runs) > 1 and any(beat.get("samples_total") for beat in beats):
+            # A sharded run's shards: their samples added up.
+            table.caption = (f"total: {sum(beat.get('samples_done') or 0 for beat in beats)}/"
+                             f"{sum(beat.get('samples_total') or 0 for beat in beats)} samples")
+            table.caption_justify = "left"
+        return table

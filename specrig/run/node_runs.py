@@ -5,7 +5,8 @@ run per node under one job id (`nodes-<UTC stamp>-xxxx`, made here), the head (t
 whose settings every node takes) first, and follows them as one. Each run.json holds its node's part,
 `nodes: {job_id, role, node_rank, nnodes, hosts, addresses, master_addr, rendezvous_port, watch_port,
 mode, ...sizes}` (remote/run/server/nodes.py, loaded here from its file to check the shape before any
-host is reached). `status`, `logs`, `stop` and `resume` take the job id as they take a fleet-run id.
+host is reached). `status`, `logs`, `stop` and `resume` take the job id as they take a sharded run's id.
+Data only: run/view.py shows it, specrig/cli/extract.py sequences it.
 
 The preflight checks what it can before anything starts: each node alone (the head: the whole
 server-mode preflight; a worker: its server environment, model, GPUs, torch build, ports, and
@@ -16,37 +17,27 @@ its requests on its own node; the client on the head moves them).
 """
 from __future__ import annotations
 
-import importlib.util
 import uuid
-from typing import Sequence
+from collections.abc import Callable, Sequence
 
-from specrig.contract import SERVER
+from specrig.contract import SERVER, load_host_module
 from specrig.errors import Findings, UsageError
 from specrig.exit_status import ExitStatus, most_serious
-from specrig.fleet import parallelism, run_each, run_task
+from specrig.group import GroupResult, run_each, run_group
 from specrig.inventory import Host
-from specrig.patching.engine import IN_FORCE, patch_status
-from specrig.paths import remote_dir
-from specrig.run.fleet_runs import JOB_PREFIX, new_group_id
+from specrig.patching.patches import IN_FORCE, patch_status
 from specrig.run.preflight import PREFLIGHT_TIMEOUT_S, preflight, verify_check
-from specrig.run.runs import final_verdict, launch_args, runs_call, stop_run, watch_run
+from specrig.run.runs import follow_run, launch_args, runs_call, stop
 from specrig.run.settings import Request, build_request
+from specrig.run.sharded_runs import JOB_PREFIX, new_group_run_id
 from specrig.transport import connect
-from specrig.ui import console, print_json
 
 #: How long the nodes have to reach each other in the rendezvous check.
 RENDEZVOUS_TIMEOUT_S = 20
 
 
-def _load_layout():
-    """remote/run/server/nodes.py, the one definition of a job's shape and records (it imports nothing)."""
-    spec = importlib.util.spec_from_file_location("specrig._host.nodes", remote_dir() / "run" / "server" / "nodes.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-layout = _load_layout()
+#: remote/run/server/nodes.py, the one definition of a job's shape and records (it imports nothing).
+layout = load_host_module("run/server/nodes")
 MODES: tuple[str, ...] = layout.MODES
 
 
@@ -75,7 +66,7 @@ def plan_job(hosts: Sequence[Host], given: dict, *, mode: str, pp: int | None = 
                               pipeline_parallel_size=pp, data_parallel_size_local=dp_local)
     except ValueError as exc:
         raise UsageError(f"--nodes {mode!r}: {exc}") from None
-    job_id = new_group_id(JOB_PREFIX)
+    job_id = new_group_run_id(JOB_PREFIX)
     names, addresses = [h.name for h in hosts], [node_address(h) for h in hosts]
     records = {host.name: layout.record(job_id, shape, node_rank=rank, hosts=names, addresses=addresses,
                                         rendezvous_port=port_number(rendezvous_port, option="--rendezvous-port"),
@@ -214,10 +205,9 @@ def rendezvous(hosts: Sequence[Host], request: Request, records: dict[str, dict]
                   "the states of its requests on its own node")]
 
 
-def job_preflight(hosts: Sequence[Host], request: Request, records: dict[str, dict], *, as_json: bool) -> int:
-    """Every check; ExitStatus.OK when all pass, else the failures shown and the most serious status."""
-    from specrig.run.view import show_checks
-    from specrig.ui import fleet as view
+def job_preflight(hosts: Sequence[Host], request: Request, records: dict[str, dict]) -> tuple[GroupResult, list[dict]]:
+    """Every node's checks (each a Findings when one failed, its payload node_preflight()'s), then the
+    nodes against each other and, when every node passed, the rendezvous: (the nodes, the job's checks)."""
 
     def one(host: Host) -> dict:
         found = node_preflight(host, request, records[host.name])
@@ -226,77 +216,38 @@ def job_preflight(hosts: Sequence[Host], request: Request, records: dict[str, di
             raise Findings(f"{host.name}: preflight failed: {', '.join(failed)}", payload=found)
         return found
 
-    outcomes = {o.host: o for o in run_each(hosts, one, parallel=parallelism())}
-    ordered = [outcomes[h.name] for h in hosts]
-    found = {o.host: o.result for o in ordered if isinstance(o.result, dict) and "facts" in o.result}
+    nodes = run_group(hosts, one)
+    found = {o.host: o.result for o in nodes.outcomes if isinstance(o.result, dict) and "facts" in o.result}
     job = cross_checks(records[hosts[0].name], found) if len(found) == len(hosts) else []
-    if all(o.exit_status == ExitStatus.OK for o in ordered):
+    if not nodes.failed:
         job += rendezvous(hosts, request, records)
-    statuses = [o.exit_status for o in ordered] + [ExitStatus.OK if c["ok"] else ExitStatus.FINDINGS for c in job]
-    status = most_serious(statuses)
-    if as_json and status != ExitStatus.OK:
-        print_json({"launched": False, "preflight": {o.host: o.as_json() for o in ordered}, "job": job})
-    elif not as_json:
-        for outcome in ordered:
-            if status != ExitStatus.OK and isinstance(outcome.result, dict) and "checks" in outcome.result:
-                console.print(f"[bold]{outcome.host}[/]:")
-                show_checks(outcome.result["checks"])
-        view.show_summary("preflight", ordered, figures=lambda r: f"{len(r['checks'])} check(s)")
-        if job:
-            console.print("[bold]the nodes together[/]:")
-            show_checks(job)
-        if status != ExitStatus.OK:
-            console.print("nothing was launched: the preflight failed")
-    return status
+    return nodes, job
+
+
+def job_status(nodes: GroupResult, job: list[dict]) -> ExitStatus:
+    """What the preflight came to: the most serious of the nodes' statuses and the job's checks'."""
+    return most_serious([nodes.exit_status] + [ExitStatus.OK if c["ok"] else ExitStatus.FINDINGS for c in job])
 
 
 # ---- launch and follow ------------------------------------------------------------------------
 
-def extract(spec: str, hosts: Sequence[Host], given: dict, *, mode: str, pp: int | None, dp_local: int | None,
-            rendezvous_port: int | None, watch_port: int | None, skip_preflight: bool, attach: bool,
-            as_json: bool) -> int:
-    """Check, launch the head then each worker, and follow the job's nodes as one (attach False: return at once)."""
-    from specrig.ui import fleet as view
-
-    request, records = plan_job(hosts, given, mode=mode, pp=pp, dp_local=dp_local, rendezvous_port=rendezvous_port,
-                                watch_port=watch_port)
-    head = hosts[0]
-    refuse_in_process(head)
-    request = request.for_mode(SERVER, head)
-    if not skip_preflight:
-        status = job_preflight(hosts, request, records, as_json=as_json)
-        if status != ExitStatus.OK:
-            return status
-    job_id = records[head.name]["job_id"]
+def launch_job(hosts: Sequence[Host], request: Request, records: dict[str, dict]) -> dict[str, dict]:
+    """Launch the head, then each worker (the head's server leads the rendezvous the workers join):
+    host → its launch. A job without all its nodes is no job: on any failure the launched nodes are stopped."""
+    job_id = records[hosts[0].name]["job_id"]
     launched = {}
     try:
-        for host in hosts:  # the head first: its server leads the rendezvous the workers join
+        for host in hosts:
             with connect(host) as remote:
                 launched[host.name] = runs_call(remote, host, "launch", launch_args(
                     host, node_request(host, request, records[host.name]), nodes=records[host.name]))
     except BaseException:
-        for name in launched:  # a job without all its nodes is no job: nothing is left half-launched
-            stop_run(next(h for h in hosts if h.name == name), job_id)
+        for name in launched:
+            stop(next(h for h in hosts if h.name == name), job_id)
         raise
-    if as_json:
-        print_json({"launched": True, "job_id": job_id, "nodes": {
-            name: {**run, "node_rank": records[name]["node_rank"], "role": records[name]["role"]}
-            for name, run in launched.items()}})
-        return ExitStatus.OK
-    console.print(f"multi-node job [bold]{job_id}[/]: {layout.describe(records[head.name])}; head {head.name} "
-                  f"({records[head.name]['master_addr']}), workers {', '.join(h.name for h in hosts[1:])}")
-    if not attach:
-        return ExitStatus.OK
-    board = view.RunsBoard([h.name for h in hosts])
+    return launched
 
-    def follow(host: Host) -> dict:
-        with connect(host) as remote:
-            run_id = launched[host.name]["run_id"]
-            return {"run_id": run_id, "role": records[host.name]["role"],
-                    "final": watch_run(remote, host, run_id, lambda run: board.update(host.name, run))}
 
-    return run_task(f"extract {job_id}", hosts, follow, as_json=False, judge=final_verdict, board=board,
-                    figures=lambda r: f"{r['role']}: run {r['run_id']} {r['final']['state']}",
-                    detach_note=f"detached; the job goes on. `inv status --host {spec} --run {job_id}` shows it, "
-                                f"`inv stop --host {spec} --run {job_id}` stops every node.",
-                    parallel=len(hosts))
+def follow_node(host: Host, run_id: str, role: str, on_update: Callable[[dict], None]) -> dict:
+    """A node's run followed until it ends: {run_id, role, final}."""
+    return {"run_id": run_id, "role": role, "final": follow_run(host, run_id, on_update)}

@@ -108,7 +108,7 @@ class Request:
     #: Where each setting came from (`--port`, `hosts.yaml: hosts.h.extract.port`), for messages.
     sources: dict = dataclasses.field(default_factory=dict)
 
-    def for_mode(self, mode: str | None, host: Host) -> "Request":
+    def for_mode(self, mode: str | None, host: Host) -> Request:
         """This request in the host's extraction mode: a setting of the other mode is refused."""
         for name, setting in SETTINGS.items():
             if setting.driver_key in self.driver_args and setting.mode and mode and setting.mode != mode:

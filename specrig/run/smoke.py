@@ -5,18 +5,15 @@ dimensions, `load_format: dummy`, a few built-in conversations, through the very
 path `inv extract` uses (server mode, speculators >= 0.8: the same vLLM server and CLI steps, with
 `--hf-overrides` and `--load-format dummy`). Every runtime drift (signature, behaviour, platform) shows in about a
 minute instead of after a full model load; the failure is named (exception, the speculators
-line that raised it, the classifier's kind) and the exit status is FINDINGS.
+line that raised it, the classifier's kind) and the exit status is FINDINGS. Data only: run/view.py
+shows it.
 """
 from __future__ import annotations
 
-from rich.markup import escape
-
 from specrig.doctor import check_extraction_mode
-from specrig.contract import SERVER
 from specrig.errors import Findings, UsageError
 from specrig.inventory import Host
 from specrig.transport import connect
-from specrig.ui import console, print_json
 
 #: Seconds the host gives the driver; the call's own deadline is a little longer.
 DRIVER_TIMEOUT_S = 540
@@ -41,22 +38,3 @@ def smoke(host: Host, *, model: str | None = None, samples: int = 6) -> dict:
             raise Findings(f"{host.name}: smoke failed: {failed.error.get('message')}", payload=failed.payload,
                            hint=failed.hint, detail=failed.payload.get("traceback"), kind=failed.kind,
                            error=failed.error) from None
-
-
-def show(result: dict, *, host: Host, as_json: bool) -> None:
-    if as_json:
-        print_json(result)
-        return
-    versions = result.get("versions") or {}
-    mode = " (server mode)" if result.get("mode") == SERVER else ""
-    console.print(f"[bold green]smoke passed[/] on {host.name}{mode}: {result['samples']} samples of "
-                  f"{', '.join(result.get('architectures') or ['?'])} ({escape(result['resolved'])}) "
-                  f"shrunk to {result['shrunk']}, "
-                  f"layers {result['layer_ids']}, {result['elapsed_s']} s "
-                  f"(speculators {versions.get('speculators')}, vllm {versions.get('vllm')})")
-
-
-def show_failure(failed: Findings, *, as_json: bool) -> None:
-    """For --json: the failure as JSON on stdout (people get the guarded one-line error)."""
-    if as_json:
-        print_json({"ok": False, "message": failed.message, "failure": failed.payload})

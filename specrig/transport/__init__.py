@@ -10,8 +10,8 @@ typed error of failures.py.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 from specrig.inventory import Host
 from specrig.transport.base import Remote

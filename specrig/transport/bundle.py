@@ -64,7 +64,9 @@ class Bundle:
         with tarfile.open(fileobj=buffer, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
             for name, data in self.files + [(".complete", self.digest.encode())]:
                 info = tarfile.TarInfo(name)
-                info.size, info.mode, info.mtime = len(data), 0o644, 0
+                # 0600: root's tar keeps an archive's modes whatever the umask (every other user's
+                # applies `umask 077`, ssh.PRIVATE); the bundle's directories come out 0700.
+                info.size, info.mode, info.mtime = len(data), 0o600, 0
                 tar.addfile(info, io.BytesIO(data))
         return buffer.getvalue()
 

@@ -3,15 +3,23 @@
 A remote command raises `RemoteFailure(kind, message, **details)` (remote/rpc.py); the result
 comes back as {"kind", "message", ...details}. The transport turns it into the error class of its
 kind here, with that class's exit status and the kind's hint, so no task maps kinds itself. A kind
-missing from the table is a script error (exit 7): tests/test_failure_kinds.py checks that every
+missing from the table is a script error (exit 7): tests/transport/test_failure_kinds.py checks that every
 kind raised under remote/ is listed.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specrig.errors import (CouldNotCheck, Findings, Locked, RemotePythonError, RemoteScriptError, RemoteTimeout,
-                            SpecrigError, UsageError)
+from specrig.errors import (
+    CouldNotCheck,
+    Findings,
+    Locked,
+    RemotePythonError,
+    RemoteScriptError,
+    RemoteTimeout,
+    SpecrigError,
+    UsageError,
+)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,7 @@
-"""`--host local`: the same bundle and entry.py as over SSH, run in a subprocess, no SSH."""
+"""`--host local`: the same bundle and entry.py as over SSH, run in a subprocess, no SSH.
+
+As over SSH, what it writes is the user's alone: the cache's directories 0700, the call file (which
+holds hosts.yaml `env:`) created 0600 before a byte is written; entry.py sets the call's umask."""
 from __future__ import annotations
 
 import io
@@ -25,11 +28,20 @@ class LocalRemote(Remote):
         self.bundle_path = self.cache / "bundles" / bundle.digest
         self.uploaded = False
 
+    def _private_directory(self, path: Path) -> Path:
+        """`path` (under the cache) made, or kept, 0700, with the cache itself: older specrig left them 0755."""
+        for directory in (self.cache, path):
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if directory.stat().st_mode & 0o077:
+                directory.chmod(0o700)
+        return path
+
     def _unpack_bundle(self) -> None:
+        self._private_directory(self.bundle_path.parent)
         if (self.bundle_path / ".complete").exists():
             return
         staging = self.bundle_path.parent / f".incoming-{uuid.uuid4().hex}"
-        staging.mkdir(parents=True)
+        staging.mkdir(mode=0o700)
         with tarfile.open(fileobj=io.BytesIO(self.bundle.tar_bytes), mode="r:gz") as tar:
             tar.extractall(staging, filter="data")
         try:
@@ -40,10 +52,10 @@ class LocalRemote(Remote):
 
     def _run(self, body: bytes, timeout: float | None, python: str) -> tuple[int, str, str]:
         self._unpack_bundle()
-        calls = self.cache / "calls"
-        calls.mkdir(parents=True, exist_ok=True)
-        call_file = calls / f"{uuid.uuid4().hex}.json"
-        call_file.write_bytes(body)
+        call_file = self._private_directory(self.cache / "calls") / f"{uuid.uuid4().hex}.json"
+        # 0600 from its creation (O_EXCL: a fresh file, never one put there before), then the bytes.
+        with os.fdopen(os.open(call_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as handle:
+            handle.write(body)
         self.exec_count += 1
         try:
             # A new session: the deadline kills the call's process group, never us.

@@ -1,9 +1,10 @@
 """A host over SSH: one connection serves the whole task. A call is one exec channel:
 
-    'test' '-f' BUNDLE/.complete || 'exit' '86'; 'mkdir' '-p' CALLS &&
+    'umask' '077'; 'test' '-f' BUNDLE/.complete || 'exit' '86'; 'mkdir' '-p' CALLS &&
     'cat' > CALLS/ID.json && exec PYTHON BUNDLE/remote/entry.py CALLS/ID.json
 
-with the argument JSON on stdin. Exit 86 means the bundle is missing: it is
+with the argument JSON on stdin. `umask 077` first: the call file (which holds hosts.yaml `env:`) is
+created 0600 before a byte is written, the directories made 0700, and the call inherits it. Exit 86 means the bundle is missing: it is
 uploaded once (a tar on stdin of one more channel) and the call is repeated.
 Paths are relative to the login directory (the remote home), since a quoted
 `~` is not expanded.
@@ -31,6 +32,9 @@ from specrig.transport.quoting import AND, OR, THEN, WRITE_TO, command_line
 logging.getLogger("paramiko").setLevel(logging.CRITICAL)
 
 BUNDLE_MISSING = 86
+#: The start of every command line that writes on the host: what it creates is the user's alone
+#: (files 0600, directories 0700), whatever the login shell's umask.
+PRIVATE = ("umask", "077", THEN)
 CONNECT_TIMEOUT_S = 10
 #: Shorter than CONNECT_TIMEOUT_S, which paramiko also spends on the key exchange: a silent
 #: port then fails on the banner, with that cause, instead of a later "No existing session".
@@ -60,7 +64,7 @@ class SshRemote(Remote):
     def _run(self, body: bytes, timeout: float | None, python: str) -> tuple[int, str, str]:
         call_file = f"{CACHE}/calls/{uuid.uuid4().hex}.json"
         command = command_line(
-            "test", "-f", f"{self.bundle_path}/.complete", OR, "exit", str(BUNDLE_MISSING), THEN,
+            *PRIVATE, "test", "-f", f"{self.bundle_path}/.complete", OR, "exit", str(BUNDLE_MISSING), THEN,
             "mkdir", "-p", f"{CACHE}/calls", AND, "cat", WRITE_TO, call_file, AND,
             "exec", _relative_to_home(python), f"{self.bundle_path}/remote/entry.py", call_file)
         rc, out, err = self.exec(command, stdin=body, timeout=timeout)
@@ -73,7 +77,7 @@ class SshRemote(Remote):
         staging = f"{CACHE}/bundles/.incoming-{uuid.uuid4().hex}"
         # Two clients may race; the bundle is content-addressed, so the loser's copy is simply dropped.
         command = command_line(
-            "mkdir", "-p", staging, AND, "tar", "-xzf", "-", "-C", staging, AND,
+            *PRIVATE, "mkdir", "-p", staging, AND, "tar", "-xzf", "-", "-C", staging, AND,
             "test", "-d", self.bundle_path, OR, "mv", staging, self.bundle_path, THEN, "rm", "-rf", staging)
         rc, out, err = self.exec(command, stdin=self.bundle.tar_bytes, timeout=120)
         if rc != 0:
@@ -199,7 +203,7 @@ def open_ssh(host: Host, *, host_keys: list | None = None):
     except paramiko.AuthenticationException as exc:
         raise AuthFailed(f"{target}: authentication failed: {exc}",
                          hint="check `user` and `identity_file` in hosts.yaml, or your ssh-agent") from None
-    except (socket.timeout, TimeoutError):
+    except TimeoutError:
         raise ConnectionFailed(f"{target}: connection timed out after {CONNECT_TIMEOUT_S} s",
                                hint="is the host up and the port right?") from None
     except socket.gaierror as exc:

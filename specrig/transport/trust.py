@@ -4,9 +4,9 @@ from __future__ import annotations
 import dataclasses
 
 from specrig.errors import AuthFailed, UsageError
-from specrig.transport.hostkeys import HostKeyCheck, fingerprint
 from specrig.inventory import Host
 from specrig.transport import open_ssh
+from specrig.transport.hostkeys import HostKeyCheck, fingerprint
 
 
 def trust_host(host: Host) -> dict:

@@ -9,6 +9,9 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from specrig.contract import human_bytes  # noqa: F401 (the views' byte formatter, shared with the host)
+from specrig.ui.terminal import markup
+
 console = Console(highlight=False)
 errors = Console(stderr=True, highlight=False)
 
@@ -28,22 +31,14 @@ def print_indented(text: Text | str, *, indent: int = BLOCK_INDENT) -> None:
 
 def print_json(data) -> None:
     """Machine output: plain JSON on stdout, nothing else; indented for a person at a terminal, one
-    line for a pipe or a file (json's C encoder, which cannot indent: a fleet's answers are megabytes)."""
+    line for a pipe or a file (json's C encoder, which cannot indent: a group's answers are megabytes)."""
     indent = 2 if sys.stdout.isatty() else None
     sys.stdout.write(json.dumps(data, indent=indent, default=str) + "\n")
 
 
-def human_bytes(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} PB"
 
 
-def gpu_table(gpus: list[dict], *, apps: list[dict] | None = None, **table_options) -> "GpuTable":
+def gpu_table(gpus: list[dict], *, apps: list[dict] | None = None, **table_options) -> GpuTable:
     """One row per GPU (remote/telemetry.py's records): memory, utilization, temperature, power, and,
     given `apps`, the compute processes on it (`*` marks the run's own).
 
@@ -64,7 +59,7 @@ class GpuTable:
         self.gpus, self.apps, self.table_options = gpus, apps, table_options
 
     def table(self, one_per_line: bool = False, name_in_caption: bool = False, bare_memory: bool = False) -> Table:
-        names = {gpu.get("name") or "-" for gpu in self.gpus}
+        names = {markup(gpu.get("name") or "-") for gpu in self.gpus}  # nvidia-smi's: the host's text
         name_in_caption = name_in_caption and len(names) == 1
         ours = self.apps is not None and any(app.get("this_run") for app in self.apps)
         caption = "; ".join(part for part in (
@@ -84,7 +79,7 @@ class GpuTable:
             table.add_column("processes", no_wrap=True)
         for gpu in self.gpus:
             memory = f"{_number(gpu.get('memory_used_mib'))}/{_number(gpu.get('memory_total_mib'))}"
-            row = [str(gpu["index"])] + ([] if name_in_caption else [gpu.get("name") or "-"])
+            row = [str(gpu["index"])] + ([] if name_in_caption else [markup(gpu.get("name") or "-")])
             row += [memory if bare_memory else memory + " MiB", _unit(gpu.get("utilization_pct"), "%"),
                     _unit(gpu.get("temperature_c"), "°C"), _unit(gpu.get("power_w"), "W")]
             if self.apps is not None:

@@ -9,7 +9,7 @@ from specrig.ui import console, print_json
 
 def show_inventory(inventory: Inventory, *, as_json: bool) -> None:
     if as_json:
-        print_json({"file": str(inventory.path), "hosts": {h.name: h.as_dict() for h in inventory},
+        print_json({"file": str(inventory.path), "hosts": {h.name: _shown(h.as_dict()) for h in inventory},
                     "groups": inventory.groups})
         return
     table = Table(title=f"hosts ({inventory.path})")
@@ -22,6 +22,12 @@ def show_inventory(inventory: Inventory, *, as_json: bool) -> None:
                       str(host.gpus) if host.gpus is not None else "-", _policy(host), groups,
                       host.description)
     console.print(table)
+
+
+def _shown(host: dict) -> dict:
+    """A host's settings as --json shows them: the names of its `env:` variables, not their values (tokens)."""
+    env = host.pop("env", None) or {}
+    return {**host, "env_keys": sorted(env)}
 
 
 def _policy(host) -> str:

@@ -30,7 +30,7 @@ def main(output_dir, model_dir):
         sample = torch.load(path, weights_only=True)
         with torch.no_grad():
             model(sample["input_ids"][None])
-        for layer, extracted in zip(layer_ids, sample["hidden_states"]):
+        for layer, extracted in zip(layer_ids, sample["hidden_states"], strict=True):
             reference = captured[layer][0]
             if reference.shape != extracted.shape:
                 bad_shapes.append(path.name)

@@ -144,7 +144,7 @@ def parent(path):
                     proc.kill()
             raise RuntimeError(message)
         ranks = [_read(heartbeat + ".rank%d" % rank) for rank in range(world)]
-        ready = all(r and r["pid"] == proc.pid and r["rounds"] > 0 for r, proc in zip(ranks, workers))
+        ready = all(r and r["pid"] == proc.pid and r["rounds"] > 0 for r, proc in zip(ranks, workers, strict=True))
         if ready and not listed:
             _write(heartbeat + ".children", [proc.pid for proc in workers])
             listed = True

@@ -26,7 +26,7 @@ def main(whole, shards):
             if not torch.equal(mine["input_ids"], theirs["input_ids"]):
                 differing.append(path.name)
                 continue
-            for a, b in zip(mine["hidden_states"], theirs["hidden_states"]):
+            for a, b in zip(mine["hidden_states"], theirs["hidden_states"], strict=True):
                 worst = max(worst, (a.float() - b.float()).abs().max().item())
     print(json.dumps({"compared": len(compared), "differing_input_ids": differing, "absent": absent,
                       "max_state_diff": worst}))

@@ -8,6 +8,7 @@ import os
 import threading
 
 from run.driver.arguments import Locked
+from units import human_bytes
 
 SAMPLE_PREFIX, SAMPLE_SUFFIX = "data_", ".pt"
 #: What a saved sample takes beyond its tensors' bytes: torch.save's zip headers, the pickle and
@@ -154,13 +155,4 @@ def disk_full_error(path, free, need, error):
     if free >= need and getattr(error, "errno", None) not in (errno.ENOSPC, errno.EDQUOT):
         return None
     return DiskFull("%s: %s free, a sample needs about %s; %s: %s"
-                    % (path, human_size(free), human_size(need), type(error).__name__, error))
-
-
-def human_size(size):
-    units = ("B", "KiB", "MiB", "GiB", "TiB")
-    power = 0
-    while size >= 1024 and power < len(units) - 1:
-        size /= 1024.0
-        power += 1
-    return "%d B" % size if power == 0 else "%.1f %s" % (size, units[power])
+                    % (path, human_bytes(free), human_bytes(need), type(error).__name__, error))

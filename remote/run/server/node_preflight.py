@@ -24,7 +24,9 @@ import pkgmeta
 import telemetry
 from rpc import RemoteFailure
 from run import preflight
-from run.server import nodes as node_layout, plan
+from run.server import nodes as node_layout
+from run.server import plan
+from units import human_bytes
 
 #: The server environment's packages every node must hold in the same versions.
 PACKAGES = ("vllm", "torch", "transformers")
@@ -97,7 +99,7 @@ def model_facts(model):
     fingerprint = {"path": found.path, "sha256": digest.hexdigest(), "files": files, "bytes": total}
     return {"fingerprint": fingerprint, "config": config, "check": preflight.check(
         "model", True, "%s: %d files, %s (config.json and file sizes: %s)" % (
-            hfcache.describe(found), files, preflight.human_size(total), fingerprint["sha256"][:12]))}
+            hfcache.describe(found), files, human_bytes(total), fingerprint["sha256"][:12]))}
 
 
 #: vLLM's table of architectures: "LlamaForCausalLM": ("llama", "LlamaForCausalLM"), module and class.
@@ -115,7 +117,7 @@ def pipeline_check(vllm_dir, config):
       vllm/config/model.py:1556-1563 refuses pipeline parallel for a class without SupportsPP:
       `class ExtractHiddenStatesModel(nn.Module)` (model_executor/models/extract_hidden_states.py:318; the
       same in vllm-project/vllm at commit 055e47c) is refused at start-up, measured with vLLM's config code
-      (tests/test_multinode.py);
+      (tests/fleet/test_multinode.py);
     * the target relays the captured layers between stages: the model class declares
       `supports_aux_hidden_states_over_pp = True` (default False, model_executor/models/interfaces.py:1572;
       llama.py:358 and qwen2.py:335 do), which the model runner checks at load

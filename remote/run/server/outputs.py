@@ -29,7 +29,7 @@ every element (bytes slicing, in C), looks for the only two byte values that can
 element (0x7F, 0xFF, found with memchr) and checks the next byte down for those few candidates
 only. F16's exponent lies entirely in its top byte: one byte test decides. About 1 GB/s of hidden
 states on one core (967 MB/s for a 64 MiB bf16 sample from the page cache on the 2-core dev machine
-under load; the slicing is the cost): tests/test_server_outputs.py, test_scan_speed.
+under load; the slicing is the cost): tests/run/test_server_outputs.py, test_scan_speed.
 """
 import json
 import os
@@ -91,13 +91,13 @@ def read_header(path):
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise SafetensorsError(BAD_HEADER, "header is not UTF-8: %s" % e)
+        raise SafetensorsError(BAD_HEADER, "header is not UTF-8: %s" % e) from None
     if not text.startswith("{"):
         raise SafetensorsError(BAD_HEADER, "header does not start with '{'")
     try:
         header = json.loads(text)
     except ValueError as e:
-        raise SafetensorsError(BAD_HEADER, "header is not JSON: %s" % e)
+        raise SafetensorsError(BAD_HEADER, "header is not JSON: %s" % e) from None
     if not isinstance(header, dict):
         raise SafetensorsError(BAD_HEADER, "header is not a JSON object")
     metadata = header.pop("__metadata__", None) or {}

@@ -11,7 +11,8 @@ import os
 
 import contract
 import pkgmeta
-from run.server import client, launch, nodes as node_layout
+from run.server import client, launch
+from run.server import nodes as node_layout
 
 #: How long reading the server environment's packages may take (a cold network disk).
 ENVIRONMENT_TIMEOUT_S = 60
@@ -47,7 +48,7 @@ def server_environment(server_python):
         try:
             other = pkgmeta.other_environment(server_python, ["vllm"], ENVIRONMENT_TIMEOUT_S)
         except pkgmeta.EnvironmentUnreadable as exc:
-            raise PlanError("server_python %s: %s" % (server_python, exc))
+            raise PlanError("server_python %s: %s" % (server_python, exc)) from None
     found = (other["installed"] if other else {"vllm": pkgmeta.installed("vllm")})["vllm"]
     if not found:
         raise PlanError("no vLLM in the server's environment (%s): install vLLM there, or set server_python in "
@@ -80,7 +81,7 @@ def make(run_path, run_id, driver_args, *, client_python, server_python=None, no
         config = overridden(launch.read_model_config(model), settings["hf_overrides"])
         layers, layer_ids = launch.resolve_layer_ids({"model_config": config, "layer_ids": settings["layer_ids"]})
     except (OSError, ValueError) as exc:
-        raise PlanError("model %s: %s" % (model, exc))
+        raise PlanError("model %s: %s" % (model, exc)) from None
     distribution, vllm_dir, vllm_version = server_environment(server_python)
     staging = staging_dir(settings, nodes["job_id"] if nodes else run_id)
     prepared_dir = os.path.join(run_path, "prepared")

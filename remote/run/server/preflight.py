@@ -1,5 +1,5 @@
 """Preflight of a server-mode run (speculators >= 0.8), stdlib only: run/preflight.py calls checks()
-when the host's speculators takes the server path.
+when the host's speculators takes server mode.
 
 Beyond the checks both paths share (model, dataset, GPUs, torch's build, the output not in use):
 the two environments, the run's plan (the server command can be built: vLLM found, layer ids valid),
@@ -13,6 +13,7 @@ import socket
 import contract
 import pkgmeta
 from run.server import outputs, plan
+from units import human_bytes
 
 #: Files the connector may hold in staging at once: about one per request in flight (and its lock).
 STAGING_MARGIN = 2
@@ -102,7 +103,7 @@ def staging_disk(preflight, driver, estimate, samples):
     in_flight = (driver.get("concurrency") or contract.SERVER_DEFAULTS["concurrency"]) * STAGING_MARGIN
     need = (estimate or {}).get("bytes", 0) if not same else per_token * largest * in_flight
     detail = "%s: %s the output's filesystem; %s free, needs about %s" % (
-        staging, "on" if same else "NOT on", preflight.human_size(free), preflight.human_size(need))
+        staging, "on" if same else "NOT on", human_bytes(free), human_bytes(need))
     return {"name": "staging", "ok": free >= need, "detail": detail,
             "advice": None if free >= need else "free space at %s, or set extract.staging on the output's "
                                                 "filesystem" % where}

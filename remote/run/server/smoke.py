@@ -1,5 +1,5 @@
 """`inv smoke` in server mode (speculators >= 0.8), stdlib only: run/smoke.py calls run() when the
-host's speculators takes the server path.
+host's speculators takes server mode.
 
 The same run as `inv extract` (the plan of server/plan.py, the supervisor program with
 server/workload.py, the same server command and CLI steps), waited for, with the in-process smoke's

@@ -84,15 +84,11 @@ class Jobs:
     def __init__(self, supervisor):
         self.supervisor = supervisor
         self.running = {}
-        nodes = supervisor.record.get("nodes")
-        # A node's address for vLLM (docs/runs.md "Multi-node"), from the job's record: a resume, and a
-        # launch whose call environment is hosts.yaml's alone, set it as the job was planned.
-        self.node_env = {"VLLM_HOST_IP": nodes["addresses"][nodes["node_rank"]]} if nodes else {}
 
     def start(self, name, argv, log_path):
         # speculators logs through rich, which wraps at 80 columns without a terminal (and pads every line
         # to the width): wide enough for most records on one line; `skipped()` does not need the summary's.
-        env = child_env(COLUMNS="200", **self.node_env)
+        env = child_env(COLUMNS="200")
         # The client talks to 127.0.0.1: a proxy set on the host must not carry those requests.
         env["NO_PROXY"] = env["no_proxy"] = ",".join(filter(None, [env.get("NO_PROXY"), "127.0.0.1", "localhost"]))
         with open(log_path, "ab") as log:

@@ -1,0 +1,216 @@
+"""The committed results of the GPU run, from what device_run.py brought back.
+
+    python3 benchmarks/gpu/summarize.py RAW.json --device-minutes M [--date YYYY-MM-DD] [--not-run JSON]
+
+writes benchmarks/gpu/results/h200-<date>.json (every field tests/test_gpu_results.py checks) and
+h200-<date>.md (the table), and prints the markdown.
+"""
+import argparse
+import datetime
+import json
+import os
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ARM_ORDER = ("hand", "specrig", "bare")
+
+
+def iso_seconds(text):
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() if text else None
+
+
+def states(raw):
+    found = raw.get("states") or {}
+    if "documented" not in found:
+        return {"ran": False, "error": found.get("error")}
+    documented, shifted = found["documented"], found["shifted"]
+    return {
+        "ran": True, "files": found["files"], "tokens": found["tokens"], "dtype": found["dtype"],
+        "layer_ids": found["layer_ids"], "num_hidden_layers": found["num_hidden_layers"],
+        "reference": found["reference"], "gpu": found.get("gpu"),
+        "pairing": "id k = output of decoder layer k-1 (the input of layer k); 0 = embeddings; L = last "
+                   "layer's output before the final norm",
+        "tolerance": found["tolerance"],
+        "per_layer": {k: {"max_abs_diff": v["max_abs_diff"], "max_abs_ref": v["max_abs_ref"],
+                          "rel_l2": v["rel_l2"], "worst_sample_rel_l2": v["worst_sample_rel_l2"]}
+                      for k, v in documented.items()},
+        "max_abs_diff": max(v["max_abs_diff"] for v in documented.values()),
+        "worst_rel_l2": max(v["worst_sample_rel_l2"] for v in documented.values()),
+        "within_tolerance": found["within_tolerance"],
+        "shifted_control": {
+            "pairing": "id k against the output of decoder layer k (k = L: of layer L-2)",
+            "per_layer": {k: {"max_abs_diff": v["max_abs_diff"], "rel_l2": v["rel_l2"]} for k, v in shifted.items()},
+            "min_rel_l2": min(v["rel_l2"] for v in shifted.values()),
+            "fails": found["shifted_fails"]},
+        "problems": found["problems"], "files_with_nonfinite": found["files_with_nonfinite"],
+        "by_prefix": found.get("by_prefix"),  # worst sample per layer, shared system prompt or not (later runs)
+        "seconds": {"load": found["load_s"], "check": found["check_s"]},
+    }
+
+
+def kill9(raw):
+    extract = raw.get("extract") or {}
+    kill = extract.get("kill") or {}
+    attempts = extract.get("attempts") or []
+    failures = [a.get("failure") for a in attempts if a.get("failure")]
+    first = failures[0] if failures else {}
+    restart = iso_seconds(extract.get("restart_started_at"))
+    back = extract.get("memory_back_to_idle_at")
+    final = extract.get("exit") or {}
+    result = final.get("result") or {}
+    return {
+        "ran": bool(kill.get("at")),
+        "skipped": kill.get("skipped"),
+        "killed": {"engine_core_pids": kill.get("engine_cores"), "samples_done_before": kill.get("samples_done_before"),
+                   "memory_used_before_mib": kill.get("memory_before_mib")},
+        "attempts": [{"attempt": a.get("attempt"), "started_at": a.get("started_at"), "ended_at": a.get("ended_at"),
+                      "failure": {k: (a.get("failure") or {}).get(k) for k in
+                                  ("kind", "rule", "role", "retryable", "restarted", "explain", "evidence")}
+                      if a.get("failure") else None,
+                      "gpu_memory": a.get("gpu_memory"), "orphans_ended": a.get("orphans_ended")}
+                     for a in attempts],
+        "classified": first.get("kind"), "restarted": bool(first.get("restarted")) and len(attempts) > 1,
+        "idle_memory_used_mib": (extract.get("idle_memory_used_mib") or [None])[0],
+        "memory_back_to_idle_s_after_kill": round(back - kill["at"], 2) if back and kill.get("at") else None,
+        "restart_s_after_kill": round(restart - kill["at"], 2) if restart and kill.get("at") else None,
+        "memory_idle_before_restart": bool(back and restart and back <= restart),
+        "files_before_kill": extract.get("files_before_kill"),
+        "files_before_kill_kept": extract.get("files_before_kill_kept"),
+        "final_state": extract.get("state"), "final_files": extract.get("files"),
+        "samples_requested": extract.get("samples"), "final_result": result,
+        "complete": extract.get("state") == "succeeded" and extract.get("files") == extract.get("samples"),
+    }
+
+
+def stop(raw):
+    found = raw.get("stop") or {}
+    result = (found.get("stop") or {}).get("json") or {}
+    return {"ran": "seconds" in found, "clean": found.get("clean"), "seconds": found.get("seconds"),
+            "samples_done_at_stop": found.get("samples_done_at_stop"),
+            "idle_memory_used_mib": (found.get("idle_memory_used_mib") or [None])[0],
+            "memory_used_before_mib": (found.get("memory_before_mib") or [None])[0],
+            "memory_used_right_after_mib": (found.get("memory_right_after_mib") or [None])[0],
+            "memory_used_2s_after_mib": (found.get("memory_2s_after_mib") or [None])[0],
+            "left": result.get("left"), "gpu_memory": result.get("gpu_memory"),
+            "engine_cores_left": found.get("engine_cores_left"), "state": found.get("state")}
+
+
+def table(raw):
+    rows = []
+    for label, arm in (raw.get("arms") or {}).items():
+        rows.append({"arm": label, "way": arm.get("way"), "concurrency": arm.get("concurrency"),
+                     "samples": arm.get("samples"), "tokens": arm.get("tokens"), "wall_s": arm.get("wall_s"),
+                     "server_ready_s": arm.get("server_ready_s"), "after_load_s": arm.get("after_load_s"),
+                     "first_sample_s": arm.get("first_sample_s"), "tokens_per_s": arm.get("tokens_per_s"),
+                     "samples_per_s": arm.get("samples_per_s"),
+                     "tokens_per_s_after_load": arm.get("tokens_per_s_after_load"),
+                     "generate_s": arm.get("generate_s"), "tokens_per_s_generate": arm.get("tokens_per_s_generate"),
+                     "steady_s": None, "steady_tokens_per_s": None,
+                     "state": arm.get("state"), "error": arm.get("error")})
+        # From the first file (the first answer, bare) to the end of the client step: the rate once the
+        # client is up, without its start-up.
+        end = (arm.get("phases_s") or {}).get("validating") or arm.get("client_done_s")
+        if (arm.get("way") or "").startswith("bare") and arm.get("generate_s") and arm.get("first_sample_s"):
+            # the bare client times itself from after its imports: its wall less its first answer
+            steady = round(arm["generate_s"] - (arm["first_sample_s"] - arm["server_ready_s"]), 2)
+            rows[-1].update(steady_s=steady, steady_tokens_per_s=round(arm["tokens"] / steady, 1))
+        elif end and arm.get("first_sample_s") and arm.get("tokens"):
+            steady = round(end - arm["first_sample_s"], 2)
+            rows[-1].update(steady_s=steady, steady_tokens_per_s=round(arm["tokens"] / steady, 1))
+    return rows
+
+
+def ratios(rows):
+    by = {}
+    for row in rows:
+        by.setdefault(row["arm"].split("-")[0], []).append(row)
+    best = lambda name: max(by.get(name, []), key=lambda r: r.get("tokens_per_s_after_load") or 0, default=None)
+    hand, ours, bare = best("hand"), best("specrig"), best("bare")
+    out = {}
+    if hand and ours and hand.get("after_load_s") and ours.get("after_load_s"):
+        out["specrig_overhead_vs_hand_after_load"] = round(ours["after_load_s"] / hand["after_load_s"] - 1, 4)
+    for key in ("tokens_per_s_generate", "steady_tokens_per_s"):
+        for name, row in (("specrig", ours), ("hand", hand)):
+            if bare and row and bare.get(key) and row.get(key):
+                out["%s_vs_bare_prefill_%s" % (name, key)] = round(row[key] / bare[key], 4)
+    if bare and ours and bare.get("tokens_per_s_after_load"):
+        out["extraction_vs_bare_prefill_tokens_per_s"] = round(
+            ours["tokens_per_s_after_load"] / bare["tokens_per_s_after_load"], 4)
+    if bare and hand and bare.get("tokens_per_s_after_load"):
+        out["hand_vs_bare_prefill_tokens_per_s"] = round(
+            hand["tokens_per_s_after_load"] / bare["tokens_per_s_after_load"], 4)
+    out["best"] = {k: (v or {}).get("arm") for k, v in (("hand", hand), ("specrig", ours), ("bare", bare))}
+    return out
+
+
+def markdown(summary):
+    keys = ("arm", "concurrency", "samples", "tokens", "wall_s", "server_ready_s", "after_load_s", "first_sample_s",
+            "generate_s", "steady_s", "tokens_per_s", "tokens_per_s_after_load", "tokens_per_s_generate",
+            "steady_tokens_per_s", "samples_per_s")
+    lines = ["| arm | conc. | samples | tokens | wall s | server up s | after load s | first sample s | client step s "
+             "| steady s | tokens/s (wall) | tokens/s (after load) | tokens/s (client step) | tokens/s (steady) "
+             "| samples/s (wall) |", "|" + "---|" * len(keys)]
+    for row in summary["table"]:
+        lines.append("| " + " | ".join("-" if row.get(k) is None else str(row.get(k)) for k in keys) + " |")
+    lines.append("")
+    lines += ["- %s: %s" % item for item in summary["ratios"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("raw")
+    parser.add_argument("--device-minutes", type=float, required=True)
+    parser.add_argument("--date", default=datetime.date.today().isoformat())
+    parser.add_argument("--not-run", default="[]", help="JSON list of {what, why}")
+    parser.add_argument("--notes", default="[]", help="JSON list of strings")
+    parser.add_argument("--bf16-drift", help="bf16_drift.py's output: the yardstick beside the fixed tolerance")
+    args = parser.parse_args()
+    with open(args.raw) as f:
+        raw = json.load(f)
+    rows = table(raw)
+    extract = raw.get("extract") or {}
+    launch = (extract.get("launch") or {}).get("json") or {}
+    doctor = (raw.get("doctor") or {}).get("json") or {}
+    if args.bf16_drift:
+        with open(args.bf16_drift) as f:
+            drift_file = json.load(f)
+        drift = drift_file["bf16_sdpa_vs_bf16_eager"]
+        states_block = summary_states = states(raw)
+        if summary_states.get("ran"):
+            measured = {k: drift[k] for k in summary_states["per_layer"] if k in drift}
+            summary_states["bf16_drift_reference"] = {
+                "how": "benchmarks/gpu/bf16_drift.py %s: transformers against itself (sdpa vs eager attention, both "
+                       "bf16), the same 8B-wide shape, random weights and tokens, on the CPU; relative L2 per layer "
+                       "id" % ("%d %d nofp32" % (drift_file["layers"], drift_file["tokens"])),
+                "rel_l2": measured,
+                "within_bf16_drift": {k: summary_states["per_layer"][k]["worst_sample_rel_l2"] <= v
+                                      for k, v in measured.items()},
+                "not_measured": [k for k in summary_states["per_layer"] if k not in drift]}
+    else:
+        states_block = states(raw)
+    summary = {
+        "issue": 19, "date": args.date, "commit": raw.get("commit"), "device": raw.get("device"),
+        "device_minutes_used": args.device_minutes, "model": raw.get("model"),
+        "doctor": {"exit": (raw.get("doctor") or {}).get("exit"), "result": doctor},
+        "preflight": launch.get("preflight"),
+        "extract": {k: extract.get(k) for k in ("run_id", "samples", "state", "files", "tokens", "wall_s",
+                                                "layer_ids", "layer_convention", "server_argv")},
+        "states": states_block, "kill9": kill9(raw), "stop": stop(raw),
+        "table": rows, "ratios": ratios(rows),
+        "smoke_deepseek_v3": raw.get("smoke_deepseek_v3"),
+        "nvidia_smi_fixtures": "tests/fixtures/nvidia-smi/h200-vllm",
+        "errors": raw.get("errors", []), "not_run": json.loads(args.not_run), "notes": json.loads(args.notes),
+    }
+    os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
+    base = os.path.join(HERE, "results", "h200-%s" % args.date)
+    with open(base + ".json", "w") as f:
+        json.dump(summary, f, indent=1, default=str)
+        f.write("\n")
+    text = markdown(summary)
+    with open(base + ".md", "w") as f:
+        f.write("# GPU run %s at %s (issue 19)\n\n" % (args.date, (summary["commit"] or "?")[:12]) + text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""`inv extract` and `inv gather`: the data functions of the run stage (run/runs.py, run/sharded_runs.py,
+run/node_runs.py) sequenced, each step shown by run/view.py and run/live.py.
+
+`--host` decides: one host (one run, specrig/cli/runner.py), a group (a sharded run: one shard a host),
+or with --nodes a group as one multi-node job.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from specrig.cli.runner import run_on_group, run_on_host
+from specrig.contract import SERVER
+from specrig.exit_status import ExitStatus, most_serious
+from specrig.inventory import Host
+from specrig.run import live, node_runs, runs, sharded_runs, view
+
+
+def extract_on_host(host: Host, given: dict, *, skip_preflight: bool, attach: bool, as_json: bool) -> ExitStatus:
+    """One run: preflight, launch, and (attached) the live view until it ends or Ctrl-C detaches."""
+    return run_on_host(host, lambda target: runs.extract(target, given, skip_preflight=skip_preflight),
+                       view.extract_view(live.follow if attach else None), as_json=as_json)
+
+
+def extract_sharded(spec: str, hosts: Sequence[Host], given: dict, *, skip_preflight: bool, attach: bool,
+                    as_json: bool) -> ExitStatus:
+    """Preflight every host in parallel; launch on each only when every one passed; then follow them all
+    on one board (or return at once with attach False)."""
+    requests = sharded_runs.shard_requests(hosts, given)
+    preflight, modes = sharded_runs.preflight_shards(hosts, requests, skip_preflight=skip_preflight)
+    view.show_shards_preflight(preflight, as_json=as_json)
+    if preflight.failed:
+        return preflight.exit_status
+    mode = sharded_runs.one_mode(modes)
+    sharded_run_id = sharded_runs.new_group_run_id(sharded_runs.SHARDED_PREFIX)
+    names = [host.name for host in hosts]
+    board = live.RunsBoard(names) if attach else None
+
+    def launch(host: Host) -> dict:
+        return sharded_runs.launch_shard(host, requests[host.name], sharded_run_id=sharded_run_id, names=names,
+                                         on_update=(lambda run: board.update(host.name, run)) if board else None)
+
+    if not as_json:
+        view.show_sharded_run(sharded_run_id, names, server=mode == SERVER)
+    return run_on_group(hosts, launch, view.sharded_view(sharded_run_id), as_json=as_json, board=board,
+                        detach_note=f"detached; the runs go on. `inv status --host {spec} --run {sharded_run_id}` "
+                                    f"shows them, `inv stop --host {spec} --run {sharded_run_id}` stops them."
+                        if attach else None)
+
+
+def extract_job(spec: str, hosts: Sequence[Host], given: dict, *, mode: str, sizes: dict, skip_preflight: bool,
+                attach: bool, as_json: bool) -> ExitStatus:
+    """Check, launch the head then each worker, and follow the job's nodes as one (attach False: return at
+    once). `sizes`: pp, dp_local, rendezvous_port, watch_port (None: their defaults)."""
+    request, records = node_runs.plan_job(hosts, given, mode=mode, **sizes)
+    head = hosts[0]
+    node_runs.refuse_in_process(head)
+    request = request.for_mode(SERVER, head)
+    if not skip_preflight:
+        nodes, job = node_runs.job_preflight(hosts, request, records)
+        status = node_runs.job_status(nodes, job)
+        view.show_job_preflight(nodes, job, status, as_json=as_json)
+        if status != ExitStatus.OK:
+            return status
+    job_id = records[head.name]["job_id"]
+    launched = node_runs.launch_job(hosts, request, records)
+    view.show_job_launched(job_id, records, launched, node_runs.layout.describe(records[head.name]), as_json=as_json)
+    if as_json or not attach:
+        return ExitStatus.OK
+    board = live.RunsBoard([h.name for h in hosts])
+
+    def follow(host: Host) -> dict:
+        return node_runs.follow_node(host, launched[host.name]["run_id"], records[host.name]["role"],
+                                     lambda run: board.update(host.name, run))
+
+    return run_on_group(hosts, follow, view.job_view(job_id), as_json=False, board=board,
+                        detach_note=f"detached; the job goes on. `inv status --host {spec} --run {job_id}` shows it, "
+                                    f"`inv stop --host {spec} --run {job_id}` stops every node.")
+
+
+def gather(hosts: Sequence[Host], run_id: str, *, as_json: bool) -> ExitStatus:
+    """Each host's shard checked on its host, then their union: exit 1 unless every index is there once,
+    each loading whole."""
+    shards, found = sharded_runs.gather(hosts, run_id)
+    view.show_gather(run_id, shards, found, as_json=as_json)
+    return most_serious([shards.exit_status, ExitStatus.OK if found["complete"] else ExitStatus.FINDINGS])

@@ -1,0 +1,183 @@
+"""A sharded run: one extraction over a group of hosts, each host one shard of the dataset: `inv
+extract` on a group or a list, and `inv gather` (docs/runs.md, "Fleet runs"). Data only (run/view.py
+shows it, specrig/cli/extract.py sequences it).
+
+The dataset is split by global sample index: host k of n (in the order `--host` names them) takes
+the indices i with i % n == k (server mode: speculators' own contiguous chunks), each file keeps
+its global index (data_{i}.pt), so the shards' outputs merge as they are. One sharded-run id, made
+here, goes into every host's run.json; `status`, `stop`, `resume`, `logs` and `gather` find each
+host's run by it. On the host and in --json the record keeps the words of its first version:
+`fleet: {fleet_run_id, hosts, shard_index, shard_count}`, ids `fleet-<UTC stamp>-xxxx`.
+"""
+from __future__ import annotations
+
+import datetime
+import random
+import string
+from collections.abc import Callable, Sequence
+
+from specrig.contract import ACTIVE_STATES
+from specrig.doctor import check_extraction_mode
+from specrig.errors import Findings, UsageError
+from specrig.exit_status import ExitStatus
+from specrig.group import GroupResult, HostOutcome, run_group
+from specrig.inventory import Host
+from specrig.run.preflight import preflight
+from specrig.run.runs import launch_args, runs_call, watch_run
+from specrig.run.settings import MODE_NAMES, Request, build_request
+from specrig.transport import connect
+
+#: A sharded run's id starts so (the word of its first version: ids on hosts keep it).
+SHARDED_PREFIX = "fleet-"
+#: A multi-node job's id (specrig/run/node_runs.py): one run per node, found by it as a sharded run's shards are.
+JOB_PREFIX = "nodes-"
+#: In --out (or hosts.yaml's extract.out), replaced by each host's name: hosts sharing a filesystem
+#: (the lab's) need an output directory each.
+HOST_FIELD = "{host}"
+GATHER_TIMEOUT_S = 3600
+
+
+def new_group_run_id(prefix: str) -> str:
+    """The id of a run over a group of hosts: with SHARDED_PREFIX a sharded run's, with JOB_PREFIX a
+    multi-node job's."""
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    return prefix + stamp + "-" + "".join(random.choice(string.ascii_lowercase + string.digits) for _ in range(4))
+
+
+def is_group_run_id(run_id: str | None) -> bool:
+    """Whether `run_id` names a sharded run or a multi-node job (each host finds its own run of it)."""
+    return bool(run_id) and run_id.startswith((SHARDED_PREFIX, JOB_PREFIX))
+
+
+def shard_requests(hosts: Sequence[Host], given: dict) -> dict[str, Request]:
+    """Each host's launch: its settings (command line over its own hosts.yaml `extract:`), its
+    output directory with {host} filled in, and its shard. Every bad value raises before any host
+    is reached."""
+    requests = {}
+    for index, host in enumerate(hosts):
+        request = build_request(host, given)
+        driver_args = dict(request.driver_args, shard_index=index, shard_count=len(hosts))
+        driver_args["output_dir"] = driver_args["output_dir"].replace(HOST_FIELD, host.name)
+        requests[host.name] = Request(driver_args=driver_args, options=request.options, env=request.env)
+    return requests
+
+
+def preflight_shards(hosts: Sequence[Host], requests: dict[str, Request], *,
+                     skip_preflight: bool) -> tuple[GroupResult, dict[str, str | None]]:
+    """Every host's preflight, in parallel (each result its checks; a failed check is Findings whose
+    payload they are), and the extraction mode each host's speculators takes."""
+    modes: dict[str, str | None] = {}
+
+    def check(host: Host) -> list[dict]:
+        with connect(host) as remote:
+            mode = modes[host.name] = check_extraction_mode(remote, host, "extract")["mode"]  # 0.5-0.7: exit 2
+            checks = [] if skip_preflight else preflight(remote, host, requests[host.name].for_mode(mode, host))
+        failed = [item["name"] for item in checks if not item["ok"]]
+        if failed:
+            raise Findings(f"{host.name}: preflight failed: {', '.join(failed)}", payload=checks)
+        return checks
+
+    return run_group(hosts, check), modes
+
+
+def one_mode(modes: dict[str, str | None]) -> str | None:
+    """The one extraction mode of every host (host → mode); UsageError (exit 2) when they take several:
+    the two modes split a dataset differently (i % n against contiguous chunks), the union would not hold."""
+    by_mode: dict[str | None, list[str]] = {}
+    for name, mode in modes.items():
+        by_mode.setdefault(mode, []).append(name)
+    if len(by_mode) > 1:
+        raise UsageError("one fleet run needs one extraction mode, and these hosts take several: " + "; ".join(
+            f"{', '.join(hosts_on)}: {MODE_NAMES.get(mode, 'none')}" for mode, hosts_on in by_mode.items()),
+            hint="install the same speculators on every host (`inv doctor --host ...` shows them); nothing was "
+                 "launched")
+    return next(iter(by_mode), None)
+
+
+def launch_shard(host: Host, request: Request, *, sharded_run_id: str, names: Sequence[str],
+                 on_update: Callable[[dict], None] | None = None) -> dict:
+    """Launch one host's shard: {run_id, ..., fleet_run_id, hosts, shard_index, shard_count, out}. With
+    on_update, its run is followed on the same connection until it ends (`final`: its last status)."""
+    shard = {"fleet_run_id": sharded_run_id, "hosts": list(names), "shard_index": request.driver_args["shard_index"],
+             "shard_count": len(names)}
+    with connect(host) as remote:
+        launched = runs_call(remote, host, "launch", launch_args(host, request, fleet=shard))
+        result = {**launched, **shard, "out": request.driver_args["output_dir"]}
+        if on_update is None:
+            return result
+        return {**result, "final": watch_run(remote, host, launched["run_id"], on_update)}
+
+
+# ---- gather: the union of the shards --------------------------------------------------------------
+
+def verify_output(host: Host, run_id: str) -> dict:
+    """The host's run of the sharded run (or a run id): its output's sample indices, each loaded on the host."""
+    with connect(host) as remote:
+        return runs_call(remote, host, "verify-output", {"run": run_id}, timeout=GATHER_TIMEOUT_S)
+
+
+def ranges(indices: Sequence[int]) -> str:
+    """3, 6-8, 12: a list of indices in a few words."""
+    parts: list[str] = []
+    ordered = sorted(indices)
+    start = previous = None
+    for index in ordered + [None]:
+        if start is not None and index == previous + 1:
+            previous = index
+            continue
+        if start is not None:
+            parts.append(str(start) if start == previous else f"{start}-{previous}")
+        start = previous = index
+    return ", ".join(parts)
+
+
+def union(outcomes: Sequence[HostOutcome]) -> dict:
+    """What the shards hold together: every sample index 0 .. dataset_samples - 1 exactly once, and
+    each file loading whole; the missing, duplicated, out-of-range and unloadable indices named."""
+    holders: dict[int, list[str]] = {}
+    counts = set()
+    unloadable = []
+    for outcome in outcomes:
+        if outcome.result is None:
+            continue
+        for index in outcome.result["indices"]:
+            holders.setdefault(index, []).append(outcome.host)
+        unloadable += [{"host": outcome.host, **bad} for bad in outcome.result["unloadable"]]
+        if outcome.result.get("dataset_samples") is not None:
+            counts.add(outcome.result["dataset_samples"])
+    total = max(counts) if counts else None
+    missing = [i for i in range(total) if i not in holders] if total is not None else []
+    duplicated = {i: hosts for i, hosts in sorted(holders.items()) if len(hosts) > 1}
+    out_of_range = sorted(i for i in holders if total is None or i >= total)
+    failed_hosts = [outcome.host for outcome in outcomes if outcome.exit_status != ExitStatus.OK]
+    active = [outcome.host for outcome in outcomes
+              if outcome.result is not None and outcome.result["state"] in ACTIVE_STATES]
+    problems = []
+    if active:
+        problems.append(f"still running on {', '.join(active)}")
+    if failed_hosts:
+        problems.append(f"no answer from {', '.join(failed_hosts)}")
+    if total is None:
+        problems.append("the dataset's sample count is unknown: no shard wrote its data_config.json yet")
+    if len(counts) > 1:
+        problems.append(f"the shards disagree on the dataset's sample count: {sorted(counts)}")
+    if missing:
+        problems.append(f"{len(missing)} missing: {ranges(missing)}")
+    if duplicated:
+        problems.append(f"{len(duplicated)} duplicated: " + "; ".join(f"{i} on {', '.join(h)}"
+                                                                      for i, h in list(duplicated.items())[:20]))
+    if out_of_range and total is not None:
+        problems.append(f"{len(out_of_range)} beyond the dataset's {total}: {ranges(out_of_range)}")
+    if unloadable:
+        problems.append(f"{len(unloadable)} do not load whole: " + "; ".join(
+            f"{bad['index']} on {bad['host']} ({bad['reason']})" for bad in unloadable[:10]))
+    return {"complete": not problems, "dataset_samples": total, "samples": sum(map(len, holders.values())),
+            "missing": missing, "duplicated": {str(i): h for i, h in duplicated.items()},
+            "out_of_range": out_of_range if total is not None else [], "unloadable": unloadable,
+            "problems": problems}
+
+
+def gather(hosts: Sequence[Host], run_id: str) -> tuple[GroupResult, dict]:
+    """Each host's shard of the sharded run, checked on its host, and their union."""
+    group = run_group(hosts, lambda host: verify_output(host, run_id))
+    return group, union(group.outcomes)

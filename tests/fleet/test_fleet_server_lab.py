@@ -1,0 +1,73 @@
+"""One server-mode extraction over two lab fleet hosts (issue 11): speculators' own split
+(`generate-offline-data --world-size 2 --rank k`), one shard per host, every row once in the union,
+each shard's states equal to transformers' own.
+
+lab-1 and lab-2 (own sshd, own host key, own workdir) take lab-server's environments here, through an
+inventory of this test's own: speculators 0.9.0 as `python`, the patched venv-server-0.32 as
+`server_python`, and a port each (the lab's hosts are one machine: two servers on one 127.0.0.1).
+"""
+from __future__ import annotations
+
+import shutil
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from run.server import client, outputs
+from support.lab import inv, inv_json
+from support.runnable_env import HOME, runnable_env_or_skip  # noqa: F401 (marks the module runnable)
+from support.server_lab import require_server_fleet, server_fleet_inventory, states_against_transformers
+
+HOSTS = ["lab-1", "lab-2"]
+ROWS = 24
+CALL_TIMEOUT_S = 300
+
+
+@pytest.fixture
+def pair(lab, tmp_path):
+    """hosts.yaml with lab-1 and lab-2 in server mode, group `pair`, {host} output directories."""
+    fleet = require_server_fleet(HOSTS)
+    name = f"fleet-server-{uuid.uuid4().hex[:8]}"
+    inventory = server_fleet_inventory(tmp_path, fleet, HOSTS, extract=lambda number: {
+        "port": 18300 + number, "out": f"~/specrig-fleet/{{host}}/out/{name}"})
+    outs = [HOME / "specrig-fleet" / host / "out" / name for host in HOSTS]
+    yield inventory, outs
+    for out in outs:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def wait_final(inventory: Path, fleet_run_id: str, timeout: float = 900) -> dict:
+    """Each host's state once no shard is active any more."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        code, found = inv_json("status", "--host", "pair", "--run", fleet_run_id, inventory=inventory,
+                               timeout=CALL_TIMEOUT_S)
+        assert code == 0, found
+        states = {host: record["result"]["runs"][0]["state"] for host, record in found.items()}
+        if not set(states.values()) & {"starting", "running", "restarting", "stalled"}:
+            return states
+        time.sleep(5)
+    raise AssertionError(f"fleet run {fleet_run_id} still active after {timeout} s: {states}")
+
+
+def test_a_server_mode_fleet_run_splits_the_rows_as_speculators_does(pair):
+    inventory, outs = pair
+    code, launched = inv_json("extract", "--host", "pair", "--max-samples", str(ROWS), "--concurrency", "2",
+                              inventory=inventory, timeout=CALL_TIMEOUT_S)
+    assert code == 0, launched
+    fleet_run_id = launched["lab-1"]["result"]["fleet_run_id"]
+    try:
+        states = wait_final(inventory, fleet_run_id)
+        assert states == {"lab-1": "succeeded", "lab-2": "succeeded"}, states
+        code, gathered = inv_json("gather", "--host", "pair", "--run", fleet_run_id, inventory=inventory,
+                                  timeout=CALL_TIMEOUT_S)
+    finally:
+        inv("stop", "--host", "pair", "--run", fleet_run_id, inventory=inventory, timeout=CALL_TIMEOUT_S)
+    assert code == 0 and gathered["complete"], gathered
+    assert gathered["dataset_samples"] == ROWS and gathered["samples"] == ROWS, gathered
+    for rank, out in enumerate(outs):
+        share = client.shard_indices(ROWS, None, len(HOSTS), rank)
+        assert outputs.existing_indices(str(out)) == share  # contiguous chunks: 0-11 and 12-23
+        states_against_transformers(out, files=len(share))

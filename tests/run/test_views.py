@@ -1,0 +1,25 @@
+"""The views' shared vocabulary: a style for every run state the host names, sizes in IEC units."""
+from __future__ import annotations
+
+import pytest
+
+from specrig.contract import ACTIVE_STATES, FINAL_STATES, LOST
+from specrig.run.view import STATE_STYLE
+from specrig.ui import human_bytes
+
+
+@pytest.mark.parametrize("state", [*ACTIVE_STATES, *FINAL_STATES, LOST])
+def test_every_run_state_has_a_style(state):
+    # A state renamed or added in remote/contract.py without a style here would show plain.
+    assert STATE_STYLE.get(state), f"run state {state!r} has no style in specrig/run/view.py"
+
+
+def test_the_styles_name_no_state_the_host_does_not():
+    assert set(STATE_STYLE) == {*ACTIVE_STATES, *FINAL_STATES, LOST}
+
+
+@pytest.mark.parametrize(("size", "shown"), [(None, "-"), (0, "0 B"), (1023, "1023 B"), (1024, "1.0 KiB"),
+                                             (1536, "1.5 KiB"), (63_900_000_000, "59.5 GiB"),
+                                             (5 * 2**50, "5.0 PiB")])
+def test_sizes_are_in_iec_units(size, shown):
+    assert human_bytes(size) == shown

@@ -1,0 +1,83 @@
+"""Shared pieces of the server-mode lab tests (test_server_runs_lab, test_fleet_server_lab,
+test_multinode_lab): lab-server's environments on the fleet hosts, a run's files read directly, and
+the stored states compared with transformers' own forward."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from specrig import lab as lab_module
+from support.lab import inv
+from support.paths import REPO
+from support.runnable_env import HOME
+
+CLIENT = HOME / "venv-spec-0.9"
+MODEL = HOME / "models" / "tiny-llama"
+#: lab-server's default layer ids on the tiny model (L = 8): [2, L // 2, L - 3, L].
+LAYERS = [2, 4, 5, 8]
+#: bf16 keeps 8 bits of mantissa: a few ulps of the largest value.
+TOLERANCE = 2 ** -6
+
+
+def require_server_fleet(hosts: list[str]) -> dict:
+    """The fleet hosts' entries of .lab/fleet.yaml, once server mode's environments are built and
+    lab-server's server venv (which the fleet hosts share here) is patched; else the test is skipped."""
+    if not (CLIENT / "bin" / "python").exists() or lab_module.fleet_size() < len(hosts):
+        pytest.skip(f"needs `inv lab.up --runnable --hosts {len(hosts)}` (server mode's environments and "
+                    f"{len(hosts)} fleet hosts)")
+    patched = inv("apply-patches", "--host", "lab-server", timeout=300)
+    assert patched.returncode == 0, patched.stdout + patched.stderr
+    return yaml.safe_load((REPO / ".lab" / "fleet.yaml").read_text())["hosts"]
+
+
+def server_fleet_inventory(directory: Path, fleet: dict, hosts: list[str], *, extract, **entry) -> Path:
+    """hosts.yaml in `directory` holding `hosts` in server mode (lab-server's python and server_python),
+    `extract(number)` over each one's `extract:`, `entry` over each entry, group `pair`; the project
+    known_hosts beside it."""
+    written = {}
+    for number, host in enumerate(hosts):
+        written[host] = dict(fleet[host], identity_file=str(REPO / ".lab" / "client_key"),
+                             python="~/venv-spec-0.9/bin/python", server_python="~/venv-server-0.32/bin/python",
+                             **entry)
+        written[host]["extract"] = dict(fleet[host]["extract"], **extract(number))
+    inventory = directory / "hosts.yaml"
+    inventory.write_text(yaml.safe_dump({"hosts": written, "groups": {"pair": hosts}}))
+    (directory / ".specrig").mkdir()
+    shutil.copy(REPO / ".specrig" / "known_hosts", directory / ".specrig" / "known_hosts")
+    return inventory
+
+
+def run_files(run: Path) -> dict:
+    """A run's status.json and heartbeat.json as the host has them, read directly (the lab is this
+    machine), so that a wait polls in tenths of a second; the exit record's state once there is one."""
+
+    def read(name):
+        try:
+            return json.loads((run / name).read_text())
+        except (OSError, ValueError):  # not written yet
+            return {}
+
+    exit_record = read("exit.json")
+    return dict(read("status.json"), heartbeat=read("heartbeat.json"),
+                **({"state": exit_record["state"]} if exit_record else {}))
+
+
+def states_against_transformers(out: Path, files: int) -> dict:
+    """tests/programs/server_hidden_states_reference.py on `out`: every file there read, none with a
+    problem, each stored id k equal to the input of decoder layer k (docs/server-mode.md §3, §12)
+    within TOLERANCE; what it measured."""
+    reference = subprocess.run([str(CLIENT / "bin" / "python"),
+                                str(REPO / "tests" / "programs" / "server_hidden_states_reference.py"),
+                                str(out), str(MODEL), ",".join(map(str, LAYERS))],
+                               capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    measured = json.loads(reference.stdout.strip().splitlines()[-1])
+    assert measured["files"] == files and not measured["problems"], measured
+    for k in LAYERS:
+        assert measured["max_abs_diff"]["input"][str(k)] <= TOLERANCE * measured["max_abs_value"], measured
+    return measured
