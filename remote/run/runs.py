@@ -421,10 +421,10 @@ def verify_output(args):
         python = sys.executable
     program = os.path.join(REMOTE_ROOT, "run", "verify_output.py")
     try:
-        done = subprocess.run([python, program, out], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, timeout=VERIFY_TIMEOUT_S)
+        done = subprocess.run([python, program, out], stdin=subprocess.DEVNULL, capture_output=True,
+                              timeout=VERIFY_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        raise RemoteFailure("timeout", "verifying %s took longer than %d s" % (out, VERIFY_TIMEOUT_S))
+        raise RemoteFailure("timeout", "verifying %s took longer than %d s" % (out, VERIFY_TIMEOUT_S)) from None
     lines = done.stdout.decode(errors="replace").strip().splitlines()
     if done.returncode != 0 or not lines:
         raise RemoteFailure("verify-failed", "verifying %s with %s failed (exit %s): %s"

@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 
 import contract
-from support.lab import inv, wait_for
-from support.paths import H200X2, REPO
+import telemetry
 from run.server import launch, node_preflight, node_roles, nodes
 from specrig.errors import UsageError
 from specrig.inventory import Host
 from specrig.run import node_runs
-import telemetry
+from support.lab import inv, wait_for
+from support.paths import H200X2, REPO
 
 TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "num_hidden_layers": 8,
         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 2048}
@@ -196,7 +196,7 @@ GPU_CASES = [
 @pytest.mark.parametrize("mode, sizes, counts, ok, text", GPU_CASES)
 def test_the_gpu_counts_add_up_to_the_world(mode, sizes, counts, ok, text):
     record = nodes.record("j", nodes.layout(mode, 2, **sizes), node_rank=0, hosts=["a", "b"], addresses=["a", "b"])
-    found = node_runs.gpus_add_up(record, dict(zip("ab", counts)))
+    found = node_runs.gpus_add_up(record, dict(zip("ab", counts, strict=True)))
     assert found["ok"] is ok, found
     assert text in (found["detail"] + " " + (found["advice"] or ""))
 

@@ -7,12 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
+from test_server_outputs import hs_file
 
 from run import rundir
 from run.server import outputs
 from run.server.workload import LAYERS_FILE, ServerExtraction
 from run.supervision import Supervisor
-from test_server_outputs import hs_file
 
 LAYERS, WIDTH = 4, 16
 

@@ -33,8 +33,15 @@ import time
 
 import atomic
 import procs
-from contract import (PHASE_GENERATING, PHASE_LOADING, PHASE_PREPARING, PHASE_SERVING, PHASE_STARTING,
-                      PHASE_VALIDATING, PHASE_WAITING)
+from contract import (
+    PHASE_GENERATING,
+    PHASE_LOADING,
+    PHASE_PREPARING,
+    PHASE_SERVING,
+    PHASE_STARTING,
+    PHASE_VALIDATING,
+    PHASE_WAITING,
+)
 from run import classify
 from run.server import client, health, outputs, prepared
 from run.supervision import POLL_S, NotStarted, Watch, child_env, found_failure, log_since, log_size
@@ -100,7 +107,7 @@ class Jobs:
 
     def members(self):
         pids = set()
-        for name, (proc, job) in self.running.items():
+        for name, (_proc, job) in self.running.items():
             pids.update(m["pid"] for m in job.members())
             self.supervisor.status["jobs"][name]["seen"] = job.saved()
         return pids
