@@ -30,6 +30,24 @@ ACTIVE_STATES = (STARTING, RUNNING, RESTARTING, STALLED)
 #: The supervisor ended the run.
 FINAL_STATES = (SUCCEEDED, FAILED, STOPPED)
 
+# -- heartbeat phases (heartbeat.json "phase"): what the workload is doing now ---------------------
+# Another word than the run's state: a RUNNING run goes PHASE_LOADING -> PHASE_EXTRACTING -> PHASE_DONE.
+# The in-process driver writes them (remote/run/driver/), a server-mode supervisor writes its own
+# (remote/run/server/workload.py); the supervisor reads PHASE_LOADING (load_timeout_s applies), the laptop
+# shows them. A heartbeat's last phase may also be a run state: FAILED from the driver that failed, the
+# run's final state from a server-mode supervisor. The vLLM server's own states (loading, ready,
+# unhealthy of /health) are a third vocabulary: remote/run/server/health.py.
+PHASE_STARTING = "starting"        # server mode: the supervisor is up, the first attempt not begun
+PHASE_LOADING = "loading"          # the model loads (in-process: the driver; server mode: the server)
+PHASE_EXTRACTING = "extracting"    # in-process: samples go through the model
+PHASE_WRITING = "writing"          # in-process: the last samples' files are written
+PHASE_DONE = "done"                # in-process: every sample of the run's share is written
+PHASE_PREPARING = "preparing"      # server mode: speculators prepare-data
+PHASE_GENERATING = "generating"    # server mode: speculators generate-offline-data
+PHASE_VALIDATING = "validating"    # server mode: every file of the share is checked
+PHASE_SERVING = "serving"          # a multi-node worker: its server serves the head's attempt
+PHASE_WAITING = "waiting"          # a multi-node worker: between the head's attempts
+
 # -- the extraction driver's arguments (remote/run/extract_driver.py reads them) ------------------
 DRIVER_REQUIRED = ("model", "dataset", "output_dir")
 DRIVER_DEFAULTS = {

@@ -25,7 +25,7 @@ import string
 
 import procs
 from atomic import read_json
-from contract import ACTIVE_STATES, LOST
+from contract import ACTIVE_STATES, LOST, STARTING
 
 RUNS = "runs"
 #: Modes of what specrig writes in a workdir: directories and files its user's alone.
@@ -96,11 +96,11 @@ class RunDir:
         return bool(pid) and procs.alive(pid) and self.run_id in procs.cmdline(pid)
 
     def state(self):
-        """The status's state, corrected by the facts: a dead supervisor without an exit record is 'lost'."""
+        """The status's state, corrected by the facts: a dead supervisor without an exit record is LOST."""
         exit_record = self.exit_record
         if exit_record:
             return exit_record["state"]
-        state = self.status.get("state", "starting")
+        state = self.status.get("state", STARTING)
         if state in ACTIVE_STATES and not self.supervisor_alive():
             return LOST
         return state

@@ -42,7 +42,7 @@ import hfcache
 import pkgmeta
 import procs
 import telemetry
-from contract import ACTIVE_STATES, SUCCEEDED, SUPERVISOR_DEFAULTS
+from contract import ACTIVE_STATES, STOPPED, SUCCEEDED, SUPERVISOR_DEFAULTS
 from rpc import RemoteFailure
 from run import rundir
 from run.server import outputs, plan
@@ -256,7 +256,7 @@ def _server_plan(run, driver_args, server_python, nodes=None):
     node of a multi-node job (a worker runs vLLM alone: its python needs no speculators); else None.
     A plan that cannot be made removes the run directory: nothing was launched."""
     speculators = pkgmeta.versions(("speculators",))["speculators"]
-    if not nodes and contract.extraction_mode(speculators) != "server":
+    if not nodes and contract.extraction_mode(speculators) != contract.SERVER:
         return None
     try:
         return plan.make(run.path, run.run_id, driver_args, client_python=sys.executable,
@@ -392,7 +392,7 @@ def stop(args):
     if supervisor and procs.alive(supervisor):
         os.kill(supervisor, signal.SIGKILL)
     if not run.exit_record:
-        atomic.write_json(run.file("exit.json"), {"state": "stopped", "ended_at": rundir.now_iso(),
+        atomic.write_json(run.file("exit.json"), {"state": STOPPED, "ended_at": rundir.now_iso(),
                                                   "stopped_by": "inv stop", "was": state})
     left = _members(jobs)
     gpu = telemetry.wait_released(before, pids | {m["pid"] for m in left}, GPU_RELEASE_S)
@@ -421,10 +421,10 @@ def verify_output(args):
         python = sys.executable
     program = os.path.join(REMOTE_ROOT, "run", "verify_output.py")
     try:
-        done = subprocess.run([python, program, out], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, timeout=VERIFY_TIMEOUT_S)
+        done = subprocess.run([python, program, out], stdin=subprocess.DEVNULL, capture_output=True,
+                              timeout=VERIFY_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        raise RemoteFailure("timeout", "verifying %s took longer than %d s" % (out, VERIFY_TIMEOUT_S))
+        raise RemoteFailure("timeout", "verifying %s took longer than %d s" % (out, VERIFY_TIMEOUT_S)) from None
     lines = done.stdout.decode(errors="replace").strip().splitlines()
     if done.returncode != 0 or not lines:
         raise RemoteFailure("verify-failed", "verifying %s with %s failed (exit %s): %s"

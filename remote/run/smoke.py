@@ -164,7 +164,7 @@ def _run_driver(model, config, samples, work, timeout_s):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, 9)
             proc.wait()
-            raise RemoteFailure("timeout", "the smoke run did not finish within %.0f s" % timeout_s)
+            raise RemoteFailure("timeout", "the smoke run did not finish within %.0f s" % timeout_s) from None
         log.seek(0)
         log_text = log.read()
     elapsed = round(time.monotonic() - started, 1)

@@ -1,52 +1,156 @@
-"""The supervisor of one in-process extraction run (stdlib only); run/supervisor.py is its program,
-run/server/supervision.py extends it for server mode.
+"""The supervisor of one run: one loop around a workload and a node role (stdlib only);
+run/supervisor.py is its program and picks the two.
 
-It runs the driver, `<python> <run>/code/run/extract_driver.py <run>/driver-args.json`, in a
-session of its own, and:
+The loop, for every attempt: start the workload and watch it (progress, stalls, the GPUs, a stop),
+end whatever is left of its processes and wait for the GPUs to give their memory back, classify a
+failure (classify.py), decide (below), back off, and at the end write the run's outcome.
 
-- samples the driver's heartbeat and the GPUs into status.json every second or so;
-- on a failed attempt, classifies the failure (classify.py), records it, and restarts
-  with resume after a backoff if it is retryable and restarts are left, unless the attempt wrote
-  no sample and failed exactly as the attempt before it did (same signature): a failure that
-  repeats without progress would repeat again, and every attempt loads the model anew;
-- marks the run stalled when no new phase, sample or output file came for
-  `stall_timeout_s`, and restarts it if `stall_restart` is set;
-- on SIGTERM (inv stop) ends the driver's whole session: SIGTERM, grace, SIGKILL.
+- The **workload** is what an attempt runs: the in-process driver (run/in_process.py) or the vLLM
+  server with speculators' client steps, or a worker's headless server (run/server/workload.py).
+  Each is an object made with the supervisor, with:
+
+      STARTS, FINISHED         the log marker's words for an attempt starting, and ending well
+      SAMPLE_FILE              the output's sample files (a regex), or None: no samples of its own
+      status_fields(previous)  the keys it adds to status.json (`previous`: the status before a resume)
+      prepare(entry)           before the processes start (server mode checks the output's files)
+      run(entry)               start the attempt's processes and watch them until they end, fail, stall
+                               or a stop comes: (exit status or None, failure found or None); raises
+                               NotStarted when its first process cannot be started
+      end()                    end what is left of its processes (Supervisor.end_job); the attempt's
+                               cleanup record
+      attempt_log()            this attempt's log text, classified when it failed with nothing found
+      finish(outcome)          its last words (files, the heartbeat's last phase); the outcome to record
+
+- The **node role** is what a node of a multi-node job adds (run/server/node_roles.py: the head, a
+  worker); NodeRole below names where a role takes part, and as it is stands for a run on one host.
+
+The decision: a stop ends the run; a success ends it; a failure is restarted after a backoff
+(backoff_s doubled per restart, at most backoff_max_s) if it is retryable and restarts are left,
+unless the attempt wrote no sample and failed exactly as this supervisor's previous attempt did
+(same signature): a failure that repeats without progress would repeat again, and every attempt
+loads the model anew. No new phase, sample or output file for `stall_timeout_s` (`load_timeout_s`
+while loading) marks the run stalled, and ends the attempt when `stall_restart` is set or the stall
+has a cause that will not go away. SIGTERM (inv stop) ends the attempt's processes: SIGTERM, grace,
+SIGKILL. This shape follows SkyPilot's managed-job controller (one loop that watches and decides)
+and its StrategyExecutor (what to launch and recover, held by the loop).
 """
 import os
-import re
 import signal
-import subprocess
 import time
 
 import atomic
-import procs
 import telemetry
+from contract import FAILED, RESTARTING, RUNNING, STALLED, STARTING, STOPPED, SUCCEEDED
 from run import classify, rundir
 
 POLL_S = 0.5
 #: Seconds between rewrites of status.json while nothing changes.
 STATUS_EVERY_S = 2.0
-#: Seconds between counts of the output directory (a cheap second sign of progress).
-OUTPUT_COUNT_EVERY_S = 15
 LOG_TAIL_BYTES = 256 * 1024
 #: How long to wait for the GPUs to free the memory of an attempt's ended processes.
 GPU_RELEASE_S = 30
-class Supervisor:
-    #: The driver's sample files (extract_driver.py: data_{i}.pt, each renamed into place when written).
-    SAMPLE_FILE = re.compile(r"data_\d+\.pt")
-    #: The log's word for an attempt that ended well.
-    FINISHED = "the driver finished"
+#: An attempt's outcome that is no run state: the loop starts the next attempt after the backoff.
+RETRY = "retry"
 
-    def __init__(self, run):
+
+class NotStarted(Exception):
+    """The first process of an attempt could not be started (`argv`, the OSError)."""
+
+    def __init__(self, argv, error):
+        super().__init__(error)
+        self.argv, self.error = argv, error
+
+
+class AttemptEnds(Exception):
+    """Raised from a node role's look at the other nodes, inside a workload's watch: the attempt ends
+    with `failure` (a node lost), or with none (a worker: the head's attempt it served is over)."""
+
+    def __init__(self, failure=None):
+        super().__init__(failure and failure["explain"])
+        self.failure = failure
+
+
+def found_failure(kind, explain, advice, retryable, **fields):
+    """A failure the supervisor found itself (no log decides it), shaped as classify.classify's."""
+    found = {"kind": kind, "rule": None, "retryable": retryable, "exit_status": None, "signal": None,
+             "callee": None, "caller": None, "evidence": None, "explain": explain, "advice": advice}
+    found.update(fields)
+    found["signature"] = classify.signature(found)
+    return found
+
+
+def child_env(**extra):
+    """A child's environment: the supervisor's own (runs.py put the job's variables there: hosts.yaml's
+    `env:`, a node's VLLM_HOST_IP), unbuffered output so the log keeps up, and `extra`."""
+    return dict(os.environ, PYTHONUNBUFFERED="1", **extra)
+
+
+def log_since(path, offset):
+    """The log's text from `offset` (this attempt's start), its last LOG_TAIL_BYTES at most."""
+    try:
+        size = os.path.getsize(path)
+    except FileNotFoundError:
+        return ""
+    with open(path, "rb") as handle:
+        handle.seek(max(offset, size - LOG_TAIL_BYTES))
+        return handle.read().decode(errors="replace")
+
+
+def log_size(path):
+    return os.path.getsize(path) if os.path.exists(path) else 0
+
+
+class NodeRole:
+    """Where a node of a multi-node job takes part in the loop: each method is one point of it, and the
+    roles (run/server/node_roles.py: Head, Worker) redefine those they need. As it is, the role of a run
+    on one host: nothing to tell, nobody to watch; None leaves the loop its own way."""
+
+    def open(self):
+        """Before the first attempt: the run's outcome when the role cannot be taken, else None."""
+        return None
+
+    def saved(self):
+        """status.json was written: what the other nodes read of it."""
+
+    def next_attempt(self):
+        """Before each attempt: the run's outcome when there is to be none, else None."""
+        return None
+
+    def begin_attempt(self, entry):
+        """The attempt's record is made: the role's fields in it; the start marker's last words."""
+        return ""
+
+    def look(self):
+        """During the watch, every poll: raises AttemptEnds when another node ends the attempt."""
+
+    def attempt_ended(self, entry, found):
+        """The attempt's processes stopped or failed, before they are ended (others learn it at once)."""
+
+    def judge(self, entry, exit_status, found):
+        """The attempt's outcome when the role decides it, else None: the retry policy decides."""
+        return None
+
+    def back_off(self):
+        """Whether to go on after a retry when the role decides it, else None: the backoff decides."""
+        return None
+
+    def close(self, outcome):
+        """The run's outcome is written."""
+
+
+class Supervisor:
+    """One run's attempts, watched and decided; `workload(self)` and `role(self)` make the two parts."""
+
+    def __init__(self, run, workload, role=None):
         self.run = run
-        record = run.record
-        self.record = record
-        self.options = record["options"]
+        self.record = run.record
+        self.options = self.record["options"]
+        self.workload = workload(self)
+        self.role = role(self) if role else NodeRole()
         previous = run.status
         self.status = {
             "run_id": run.run_id,
-            "state": "starting",
+            "state": STARTING,
             "supervisor_pid": os.getpid(),
             "supervisor_started_at": rundir.now_iso(),
             # Attempts and failures survive a resume (a new supervisor on the same run).
@@ -60,6 +164,7 @@ class Supervisor:
             "gpus": None,
             "gpu_apps": [],
         }
+        self.status.update(self.workload.status_fields(previous))
         for attempt in self.status["attempts"]:
             if attempt["ended_at"] is None:
                 # Its supervisor died before it could record the end (the run was `lost`).
@@ -69,26 +174,23 @@ class Supervisor:
         #: This supervisor's previous attempt's failure: a failure repeated without progress ends the run.
         self.previous_failure = None
 
-    # -- status ---------------------------------------------------------------------------------
+    # -- what it writes -------------------------------------------------------------------------
 
     def save(self, **changes):
         self.status.update(changes, updated_at=rundir.now_iso())
         atomic.write_json(self.run.file("status.json"), self.status)
+        self.role.saved()
 
     def log_marker(self, text):
         with open(self.run.file("driver.log"), "ab") as log:
             log.write(("\n[specrig-supervisor %s] %s\n" % (rundir.now_iso(), text)).encode())
 
-    def sample_gpus(self, ours):
-        """Per-GPU telemetry and the compute processes, marking those of the run (pids `ours`)."""
-        if time.monotonic() - self.last_telemetry < self.options["telemetry_interval_s"]:
-            return
-        self.last_telemetry = time.monotonic()
-        gpus = telemetry.gpus(timeout=10)
-        apps = telemetry.compute_apps(timeout=10) if gpus["available"] else []
-        for app in apps:
-            app["this_run"] = app["pid"] in ours
-        self.status.update(gpus=gpus, gpu_apps=apps)
+    def started(self, **fields):
+        """The attempt's first process runs: the run is RUNNING, no longer stalled or waiting to restart."""
+        self.save(state=RUNNING, stalled=False, restart_at=None, gpu_apps=[], **fields)
+
+    def host(self):
+        return self.record.get("host") or "the host"
 
     # -- signals --------------------------------------------------------------------------------
 
@@ -98,25 +200,33 @@ class Supervisor:
     def stop_requested(self):
         return self.stop_signal is not None or self.run.stop_requested()
 
-    # -- the run --------------------------------------------------------------------------------
+    # -- the loop -------------------------------------------------------------------------------
 
     def main(self):
         signal.signal(signal.SIGTERM, self.on_signal)
         signal.signal(signal.SIGINT, self.on_signal)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the SSH session going away is no reason to stop
         self.save()
-        while True:
-            outcome = self.attempt()
-            if outcome["state"] != "retry":
-                return self.finish(outcome)
-            if not self.backoff():
-                return self.finish({"state": "stopped", "failure": self.status["last_failure"]})
+        outcome = self.role.open() or self.attempts()
+        return self.conclude(outcome)
 
-    def backoff(self):
+    def attempts(self):
+        """Attempt, decide, back off, until an outcome that is no retry."""
+        while True:
+            outcome = self.role.next_attempt() or self.attempt()
+            if outcome["state"] != RETRY:
+                return outcome
+            if not self.back_off():
+                return {"state": STOPPED, "failure": self.status["last_failure"]}
+
+    def back_off(self):
         """Sleep before a restart; False when a stop came meanwhile."""
+        decided = self.role.back_off()
+        if decided is not None:
+            return decided
         restarts = self.status["restarts"]
         delay = min(self.options["backoff_s"] * (2 ** restarts), self.options["backoff_max_s"])
-        self.save(state="restarting", restart_at=time.time() + delay)
+        self.save(state=RESTARTING, restart_at=time.time() + delay)
         deadline = time.monotonic() + delay
         while time.monotonic() < deadline:
             if self.stop_requested():
@@ -126,49 +236,46 @@ class Supervisor:
         return True
 
     def attempt(self):
+        """One attempt: run the workload, end what is left of it, decide; the outcome."""
         number = len(self.status["attempts"]) + 1
-        log_path = self.run.file("driver.log")
-        self.log_marker("attempt %d: starting the driver" % number)
-        log_offset = os.path.getsize(log_path)
-        env = dict(os.environ)  # hosts.yaml `env:` included: the call that started this supervisor had it
-        env["PYTHONUNBUFFERED"] = "1"
-        program = self.record.get("driver_program") or self.run.file(os.path.join("code", "run", "extract_driver.py"))
-        samples_before = self._sample_files()
-        argv = [self.record["python"], program, self.run.file("driver-args.json")]
-        try:
-            with open(log_path, "ab") as log:
-                driver = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                          cwd=self.run.path, env=env, start_new_session=True)
-        except OSError as exc:
-            return self.not_started(number, argv, exc)
-        entry = {"attempt": number, "started_at": rundir.now_iso(), "pid": driver.pid, "ended_at": None,
+        entry = {"attempt": number, "started_at": rundir.now_iso(), "pid": None, "ended_at": None,
                  "exit_status": None, "failure": None}
+        note = self.role.begin_attempt(entry)
+        self.log_marker("attempt %d: %s%s" % (number, self.workload.STARTS, note))
         self.status["attempts"].append(entry)
         self.last_telemetry = 0.0  # the previous attempt's GPU processes are not this one's
-        job = procs.Job(driver.pid)
-        self.save(state="running", driver_pid=driver.pid, driver_pgid=driver.pid, stalled=False, restart_at=None,
-                  gpu_apps=[])
-        exit_status, stall = self.watch(driver, job, log_offset)
-        entry.update(self.end_job(driver, job), ended_at=rundir.now_iso(), exit_status=exit_status)
-        # New files and files rewritten in place alike: each sample is renamed into place, a new inode.
-        entry["samples_written"] = len(self._sample_files().items() - samples_before.items())
-        return self.conclude(entry, exit_status, stall, lambda: self._attempt_log(log_path, log_offset))
+        self.workload.prepare(entry)
+        samples_before = self.sample_files()
+        try:
+            exit_status, found = self.workload.run(entry)
+        except NotStarted as refused:
+            self.role.attempt_ended(entry, None)
+            return self.not_started(entry, refused)
+        except AttemptEnds as ended:
+            exit_status, found = None, ended.failure
+        self.role.attempt_ended(entry, found)
+        # A workload may name the exit status itself once its processes are ended (a worker's server).
+        entry.update(dict({"exit_status": exit_status}, **self.workload.end()), ended_at=rundir.now_iso())
+        if self.workload.SAMPLE_FILE is not None:
+            # New files and files rewritten in place alike: each sample is renamed into place, a new inode.
+            entry["samples_written"] = len(self.sample_files().items() - samples_before.items())
+        decided = self.role.judge(entry, exit_status, found)
+        return decided if decided is not None else self.judge(entry, exit_status, found)
 
-    def conclude(self, entry, exit_status, found, attempt_log):
-        """The outcome of an ended attempt ({"state": stopped|succeeded|retry|failed}): a stop, a
+    def judge(self, entry, exit_status, found):
+        """The outcome of an ended attempt ({"state": STOPPED|SUCCEEDED|RETRY|FAILED}): a stop, a
         success, or a failure judged by the restart policy. The failure is `found` when the supervisor
-        saw it itself (a stall, a dead server, bad outputs), else classified from `attempt_log()`, the
-        attempt's log text. `entry` (the attempt's record) has `samples_written` set."""
+        saw it itself (a stall, a dead server, bad outputs), else classified from the attempt's log."""
         number = entry["attempt"]
         if self.stop_signal or (self.run.stop_requested() and exit_status != 0):
             entry["stopped"] = True
             self.log_marker("attempt %d: stopped (%s)" % (number, self.stop_signal or "stop requested"))
-            return {"state": "stopped", "ended": {key: entry[key] for key in ("orphans_ended", "left_behind",
-                                                                              "gpu_memory")}}
+            return {"state": STOPPED, "ended": {key: entry[key] for key in ("orphans_ended", "left_behind",
+                                                                            "gpu_memory")}}
         if exit_status == 0 and found is None:
-            self.log_marker("attempt %d: %s" % (number, self.FINISHED))
-            return {"state": "succeeded"}
-        failure = found or classify.classify(attempt_log(), exit_status, host=self.record.get("host") or "the host")
+            self.log_marker("attempt %d: %s" % (number, self.workload.FINISHED))
+            return {"state": SUCCEEDED}
+        failure = found or classify.classify(self.workload.attempt_log(), exit_status, host=self.host())
         failure["attempt"] = number
         entry["failure"] = failure
         previous, self.previous_failure = self.previous_failure, failure
@@ -185,123 +292,109 @@ class Supervisor:
                    else "restarting" if retry else "not restarting")
         self.log_marker("attempt %d: %s (%s); %s" % (number, failure["kind"], failure["explain"], verdict))
         self.save(last_failure=failure, driver_pid=None)
-        if retry:
-            return {"state": "retry"}
-        return {"state": "failed", "failure": failure}
+        return {"state": RETRY} if retry else {"state": FAILED, "failure": failure}
 
-    def not_started(self, number, argv, exc, entry=None):
-        """The attempt whose first process could not be started; `entry` when it is already recorded."""
+    def not_started(self, entry, refused):
+        """The attempt whose first process could not be started: the run fails, naming the program."""
+        argv, exc = refused.argv, refused.error
         failure = {"kind": "driver-not-started", "rule": None, "retryable": False, "exit_status": None,
                    "signal": None, "callee": None, "caller": None, "evidence": "%s: %s" % (type(exc).__name__, exc),
-                   "attempt": number,
+                   "attempt": entry["attempt"],
                    "explain": "%s could not be started: %s" % (os.path.basename(argv[1]), exc),
                    "advice": "check `python` (and `server_python`) of the host in hosts.yaml (`inv doctor`); %s"
                              % " ".join(argv[:2])}
-        if entry is None:
-            entry = {"attempt": number, "started_at": rundir.now_iso(), "pid": None}
-            self.status["attempts"].append(entry)
         entry.update(ended_at=rundir.now_iso(), exit_status=None, failure=failure)
-        self.log_marker("attempt %d: %s; not restarting" % (number, failure["explain"]))
+        self.log_marker("attempt %d: %s; not restarting" % (entry["attempt"], failure["explain"]))
         self.save(last_failure=failure)
-        return {"state": "failed", "failure": failure}
+        return {"state": FAILED, "failure": failure}
 
-    def end_job(self, driver, job):
-        """End what is left of the driver's job (vLLM's workers outlive a killed parent), and wait
-        for the GPUs to give their memory back, so that a restart does not meet its own leftovers."""
-        pids = {m["pid"] for m in job.members()}
-        before = telemetry.snapshot(timeout=10) if pids else {"gpus": {}, "apps": []}
-        cleanup = job.terminate(self.options["grace_s"], reap=driver.poll)
-        released = telemetry.wait_released(before, pids, GPU_RELEASE_S) if before["apps"] else None
-        return {"orphans_ended": cleanup["pids"] or None,
-                "left_behind": [m["pid"] for m in cleanup["left"]] or None,
-                "gpu_memory": [g for g in released["gpus"] if g["held_by_run_mib"]] if released else None}
-
-    def watch(self, driver, job, log_offset):
-        """Follow the driver until it exits; (exit status, stall failure or None).
-
-        Progress is a new phase, a new sample or a new file in the output directory; a heartbeat
-        that is merely rewritten (the driver beats from a thread) is not progress. While the model
-        loads, `load_timeout_s` applies instead of `stall_timeout_s`: a large model loads for long.
-        """
-        last_progress, last_mark, last_count, count_checked, last_saved = time.monotonic(), None, None, 0.0, 0.0
-        while True:
-            exit_status = driver.poll()
-            # Looking at the job's processes often lets it follow those that leave its session.
-            self.sample_gpus({m["pid"] for m in job.members()})
-            self.status["job_seen"] = job.saved()
-            if exit_status is not None:
-                self.save(heartbeat=self.run.heartbeat)
-                return exit_status, None
-            if self.stop_requested():
-                return None, None
-            beat = self.run.heartbeat
-            mark = beat and (beat.get("phase"), beat.get("samples_done"))
-            if mark and mark != last_mark:
-                last_mark, last_progress = mark, time.monotonic()
-            elif time.monotonic() - count_checked > OUTPUT_COUNT_EVERY_S:
-                count_checked = time.monotonic()
-                count = _entries(self.record.get("out"))
-                if count != last_count:
-                    last_count, last_progress = count, time.monotonic()
-            quiet = time.monotonic() - last_progress
-            loading = not beat or beat.get("phase") == "loading"
-            stalled = quiet > self.options["load_timeout_s" if loading else "stall_timeout_s"]
-            if stalled and not self.status["stalled"]:
-                self.log_marker("no progress for %.0f s (%s): stalled" % (quiet, beat and beat.get("phase")))
-            if stalled != self.status["stalled"] or time.monotonic() - last_saved >= STATUS_EVERY_S:
-                # status.json may sit on a network disk: rewritten on a change or every few seconds.
-                last_saved = time.monotonic()
-                self.save(state="stalled" if stalled else "running", stalled=stalled, heartbeat=beat,
-                          seconds_since_progress=round(quiet, 1))
-            if stalled:
-                failure = self._stall_failure(quiet, self._attempt_log(self.run.file("driver.log"), log_offset))
-                # A known cause that will not go away (a prompt waiting on stdin) ends the attempt either way.
-                if self.options["stall_restart"] or not failure["retryable"]:
-                    return None, failure
-            time.sleep(POLL_S)
-
-    def _stall_failure(self, quiet, log):
-        known = classify.classify(log, 0, host=self.record.get("host") or "the host")
-        if not known["retryable"]:
-            known["explain"] += " (no progress for %.0f s)" % quiet
-            return known
-        stalled = {"kind": "stalled", "rule": None, "retryable": True, "exit_status": None, "signal": None,
-                   "callee": None, "caller": None, "evidence": None,
-                   "explain": "no new phase, sample or output file for %.0f s" % quiet,
-                   "advice": "see `inv logs`; raise stall_timeout_s (or load_timeout_s while loading) in hosts.yaml's "
-                             "extract: if the driver is merely slow"}
-        stalled["signature"] = classify.signature(stalled)
-        return stalled
-
-    def _sample_files(self):
-        """{name: inode} of the sample files in the output directory ({} when there is none yet)."""
-        try:
-            with os.scandir(os.path.expanduser(self.record.get("out"))) as entries:
-                return {entry.name: entry.inode() for entry in entries if self.SAMPLE_FILE.fullmatch(entry.name)}
-        except (OSError, TypeError):
-            return {}
-
-    @staticmethod
-    def _attempt_log(path, offset):
-        size = os.path.getsize(path)
-        start = max(offset, size - LOG_TAIL_BYTES)
-        with open(path, "rb") as handle:
-            handle.seek(start)
-            return handle.read().decode(errors="replace")
-
-    def finish(self, outcome):
+    def conclude(self, outcome):
+        """The run's outcome, after the workload's last words: history, status.json, exit.json."""
+        outcome = self.workload.finish(outcome)
         record = dict(outcome, state=outcome["state"], ended_at=rundir.now_iso(),
                       attempts=len(self.status["attempts"]), restarts=self.status["restarts"])
         self.status["history"].append(record)
         self.save(state=outcome["state"], driver_pid=None, stalled=False)
         atomic.write_json(self.run.file("exit.json"), record)
+        self.role.close(outcome)
         return 0
 
+    # -- what every workload's watch needs -------------------------------------------------------
+
+    def look(self, pids):
+        """Every poll of a watch: the GPUs (marking the attempt's processes, `pids`), and the other nodes
+        (the role raises AttemptEnds when they end the attempt)."""
+        self.sample_gpus(pids)
+        self.role.look()
+
+    def sample_gpus(self, ours):
+        """Per-GPU telemetry and the compute processes, marking those of the run (pids `ours`)."""
+        if time.monotonic() - self.last_telemetry < self.options["telemetry_interval_s"]:
+            return
+        self.last_telemetry = time.monotonic()
+        gpus = telemetry.gpus(timeout=10)
+        apps = telemetry.compute_apps(timeout=10) if gpus["available"] else []
+        for app in apps:
+            app["this_run"] = app["pid"] in ours
+        self.status.update(gpus=gpus, gpu_apps=apps)
+
+    def end_job(self, proc, job):
+        """End what is left of one job of the attempt (vLLM's workers outlive a killed parent), and wait
+        for the GPUs to give their memory back, so that a restart does not meet its own leftovers."""
+        pids = {m["pid"] for m in job.members()}
+        before = telemetry.snapshot(timeout=10) if pids else {"gpus": {}, "apps": []}
+        cleanup = job.terminate(self.options["grace_s"], reap=proc.poll)
+        released = telemetry.wait_released(before, pids, GPU_RELEASE_S) if before["apps"] else None
+        return {"orphans_ended": cleanup["pids"] or None,
+                "left_behind": [m["pid"] for m in cleanup["left"]] or None,
+                "gpu_memory": [g for g in released["gpus"] if g["held_by_run_mib"]] if released else None}
+
+    def sample_files(self):
+        """{name: inode} of the workload's sample files in the output directory ({} when there is none)."""
+        if self.workload.SAMPLE_FILE is None:
+            return {}
+        try:
+            with os.scandir(os.path.expanduser(self.record.get("out"))) as entries:
+                return {entry.name: entry.inode() for entry in entries
+                        if self.workload.SAMPLE_FILE.fullmatch(entry.name)}
+        except (OSError, TypeError):
+            return {}
 
 
+class Watch:
+    """One watch's progress clock: progress is what the workload calls so (a new phase, sample, file or
+    log line); no progress for the limit is a stall. It keeps status.json current meanwhile."""
 
-def _entries(path):
-    try:
-        return sum(1 for _ in os.scandir(os.path.expanduser(path)))
-    except (OSError, TypeError):
-        return None
+    def __init__(self, supervisor, log_path, log_offset):
+        self.supervisor = supervisor
+        self.log_path, self.log_offset = log_path, log_offset
+        self.last_progress = time.monotonic()
+        self.last_saved = 0.0
+
+    def progress(self):
+        self.last_progress = time.monotonic()
+
+    def check(self, limit, phase, heartbeat):
+        """The stall failure once nothing progressed for `limit` seconds (classified from the watched log:
+        a known cause that will not go away is not retryable), else None."""
+        sup = self.supervisor
+        now = time.monotonic()
+        quiet = now - self.last_progress
+        stalled = quiet > limit
+        if stalled and not sup.status["stalled"]:
+            sup.log_marker("no progress for %.0f s (%s): stalled" % (quiet, phase))
+        if stalled != sup.status["stalled"] or now - self.last_saved >= STATUS_EVERY_S:
+            # status.json may sit on a network disk: rewritten on a change or every few seconds.
+            self.last_saved = now
+            sup.save(state=STALLED if stalled else RUNNING, stalled=stalled, heartbeat=heartbeat,
+                     seconds_since_progress=round(quiet, 1))
+        return self.stall_failure(quiet) if stalled else None
+
+    def stall_failure(self, quiet):
+        known = classify.classify(log_since(self.log_path, self.log_offset), 0, host=self.supervisor.host())
+        if not known["retryable"]:
+            known["explain"] += " (no progress for %.0f s)" % quiet
+            return known
+        return found_failure("stalled", "no new phase, sample or output file for %.0f s" % quiet,
+                             "see `inv logs`; raise stall_timeout_s (or load_timeout_s while loading) in hosts.yaml's "
+                             "extract: if the driver is merely slow", True)

@@ -1,10 +1,15 @@
 """The supervisor program: `python supervisor.py <run-dir>` (stdlib only).
 
 Started detached by runs.launch (its own session, stdio to files, stdin from /dev/null), so it
-outlives the SSH connection that started it. The run's record says which extraction path it takes:
-the in-process driver of speculators <= 0.4 (run/supervision.py) or a vLLM server and speculators'
-CLI (run/server/supervision.py, speculators >= 0.8), or one node of a multi-node job
-(run/server/node_supervision.py).
+outlives the SSH connection that started it. It is one loop (run/supervision.py) around the workload
+the run's record names, with the node role of a multi-node job:
+
+    run.json                  workload                                   node role
+    -                         the in-process driver (run/in_process.py)  -
+    "server"                  the vLLM server and speculators' client    -
+                              steps (run/server/workload.py)
+    "nodes", node_rank 0      the same                                   the head (run/server/node_roles.py)
+    "nodes", node_rank > 0    a headless vLLM server (the same file)     a worker (the same file)
 """
 import os
 import sys
@@ -14,6 +19,10 @@ import sys
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from run import rundir  # noqa: E402
+from run.in_process import InProcessDriver  # noqa: E402
+from run.server.node_roles import Head, Worker  # noqa: E402
+from run.server.workload import HeadlessServer, ServerExtraction  # noqa: E402
+from run.supervision import Supervisor  # noqa: E402
 
 
 def main(argv):
@@ -21,13 +30,16 @@ def main(argv):
         sys.stderr.write("usage: supervisor.py <run-dir>\n")
         return 2
     run = rundir.RunDir(os.path.abspath(argv[0]))
-    if run.record.get("nodes"):
-        from run.server.node_supervision import for_node as supervisor
-    elif run.record.get("server"):
-        from run.server.supervision import ServerSupervisor as supervisor
-    else:
-        from run.supervision import Supervisor as supervisor
-    return supervisor(run).main()
+    return Supervisor(run, *parts(run.record)).main()
+
+
+def parts(record):
+    """(workload, node role or None) of the run whose record (run.json) this is."""
+    if record.get("nodes"):
+        return (ServerExtraction, Head) if record["nodes"]["node_rank"] == 0 else (HeadlessServer, Worker)
+    if record.get("server"):
+        return ServerExtraction, None
+    return InProcessDriver, None
 
 
 if __name__ == "__main__":

@@ -7,20 +7,24 @@ at hand (tests/programs/vllm_parallel_config.py: vLLM's own parsers and engine c
 from __future__ import annotations
 
 import json
+import os
+import signal
 import socket
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
 import pytest
 
-from support.lab import inv
-from support.paths import H200X2, REPO
-from run.server import launch, node_preflight, node_supervision, nodes
+import contract
+import telemetry
+from run.server import launch, node_preflight, node_roles, nodes
 from specrig.errors import UsageError
 from specrig.inventory import Host
 from specrig.run import node_runs
-import telemetry
+from support.lab import inv, wait_for
+from support.paths import H200X2, REPO
 
 TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "num_hidden_layers": 8,
         "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 2048}
@@ -192,7 +196,7 @@ GPU_CASES = [
 @pytest.mark.parametrize("mode, sizes, counts, ok, text", GPU_CASES)
 def test_the_gpu_counts_add_up_to_the_world(mode, sizes, counts, ok, text):
     record = nodes.record("j", nodes.layout(mode, 2, **sizes), node_rank=0, hosts=["a", "b"], addresses=["a", "b"])
-    found = node_runs.gpus_add_up(record, dict(zip("ab", counts)))
+    found = node_runs.gpus_add_up(record, dict(zip("ab", counts, strict=True)))
     assert found["ok"] is ok, found
     assert text in (found["detail"] + " " + (found["advice"] or ""))
 
@@ -271,17 +275,65 @@ def test_a_staging_directory_the_worker_does_not_see_is_named(tmp_path):
 
 def test_a_beacon_answers_its_current_state_until_closed():
     port = free_port()
-    beacon = node_supervision.Beacon("127.0.0.1", port, {"job_id": "j", "state": "starting"})
+    beacon = node_roles.Beacon("127.0.0.1", port, {"job_id": "j", "state": "starting"})
     try:
-        assert node_supervision.ask("127.0.0.1", port) == {"job_id": "j", "state": "starting"}
+        assert node_roles.ask("127.0.0.1", port) == {"job_id": "j", "state": "starting"}
         beacon.update(state="running", attempt=2)
-        assert node_supervision.ask("127.0.0.1", port) == {"job_id": "j", "state": "running", "attempt": 2}
+        assert node_roles.ask("127.0.0.1", port) == {"job_id": "j", "state": "running", "attempt": 2}
         with pytest.raises(OSError):
-            node_supervision.Beacon("127.0.0.1", port, {})  # one beacon per address and port
+            node_roles.Beacon("127.0.0.1", port, {})  # one beacon per address and port
     finally:
         beacon.close()
-    assert node_supervision.ask("127.0.0.1", port) is None
+    assert node_roles.ask("127.0.0.1", port) is None
 
+
+
+# ---- a worker's supervisor, following a head ---------------------------------------------------------------
+
+SUPERVISOR = REPO / "remote" / "run" / "supervisor.py"
+
+
+def test_a_worker_serves_each_head_attempt_reports_its_dead_server_and_ends_as_the_head_ends(tmp_path):
+    """The supervisor's loop with a worker's role and workload, on real processes: a head that is only a
+    beacon, a 'server' that only sleeps (the loop, not vLLM, is under test; test_multinode_lab.py runs vLLM)."""
+    port, run = free_port(), tmp_path / "20261201-000000-wkr1"
+    job = dict(nodes.layout("dp", 2), job_id="nodes-test", role=nodes.WORKER, node_rank=1, hosts=["h0", "h1"],
+               addresses=["127.0.0.1", "127.0.0.2"], master_addr="127.0.0.1", rendezvous_port=1, watch_port=port)
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({
+        "host": "h1", "nodes": job, "options": {**contract.SUPERVISOR_DEFAULTS, "grace_s": 1, "telemetry_interval_s": 1},
+        "server": {"server_argv": [sys.executable, "-c", "import time; time.sleep(600)"]}}))
+    head = node_roles.Beacon("127.0.0.1", port, {"job_id": "nodes-test", "state": "running", "attempt": 1})
+    supervisor = subprocess.Popen([sys.executable, str(SUPERVISOR), str(run)], start_new_session=True)
+    try:
+        def worker(serving, server):
+            answer = node_roles.ask("127.0.0.2", port) or {}
+            return answer if (answer.get("serving"), answer.get("server")) == (serving, server) else None
+
+        first = wait_for("the worker to serve attempt 1", lambda: worker(1, "running"), timeout=60, interval=0.2)
+        assert first["node_rank"] == 1 and first["state"] == "running"
+        head.update(attempt=2)  # the head restarted: the worker's server of attempt 1 ends, another starts
+        wait_for("the worker to serve attempt 2", lambda: worker(2, "running"), timeout=60, interval=0.2)
+        status = json.loads((run / "status.json").read_text())
+        assert [(a["attempt"], a["head_attempt"]) for a in status["attempts"]] == [(1, 1), (2, 2)]
+        assert status["attempts"][0]["failure"] is None and status["attempts"][0]["exit_status"] == -15
+        os.kill(status["jobs"]["server"]["pid"], signal.SIGKILL)
+        died = wait_for("the worker to tell its server died", lambda: worker(2, "exited"), timeout=60, interval=0.2)
+        assert died["failure"]["kind"] == "killed"
+        head.update(state="succeeded")
+        assert supervisor.wait(timeout=60) == 0
+    finally:
+        head.close()
+        if supervisor.poll() is None:
+            os.killpg(supervisor.pid, signal.SIGKILL)
+    ended = json.loads((run / "exit.json").read_text())
+    assert (ended["state"], ended["attempts"], ended["restarts"]) == ("succeeded", 2, 0)
+    status = json.loads((run / "status.json").read_text())
+    assert status["attempts"][1]["failure"]["kind"] == "killed" and status["attempts"][1]["exit_status"] == -9
+    assert json.loads((run / "heartbeat.json").read_text())["phase"] == "succeeded"
+    log = (run / "driver.log").read_text()
+    assert "attempt 2: starting the headless vLLM server for the head's attempt 2" in log
+    assert "the head's attempt 1 is over: ending this node's server" in log and "ends with it" in log
 
 # ---- refusals, before any host is reached ------------------------------------------------------------------
 

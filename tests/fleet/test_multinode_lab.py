@@ -19,10 +19,10 @@ import uuid
 
 import pytest
 
+from run.server import outputs
 from support.lab import inv, inv_json
 from support.runnable_env import HOME, runnable_env_or_skip  # noqa: F401 (marks the module runnable)
 from support.server_lab import require_server_fleet, run_files, server_fleet_inventory
-from run.server import outputs
 
 HOSTS = ["lab-1", "lab-2"]
 CALL_TIMEOUT_S = 300

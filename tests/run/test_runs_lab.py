@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from support.lab import inv, launch_failing_run
+from support.lab import inv, launch_failing_run, wait_for
 from support.patchenv import as_lab_user, lab_home
 from support.paths import REPO
 from support.runnable_env import patch, private_clean_copy, remove_copy, runnable_env_or_skip
@@ -69,16 +69,6 @@ def status(host="lab-cpu", run=None, inventory=None) -> dict:
 def run_writing(out, host="lab-cpu", inventory=None):
     runs = [r for r in status(host, inventory=inventory)["runs"] if r["out"] == out]
     return runs[-1] if runs else None
-
-
-def wait_for(what, predicate, timeout=RUN_TIMEOUT_S, interval=1.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def extracting(out):
@@ -284,6 +274,32 @@ def test_ctrl_c_detaches_stop_leaves_no_process_of_the_run_and_resume_completes_
     final = wait_for("the resumed run to finish", lambda: finished(run["run_id"]))
     assert final["state"] == "succeeded", final
     assert_every_sample_once(runnable, out, final["heartbeat"]["samples_total"])
+
+
+#: A run directory of the supervisor as it was before its rebuild (tests/fixtures/old_run/README.md).
+OLD_RUN = REPO / "tests" / "fixtures" / "old_run" / "20261201-140105-emi6"
+
+
+def test_a_run_directory_of_the_previous_supervisor_resumes_to_success(runnable):
+    """Runs made by an older specrig resume on the current code: its run.json, status.json (attempts,
+    history, job_seen) and exit.json are read as they were written."""
+    record = json.loads((OLD_RUN / "run.json").read_text())
+    run_dir, out = Path(record["workdir"].replace("~", str(lab_home()), 1)) / "runs" / OLD_RUN.name, record["out"]
+    as_lab_user("rm", "-rf", str(run_dir), out)
+    as_lab_user("mkdir", "-p", str(run_dir.parent))
+    as_lab_user("cp", "-r", str(OLD_RUN), str(run_dir))
+    try:
+        assert status(run=OLD_RUN.name)["runs"][0]["state"] == "stopped"
+        resumed = inv("resume", "--host", "lab-cpu", "--run", OLD_RUN.name, "--detach")
+        assert resumed.returncode == 0, resumed.stderr
+        final = wait_for("the old run to finish", lambda: finished(OLD_RUN.name))
+        assert final["state"] == "succeeded", final
+        old, new = final["attempts"]
+        assert old["stopped"] and old["samples_written"] == 8 and new["exit_status"] == 0
+        assert [h["state"] for h in final["history"]] == ["stopped", "succeeded"]
+        assert_every_sample_once(runnable, out, final["heartbeat"]["samples_total"])
+    finally:
+        as_lab_user("rm", "-rf", str(run_dir), out)
 
 
 @pytest.fixture

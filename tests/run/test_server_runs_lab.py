@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from run.server import outputs
 from support.lab import inv, inv_json
 from support.patchenv import as_lab_user
-from run.server import outputs
 from support.runnable_env import HOME, clean_venv_copy, private_inventory, runnable_env_or_skip  # noqa: F401 (runnable)
 from support.server_lab import CLIENT, LAYERS, TOLERANCE, run_files, states_against_transformers
 

@@ -1,4 +1,4 @@
-"""remote/run/server/supervision.py's verdicts on a run's files, as data: which files an attempt keeps
+"""remote/run/server/workload.py's verdicts on a run's files, as data: which files an attempt keeps
 and deletes before it starts, and when an ended client's output is a success, skipped samples (allowed
 or not) or invalid outputs. The processes themselves are tested on the lab (test_server_runs_lab.py)."""
 from __future__ import annotations
@@ -7,16 +7,17 @@ import json
 from pathlib import Path
 
 import pytest
+from test_server_outputs import hs_file
 
 from run import rundir
 from run.server import outputs
-from run.server.supervision import LAYERS_FILE, ServerSupervisor
-from test_server_outputs import hs_file
+from run.server.workload import LAYERS_FILE, ServerExtraction
+from run.supervision import Supervisor
 
 LAYERS, WIDTH = 4, 16
 
 
-def supervisor(tmp_path: Path, *, allow_skipped: bool = False) -> ServerSupervisor:
+def workload(tmp_path: Path, *, allow_skipped: bool = False) -> ServerExtraction:
     run = rundir.RunDir(str(tmp_path / "run"))
     Path(run.path).mkdir()
     out = tmp_path / "out"
@@ -25,7 +26,7 @@ def supervisor(tmp_path: Path, *, allow_skipped: bool = False) -> ServerSupervis
             "allow_skipped": allow_skipped, "max_samples": None, "world_size": 1, "rank": 0, "port": 1}
     (Path(run.path) / "run.json").write_text(json.dumps({"server": plan, "options": {}, "driver_args": {"model": "m"},
                                                          "out": str(out)}))
-    return ServerSupervisor(run)
+    return Supervisor(run, ServerExtraction).workload
 
 
 def files(tmp_path: Path, good=(), truncated=(), nonfinite=()) -> Path:
@@ -48,7 +49,7 @@ def test_an_attempt_keeps_the_valid_files_deletes_the_rest_and_empties_staging(t
     staging = out / ".specrig-staging" / "r"
     staging.mkdir(parents=True)
     (staging / "hs_9.safetensors.lock").write_text("")
-    checked = supervisor(tmp_path).clean_outputs()
+    checked = workload(tmp_path).clean_outputs()
     assert checked == {"kept": 3, "deleted": [2, 4, 5]}
     assert outputs.existing_indices(str(out)) == [0, 1, 3]
     assert list(staging.iterdir()) == []
@@ -58,9 +59,9 @@ def test_an_attempt_keeps_the_valid_files_deletes_the_rest_and_empties_staging(t
 
 def test_every_file_ok_is_a_success(tmp_path):
     files(tmp_path, good=range(4))
-    found = supervisor(tmp_path)
+    found = workload(tmp_path)
     assert found.validate([0, 1, 2, 3], "INFO Saved 4 new data points\n") is None
-    assert found.status["result"] == {"samples": 4, "ok": 4, "skipped": [], "missing": [], "bad": {}}
+    assert found.supervisor.status["result"] == {"samples": 4, "ok": 4, "skipped": [], "missing": [], "bad": {}}
 
 
 SKIPPED_LOG = ("WARNING  Skipping sample 1 due to error: Error code: 400\n"
@@ -70,7 +71,7 @@ SKIPPED_LOG = ("WARNING  Skipping sample 1 due to error: Error code: 400\n"
 
 def test_skipped_samples_fail_the_run_naming_count_and_indices(tmp_path):
     files(tmp_path, good=[0, 2])
-    failure = supervisor(tmp_path).validate([0, 1, 2, 3], SKIPPED_LOG)
+    failure = workload(tmp_path).validate([0, 1, 2, 3], SKIPPED_LOG)
     assert failure["kind"] == "samples-skipped" and not failure["retryable"]
     assert "skipped 2 of 4 samples after their retries: 1, 3" in failure["explain"]
     assert "allow_skipped" in failure["advice"]
@@ -78,15 +79,15 @@ def test_skipped_samples_fail_the_run_naming_count_and_indices(tmp_path):
 
 def test_skipped_samples_allowed_succeed_and_are_listed(tmp_path):
     files(tmp_path, good=[0, 2])
-    found = supervisor(tmp_path, allow_skipped=True)
+    found = workload(tmp_path, allow_skipped=True)
     assert found.validate([0, 1, 2, 3], SKIPPED_LOG) is None
-    assert found.status["result"]["skipped"] == [1, 3] and found.status["result"]["ok"] == 2
+    assert found.supervisor.status["result"]["skipped"] == [1, 3] and found.supervisor.status["result"]["ok"] == 2
 
 
 @pytest.mark.parametrize(("allow", "made"), [(False, dict(good=[0, 2])), (True, dict(good=[0, 2], truncated=[3]))])
 def test_files_missing_or_bad_without_a_reason_are_invalid_outputs_and_retried(tmp_path, allow, made):
     files(tmp_path, **made)
-    failure = supervisor(tmp_path, allow_skipped=allow).validate([0, 1, 2, 3], "INFO Saved 4 new data points\n")
+    failure = workload(tmp_path, allow_skipped=allow).validate([0, 1, 2, 3], "INFO Saved 4 new data points\n")
     assert failure["kind"] == "outputs-invalid" and failure["retryable"]
     if made.get("truncated"):
         assert "1 missing (1); 1 truncated (3)" in failure["explain"]

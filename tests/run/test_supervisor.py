@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 import procs
-from support.paths import PROGRAMS
 from specrig.inventory import Host
 from specrig.transport import connect
+from support.paths import PROGRAMS
 
 JOB_TREE = PROGRAMS / "job_tree.py"
 FAST = {"stall_timeout_s": 2, "load_timeout_s": 2, "backoff_s": 0.2, "grace_s": 1, "telemetry_interval_s": 1}

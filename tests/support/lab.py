@@ -8,6 +8,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -91,3 +92,14 @@ def launch_failing_run(host: str = "lab") -> str:
                    "--batch-size", "4", "--skip-preflight", "--detach")
     assert launched.returncode == 0, launched.stderr
     return launched.stdout.split("launched run ", 1)[1].split()[0]
+
+
+def wait_for(what, predicate, timeout=600, interval=1.0):
+    """The first truthy value of predicate(), polled every `interval` s; AssertionError after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")

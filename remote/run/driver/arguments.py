@@ -22,7 +22,7 @@ def load_arguments(path):
         with open(path, encoding="utf-8") as handle:
             given = json.load(handle)
     except (OSError, ValueError) as exc:
-        raise Refused("cannot read arguments file %r: %s" % (path, exc))
+        raise Refused("cannot read arguments file %r: %s" % (path, exc)) from None
     if not isinstance(given, dict):
         raise Refused("arguments file %r holds %s, not a JSON object" % (path, type(given).__name__))
     unknown = sorted(set(given) - set(DRIVER_DEFAULTS) - set(DRIVER_REQUIRED))

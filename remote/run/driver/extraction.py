@@ -3,6 +3,7 @@ import json
 import os
 
 import atomic
+from contract import PHASE_DONE, PHASE_EXTRACTING, PHASE_WRITING
 from run.driver.arguments import Refused
 from run.driver.model import derived_model_dir, make_generator
 from run.driver.output import OutputDir, sample_is_whole
@@ -45,7 +46,7 @@ def extract(args, heartbeat):
     if previous_layers and output.first_missing(mine, len(previous_layers)) == len(mine):
         # A finished run started again: nothing to extract, no model to load.
         heartbeat.begin_extraction(len(mine), len(mine))
-        heartbeat.update(phase="done", samples_done=len(mine), eta_s=0)
+        heartbeat.update(phase=PHASE_DONE, samples_done=len(mine), eta_s=0)
         return len(mine)
     generator = make_generator(args, model_dir)
     layers = len(generator.layer_ids)
@@ -53,7 +54,7 @@ def extract(args, heartbeat):
 
     start = output.first_missing(mine, layers)
     heartbeat.begin_extraction(start, len(mine))
-    heartbeat.update(phase="extracting")
+    heartbeat.update(phase=PHASE_EXTRACTING)
     for first in range(start, len(mine), args["batch_size"]):
         indices = mine[first:first + args["batch_size"]]
         rows = [dataset[i] for i in indices]
@@ -63,10 +64,10 @@ def extract(args, heartbeat):
         for index, row, result in zip(indices, rows, results):
             sample = whole_sample(index, row, result, layers)
             output.submit(index, sample, lambda s: heartbeat.sample_written(s["input_ids"].shape[0]))
-    heartbeat.update(phase="writing")
+    heartbeat.update(phase=PHASE_WRITING)
     output.drain()
     # Done before the generator goes: its __del__ shuts vLLM's workers down, which takes seconds.
-    heartbeat.update(phase="done", samples_done=len(mine), eta_s=0)
+    heartbeat.update(phase=PHASE_DONE, samples_done=len(mine), eta_s=0)
     return len(mine)
 
 

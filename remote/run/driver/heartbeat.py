@@ -6,6 +6,7 @@ import threading
 import time
 
 import atomic
+from contract import FAILED, PHASE_LOADING
 
 HEARTBEAT_S = 2.0
 
@@ -18,7 +19,7 @@ class Heartbeat:
         self.lock = threading.Lock()
         # The thread's beats and the phase changes would share write_json's temporary name.
         self.writing = threading.Lock()
-        self.state = {"phase": "loading", "samples_done": 0, "samples_total": None, "tokens_per_s": None,
+        self.state = {"phase": PHASE_LOADING, "samples_done": 0, "samples_total": None, "tokens_per_s": None,
                       "eta_s": None, "last_error": None, "pid": os.getpid()}
         self.started = None
         self.done_at_start = 0
@@ -89,7 +90,7 @@ class Heartbeat:
                 pass  # stderr and the exit status still say how the run ended
 
     def fail(self, error):
-        """The last beat, saying phase failed and `error`."""
+        """The last beat, saying phase FAILED (the run state: the driver's last word) and `error`."""
         with self.lock:
-            self.state.update(phase="failed", last_error=error)
+            self.state.update(phase=FAILED, last_error=error)
         self.stop()

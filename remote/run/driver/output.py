@@ -52,7 +52,7 @@ class OutputDir:
         try:
             fcntl.flock(self.lock_handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            raise Locked("output_dir=%r is being written by another driver" % self.path)
+            raise Locked("output_dir=%r is being written by another driver" % self.path) from None
 
     def remove_temporaries(self):
         for name in os.listdir(self.path):

@@ -7,6 +7,10 @@ not urllib: urllib would send a loopback request through $http_proxy when the ho
 import http.client
 import socket
 
+#: The server's states as /health tells them: status.json's `server_state` and the heartbeat's `server`
+#: (a worker's headless server, which serves no /health, has its own: server/workload.py). A third
+#: vocabulary beside the run states and the heartbeat phases (remote/contract.py); LOADING is the same
+#: word as PHASE_LOADING, and while the server loads the attempt's phase is that one.
 LOADING, READY, UNHEALTHY = "loading", "ready", "unhealthy"
 
 

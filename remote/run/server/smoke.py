@@ -2,7 +2,7 @@
 host's speculators takes server mode.
 
 The same run as `inv extract` (the plan of server/plan.py, the supervisor program with
-server/supervision.py, the same server command and CLI steps), waited for, with the in-process smoke's
+server/workload.py, the same server command and CLI steps), waited for, with the in-process smoke's
 differences: the model's config shrunk through `--hf-overrides`, random weights (`--load-format
 dummy`), a few built-in conversations, no restart, and a run directory that is removed afterwards.
 """
@@ -46,7 +46,7 @@ def run(smoke, *, model, config, samples, work, timeout_s, server_python, host=N
         made = plan.make(run_dir.path, "smoke", driver_args, client_python=sys.executable,
                          server_python=server_python)
     except plan.PlanError as exc:
-        raise RemoteFailure("bad-argument", str(exc))
+        raise RemoteFailure("bad-argument", str(exc)) from None
     atomic.write_json(run_dir.file("run.json"), {
         "run_id": "smoke", "created_at": rundir.now_iso(), "host": host, "python": sys.executable,
         "out": driver_args["output_dir"], "driver_args": driver_args, "env": {}, "server": made,
@@ -67,11 +67,11 @@ def run(smoke, *, model, config, samples, work, timeout_s, server_python, host=N
         except subprocess.TimeoutExpired:
             os.killpg(supervisor.pid, signal.SIGKILL)
             supervisor.wait()
-        raise RemoteFailure("timeout", "the smoke run did not finish within %.0f s" % timeout_s)
+        raise RemoteFailure("timeout", "the smoke run did not finish within %.0f s" % timeout_s) from None
     elapsed = round(time.monotonic() - started, 1)
     ended = run_dir.exit_record or {}
     shrunk = dict((k, v) for k, v in overrides.items() if not isinstance(v, (dict, list)))
-    if ended.get("state") != "succeeded":
+    if ended.get("state") != contract.SUCCEEDED:
         message, failure = _failure(smoke, run_dir, ended)
         raise RemoteFailure("smoke-failed", message, failure=failure, elapsed_s=elapsed, shrunk=shrunk)
     return {"ok": True, "mode": contract.SERVER, "model": model, "architectures": config.get("architectures"),

@@ -1,0 +1,110 @@
+"""The in-process workload (speculators <= 0.4), stdlib only: the extraction driver,
+`<python> <run>/code/run/extract_driver.py <run>/driver-args.json`, in a session of its own, its
+output in driver.log; the supervisor's loop (run/supervision.py) runs, watches and restarts it.
+
+The driver writes heartbeat.json (phase, samples); the watch counts a new phase or sample as
+progress, and failing that a new file in the output directory.
+"""
+import os
+import re
+import subprocess
+import time
+
+import procs
+from contract import PHASE_LOADING
+from run.supervision import POLL_S, NotStarted, Watch, child_env, log_since
+
+#: Seconds between counts of the output directory (a cheap second sign of progress).
+OUTPUT_COUNT_EVERY_S = 15
+
+
+class InProcessDriver:
+    """The workload of a run on speculators <= 0.4: one driver per attempt, resuming from its first missing
+    sample by itself."""
+    STARTS = "starting the driver"
+    FINISHED = "the driver finished"
+    #: The driver's sample files (extract_driver.py: data_{i}.pt, each renamed into place when written).
+    SAMPLE_FILE = re.compile(r"data_\d+\.pt")
+
+    def __init__(self, supervisor):
+        self.supervisor = supervisor
+        self.log = supervisor.run.file("driver.log")
+        self.log_offset = 0
+        self.driver = self.job = None
+
+    def status_fields(self, previous):
+        return {}
+
+    def prepare(self, entry):
+        self.log_offset = os.path.getsize(self.log)
+
+    def run(self, entry):
+        sup = self.supervisor
+        record = sup.record
+        program = record.get("driver_program") or sup.run.file(os.path.join("code", "run", "extract_driver.py"))
+        argv = [record["python"], program, sup.run.file("driver-args.json")]
+        try:
+            with open(self.log, "ab") as log:
+                self.driver = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                               cwd=sup.run.path, env=child_env(), start_new_session=True)
+        except OSError as exc:
+            raise NotStarted(argv, exc) from None
+        entry["pid"] = self.driver.pid
+        self.job = procs.Job(self.driver.pid)
+        sup.started(driver_pid=self.driver.pid, driver_pgid=self.driver.pid)
+        return self.watch()
+
+    def watch(self):
+        """Follow the driver until it exits; (exit status, stall failure or None).
+
+        Progress is a new phase, a new sample or a new file in the output directory; a heartbeat
+        that is merely rewritten (the driver beats from a thread) is not progress. While the model
+        loads, `load_timeout_s` applies instead of `stall_timeout_s`: a large model loads for long.
+        """
+        sup = self.supervisor
+        clock = Watch(sup, self.log, self.log_offset)
+        last_mark, last_count, count_checked = None, None, 0.0
+        while True:
+            exit_status = self.driver.poll()
+            # Looking at the job's processes often lets it follow those that leave its session.
+            sup.look({m["pid"] for m in self.job.members()})
+            sup.status["job_seen"] = self.job.saved()
+            if exit_status is not None:
+                sup.save(heartbeat=sup.run.heartbeat)
+                return exit_status, None
+            if sup.stop_requested():
+                return None, None
+            beat = sup.run.heartbeat
+            mark = beat and (beat.get("phase"), beat.get("samples_done"))
+            if mark and mark != last_mark:
+                last_mark = mark
+                clock.progress()
+            elif time.monotonic() - count_checked > OUTPUT_COUNT_EVERY_S:
+                count_checked = time.monotonic()
+                count = _entries(sup.record.get("out"))
+                if count != last_count:
+                    last_count = count
+                    clock.progress()
+            loading = not beat or beat.get("phase") == PHASE_LOADING
+            stall = clock.check(sup.options["load_timeout_s" if loading else "stall_timeout_s"],
+                                beat and beat.get("phase"), beat)
+            # A known cause that will not go away (a prompt waiting on stdin) ends the attempt either way.
+            if stall and (sup.options["stall_restart"] or not stall["retryable"]):
+                return None, stall
+            time.sleep(POLL_S)
+
+    def end(self):
+        return self.supervisor.end_job(self.driver, self.job)
+
+    def attempt_log(self):
+        return log_since(self.log, self.log_offset)
+
+    def finish(self, outcome):
+        return outcome
+
+
+def _entries(path):
+    try:
+        return sum(1 for _ in os.scandir(os.path.expanduser(path)))
+    except (OSError, TypeError):
+        return None

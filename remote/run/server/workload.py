@@ -1,0 +1,456 @@
+"""The server-mode workloads (speculators >= 0.8) of the supervisor's loop (run/supervision.py), stdlib only.
+
+ServerExtraction, a run on one host or a multi-node job's head. The run's plan (server/plan.py,
+run.json "server") holds the three commands. An attempt:
+
+1. checks every `hs_*.safetensors` already in the output (outputs.check_file: header, shapes,
+   truncation, NaN/Inf) and deletes those that are not ok, on 0.8 (which would keep them as done)
+   and 0.9 (which only reopens headers) alike; empties the connector's staging directory;
+2. starts the server in a session of its own (server.log) and waits for /health under
+   `load_timeout_s`, the phase PHASE_LOADING;
+3. runs prepare-data unless the run's prepared directory is complete (PHASE_PREPARING), reads its row
+   count N, then runs generate-offline-data for this run's share of the rows (PHASE_GENERATING); both
+   in a session of their own, their output in driver.log;
+4. watches both: the server gone or unhealthy ends the client step and fails the attempt with the
+   server's log classified; a client step failing ends the server; no new file or log line for
+   `stall_timeout_s` is a stall;
+5. after the client's exit 0, checks every file of the share (PHASE_VALIDATING): the attempt succeeds
+   when each one is ok, or when the only missing ones are those the client reported skipped and the
+   run allows them; then the server is stopped.
+
+HeadlessServer, a multi-node job's worker: its `--headless` server for one of the head's attempts,
+until the head's attempt is over (its node role, server/node_roles.py, says when), the server dies or
+a stop comes.
+
+No driver writes heartbeat.json in server mode: the supervisor does (Heartbeat): the phase, samples
+done of total, samples/s, ETA, the server's state.
+"""
+import os
+import re
+import shutil
+import subprocess
+import time
+
+import atomic
+import procs
+from contract import (
+    PHASE_GENERATING,
+    PHASE_LOADING,
+    PHASE_PREPARING,
+    PHASE_SERVING,
+    PHASE_STARTING,
+    PHASE_VALIDATING,
+    PHASE_WAITING,
+)
+from run import classify
+from run.server import client, health, outputs, prepared
+from run.supervision import POLL_S, NotStarted, Watch, child_env, found_failure, log_since, log_size
+
+#: Seconds between health probes while the server loads, and once it serves.
+HEALTH_EVERY_LOADING_S = 1.0
+HEALTH_EVERY_S = 5.0
+#: Probes in a row that must find a served server unhealthy (503, or no answer) before it counts as dead.
+UNHEALTHY_PROBES = 3
+#: Seconds between counts of the output directory.
+COUNT_EVERY_S = 2.0
+#: The attempt's jobs (status.json "jobs"), in the order they start.
+JOBS = ("server", "client")
+#: speculators' client steps, as logs and failures (`role`) name them.
+PREPARE, GENERATE = "prepare-data", "generate-offline-data"
+#: Written into the output: the stored layer ids and which activation each one is.
+LAYERS_FILE = "specrig-layers.json"
+#: A worker's headless server, as status.json's `server_state`, its heartbeat and its beacon tell it: no
+#: /health to ask (that is health.py's LOADING/READY, the head's), only whether its process runs.
+SERVER_RUNNING, SERVER_EXITED = "running", "exited"
+
+
+def server_status(previous):
+    """What server mode adds to status.json; N, the prepared rows, survives a resume with the prepared
+    directory it was read from."""
+    return {"jobs": {}, "server_state": None, "result": previous.get("result"),
+            "samples_total": previous.get("samples_total")}
+
+
+class Heartbeat:
+    """heartbeat.json of a server-mode run, written by its supervisor."""
+
+    def __init__(self, path):
+        self.path = path
+        self.beat = {"phase": PHASE_STARTING, "samples_done": 0, "samples_total": None, "samples_per_s": None,
+                     "tokens_per_s": None, "eta_s": None, "server": None, "last_error": None, "pid": os.getpid()}
+
+    def update(self, **changes):
+        self.beat.update(changes)
+        atomic.write_json(self.path, self.beat)
+
+
+class Jobs:
+    """The attempt's jobs by name (JOBS), each a session of its own; status.json's "jobs" names them with the
+    processes seen in each, so that `inv stop` finds them too."""
+
+    def __init__(self, supervisor):
+        self.supervisor = supervisor
+        self.running = {}
+
+    def start(self, name, argv, log_path):
+        # speculators logs through rich, which wraps at 80 columns without a terminal (and pads every line
+        # to the width): wide enough for most records on one line; `skipped()` does not need the summary's.
+        env = child_env(COLUMNS="200")
+        # The client talks to 127.0.0.1: a proxy set on the host must not carry those requests.
+        env["NO_PROXY"] = env["no_proxy"] = ",".join(filter(None, [env.get("NO_PROXY"), "127.0.0.1", "localhost"]))
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    cwd=self.supervisor.run.path, env=env, start_new_session=True)
+        self.running[name] = (proc, procs.Job(proc.pid))
+        self.supervisor.status["jobs"][name] = {"pid": proc.pid, "pgid": proc.pid, "argv": argv, "seen": {}}
+        return proc
+
+    def members(self):
+        pids = set()
+        for name, (_proc, job) in self.running.items():
+            pids.update(m["pid"] for m in job.members())
+            self.supervisor.status["jobs"][name]["seen"] = job.saved()
+        return pids
+
+    def end(self, name):
+        """End one job and what it left (vLLM's workers outlive a killed parent); its cleanup record."""
+        proc, job = self.running.pop(name)
+        ended = self.supervisor.end_job(proc, job)
+        self.supervisor.status["jobs"].pop(name, None)
+        return ended
+
+    def end_all(self):
+        merged = {"orphans_ended": None, "left_behind": None, "gpu_memory": None}
+        for name in [n for n in JOBS if n in self.running][::-1]:  # the client first: it talks to the server
+            for key, value in self.end(name).items():
+                if value:
+                    merged[key] = (merged[key] or []) + value
+        return merged
+
+
+def server_failure(supervisor, log_offset, exit_status, unhealthy=None, ending_client=False):
+    """The server's death (or its engine's: /health unhealthy while it runs, `unhealthy` its last answer),
+    classified from its log since `log_offset`."""
+    record = supervisor.record
+    text = log_since(supervisor.run.file("server.log"), log_offset)
+    found = classify.classify(text, exit_status if exit_status is not None else 1, host=supervisor.host(),
+                              subject="the vLLM server",
+                              environment="server_python" if record.get("server_python") else "python")
+    if exit_status is None:
+        answered = "the vLLM server stopped answering /health (%s)" % unhealthy
+        found["explain"] = answered + (": " + found["explain"] if found["rule"] else "")
+    if found["kind"] == "unknown":
+        found["advice"] = "`inv logs --server` shows the server's traceback"
+    found["role"] = "server"
+    found["signature"] = classify.signature(found)
+    supervisor.log_marker(found["explain"] + ("; ending the client" if ending_client else ""))
+    return found
+
+
+class ServerHealth:
+    """The server's /health, asked every second while it loads and every 5 s once it serves."""
+
+    def __init__(self, port, state):
+        self.port, self.state = port, state
+        self.last_probe, self.unhealthy, self.answer = 0.0, 0, None
+
+    def look(self):
+        """The server's state: health.LOADING until it first answers 200, then READY, UNHEALTHY once
+        UNHEALTHY_PROBES probes in a row found it otherwise (`answer` the last one)."""
+        now = time.monotonic()
+        if now - self.last_probe < (HEALTH_EVERY_LOADING_S if self.state == health.LOADING else HEALTH_EVERY_S):
+            return self.state
+        self.last_probe = now
+        self.answer = health.probe(self.port)
+        if self.state == health.LOADING:
+            self.state = health.READY if self.answer == health.READY else health.LOADING
+            return self.state
+        self.unhealthy = 0 if self.answer == health.READY else self.unhealthy + 1
+        return health.UNHEALTHY if self.unhealthy >= UNHEALTHY_PROBES else self.state
+
+
+class ServerExtraction:
+    """The workload of a server-mode run on one host, or of a multi-node job's head (module docstring)."""
+    STARTS = "checking the outputs, then starting the vLLM server"
+    FINISHED = "the extraction finished"
+    SAMPLE_FILE = re.compile(r"hs_\d+\.safetensors")
+
+    def __init__(self, supervisor):
+        self.supervisor = supervisor
+        self.plan = supervisor.record["server"]
+        self.jobs = Jobs(supervisor)
+        self.heartbeat = Heartbeat(supervisor.run.file("heartbeat.json"))
+        self.client_log, self.server_log = supervisor.run.file("driver.log"), supervisor.run.file("server.log")
+        self.offsets = {}
+        self.server = None
+
+    def status_fields(self, previous):
+        return server_status(previous)
+
+    def count_done(self, wanted):
+        """Samples of the share with a file (cheap: names only; validation decides in the end)."""
+        present = outputs.existing_indices(self.plan["out"])
+        return len(set(present) & wanted) if wanted is not None else len(present)
+
+    def share(self, total):
+        return client.shard_indices(total, self.plan["max_samples"], self.plan["world_size"], self.plan["rank"])
+
+    # -- one attempt ---------------------------------------------------------------------------------
+
+    def prepare(self, entry):
+        self.offsets = {path: log_size(path) for path in (self.client_log, self.server_log)}
+        entry["outputs_checked"] = self.clean_outputs()
+        total = self.supervisor.status.get("samples_total")
+        wanted = set(self.share(total)) if total is not None else None
+        self.heartbeat.update(phase=PHASE_LOADING, server=health.LOADING, samples_total=len(wanted)
+                              if wanted is not None else None, samples_done=self.count_done(wanted),
+                              samples_per_s=None, eta_s=None)
+
+    def run(self, entry):
+        try:
+            self.server = self.jobs.start("server", self.plan["server_argv"], self.server_log)
+        except OSError as exc:
+            raise NotStarted(self.plan["server_argv"], exc) from None
+        entry["pid"] = self.server.pid
+        self.supervisor.started(server_state=health.LOADING)
+        return self.steps()
+
+    def end(self):
+        ended = self.jobs.end_all()
+        self.supervisor.save(server_state=None, driver_pid=None)
+        self.heartbeat.update(server=None)
+        return ended
+
+    def attempt_log(self):
+        return log_since(self.client_log, self.offsets[self.client_log])
+
+    def steps(self):
+        """Load, prepare, generate, validate; (the client's exit status or None, failure found or None)."""
+        sup = self.supervisor
+        ready, found = self.follow(PHASE_LOADING)
+        if ready is None:
+            return None, found
+        sup.log_marker("the vLLM server is ready (port %d)" % self.plan["port"])
+        if prepared.complete(self.plan["prepared"]):
+            sup.log_marker("prepare-data: %s is complete, not run again" % self.plan["prepared"])
+        else:
+            shutil.rmtree(self.plan["prepared"], ignore_errors=True)  # a part-written one would be skipped
+            self.heartbeat.update(phase=PHASE_PREPARING)
+            status, found = self.client_step(PREPARE, self.plan["prepare_argv"])
+            if status != 0 or found:
+                return status, found
+        try:
+            total = prepared.rows(self.plan["prepared"])
+        except (OSError, prepared.PreparedDataError) as exc:
+            return None, found_failure("prepared-data", str(exc), "see `inv logs`: prepare-data's output", False)
+        share = self.share(total)
+        wanted = set(share)
+        sup.status["samples_total"] = total
+        self.heartbeat.update(phase=PHASE_GENERATING, samples_total=len(wanted), samples_done=self.count_done(wanted))
+        status, found = self.client_step(GENERATE, self.plan["generate_argv"])
+        if status != 0 or found:
+            return status, found
+        self.heartbeat.update(phase=PHASE_VALIDATING)
+        return 0, self.validate(share, self.attempt_log())
+
+    def client_step(self, name, argv):
+        sup = self.supervisor
+        sup.log_marker("%s: %s" % (name, " ".join(argv[1:4])))
+        try:
+            step = self.jobs.start("client", argv, self.client_log)
+        except OSError as exc:
+            return None, found_failure("client-not-started", "%s could not be started: %s" % (name, exc),
+                                       "check `python` of the host in hosts.yaml (`inv doctor`)", False)
+        try:
+            status, found = self.follow(name, step)
+        finally:
+            self.jobs.end("client")
+        if status not in (None, 0):
+            sup.log_marker("%s exited with status %s" % (name, status))
+            found = classify.classify(self.attempt_log(), status, host=sup.host(), subject=name)
+            found["role"] = name
+        return status, found
+
+    # -- following the processes ---------------------------------------------------------------------
+
+    def follow(self, label, step=None):
+        """Follow the attempt while the server loads (no `step`) or a client step runs (`label` its name):
+        (health.READY, None) once the server answers, or (the step's exit status, None); (None, failure)
+        when the server dies, is unhealthy or a stall comes; (None, None) on a stop."""
+        sup = self.supervisor
+        loading = step is None
+        limit = sup.options["load_timeout_s" if loading else "stall_timeout_s"]
+        clock = Watch(sup, self.server_log, self.offsets[self.server_log])
+        server_health = ServerHealth(self.plan["port"], sup.status["server_state"])
+        started, done_at_start, wanted_total = time.monotonic(), self.heartbeat.beat["samples_done"], \
+            self.heartbeat.beat["samples_total"]
+        last_mark, counted = None, 0.0
+        while True:
+            status = step.poll() if step is not None else None
+            if status is not None:
+                return status, None
+            if sup.stop_requested():
+                return None, None
+            if self.server.poll() is not None:
+                return None, self.server_died(self.server.returncode)
+            sup.look(self.jobs.members())
+            state = server_health.look()
+            if state == health.UNHEALTHY:
+                return None, self.server_died(None, unhealthy=server_health.answer)
+            if state != sup.status["server_state"]:
+                sup.status["server_state"] = state
+                self.heartbeat.update(server=state)
+            if loading and state == health.READY:
+                return health.READY, None
+            now = time.monotonic()
+            if now - counted >= COUNT_EVERY_S:
+                counted = now
+                if label == GENERATE:
+                    self.progress(started, done_at_start, wanted_total)
+            mark = (self.heartbeat.beat["samples_done"], log_size(self.client_log), log_size(self.server_log))
+            if mark != last_mark:
+                last_mark = mark
+                clock.progress()
+            stall = clock.check(limit, label, dict(self.heartbeat.beat))
+            # A server that never came up is not waited for beyond load_timeout_s, stall_restart or not.
+            if stall and (sup.options["stall_restart"] or not stall["retryable"] or loading):
+                return None, stall
+            time.sleep(POLL_S)
+
+    def server_died(self, exit_status, unhealthy=None):
+        return server_failure(self.supervisor, self.offsets[self.server_log], exit_status, unhealthy,
+                              ending_client="client" in self.jobs.running)
+
+    def progress(self, started, done_at_start, total):
+        done = self.count_done(set(self.share(self.supervisor.status["samples_total"])))
+        elapsed = time.monotonic() - started
+        made = done - done_at_start
+        rate = made / elapsed if elapsed > 0 and made > 0 else None
+        self.heartbeat.update(samples_done=done, samples_per_s=round(rate, 2) if rate else None,
+                              eta_s=round((total - done) / rate, 1) if rate and total is not None else None)
+
+    # -- the outputs ---------------------------------------------------------------------------------
+
+    def validate(self, share, client_log):
+        """None when every file of the share is ok (or only allowed skipped ones are missing)."""
+        sup = self.supervisor
+        report = outputs.check_dataset(self.plan["out"], None, indices=share, n_layers=len(self.plan["layer_ids"]),
+                                       hidden_size=self.plan["hidden_size"])
+        skipped = [i for i in client.skipped(client_log) if i in set(share)]
+        bad = {status: indices for status, indices in report["by_status"].items() if status != outputs.MISSING}
+        result = {"samples": report["expected"], "ok": report["counts"][outputs.OK], "skipped": skipped,
+                  "missing": report["missing"], "bad": bad}
+        sup.status["result"] = result
+        self.heartbeat.update(samples_done=report["counts"][outputs.OK])
+        if report["complete"]:
+            sup.log_marker("every file of the %d samples loads, with %d layers, hidden size %s, finite"
+                           % (report["expected"], len(self.plan["layer_ids"]), self.plan["hidden_size"]))
+            return None
+        if not bad and set(report["missing"]) == set(skipped) and self.plan["allow_skipped"]:
+            sup.log_marker("%d samples skipped by the client, allowed (allow_skipped): %s"
+                           % (len(skipped), _indices(skipped)))
+            return None
+        if skipped and set(report["missing"]) <= set(skipped) and not bad:
+            return found_failure(
+                "samples-skipped", "generate-offline-data skipped %d of %d samples after their retries: %s"
+                % (len(skipped), report["expected"], _indices(skipped)),
+                "see `inv logs` (\"Skipping sample\"): `inv resume` retries exactly those; set allow_skipped: true "
+                "under extract: in hosts.yaml to accept a run without them", False, evidence=_indices(skipped))
+        described = "; ".join("%d %s (%s)" % (len(ix), status, _indices(ix))
+                              for status, ix in sorted(dict(bad, missing=report["missing"]).items()) if ix)
+        return found_failure("outputs-invalid", "generate-offline-data exited 0 but not every sample's file is "
+                             "whole: %s" % described,
+                             "a restart checks the files and regenerates the bad and missing ones", True,
+                             evidence=described)
+
+    def clean_outputs(self):
+        """Delete every hs_*.safetensors of the output that is not ok, and empty the staging directory."""
+        out = self.plan["out"]
+        os.makedirs(out, exist_ok=True)
+        # The files hold no metadata: what axis 1 of hidden_states is, beside them.
+        atomic.write_json(os.path.join(out, LAYERS_FILE), {
+            "layer_ids": self.plan["layer_ids"], "convention": self.plan["layer_convention"],
+            "num_hidden_layers": self.plan["num_hidden_layers"], "hidden_size": self.plan["hidden_size"],
+            "model": self.supervisor.record["driver_args"].get("model"), "run_id": self.supervisor.run.run_id})
+        present = outputs.existing_indices(out)
+        report = outputs.check_dataset(out, None, indices=present, n_layers=len(self.plan["layer_ids"]),
+                                       hidden_size=self.plan["hidden_size"])
+        deleted = sorted(report["files"])
+        for index in deleted:
+            os.unlink(os.path.join(out, outputs.file_name(index)))
+        shutil.rmtree(self.plan["staging"], ignore_errors=True)
+        os.makedirs(self.plan["staging"], exist_ok=True)
+        if deleted:
+            self.supervisor.log_marker("deleted %d unusable file(s) to regenerate: %s" % (len(deleted), "; ".join(
+                "hs_%d (%s: %s)" % (i, report["files"][i]["status"], report["files"][i]["detail"])
+                for i in deleted[:10])))
+        return {"kept": len(present) - len(deleted), "deleted": deleted}
+
+    def finish(self, outcome):
+        shutil.rmtree(self.plan["staging"], ignore_errors=True)
+        outcome = dict(outcome, result=self.supervisor.status.get("result"))
+        # The heartbeat's last phase is the run's final state.
+        self.heartbeat.update(phase=outcome["state"], server=None)
+        return outcome
+
+
+class HeadlessServer:
+    """A worker node's part of the head's attempt: its server, no client steps, no outputs of its own
+    (SAMPLE_FILE None). Its node role (server/node_roles.py Worker) decides everything its attempts
+    lead to, so it has no FINISHED and no attempt_log."""
+    STARTS = "starting the headless vLLM server"
+    SAMPLE_FILE = None
+
+    def __init__(self, supervisor):
+        self.supervisor = supervisor
+        self.plan = supervisor.record["server"]
+        self.jobs = Jobs(supervisor)
+        self.heartbeat = Heartbeat(supervisor.run.file("heartbeat.json"))
+        self.server_log = supervisor.run.file("server.log")
+        self.offset = 0
+        self.server = None
+
+    def status_fields(self, previous):
+        return server_status(previous)
+
+    def wait(self):
+        """Between the head's attempts: no server."""
+        self.heartbeat.update(phase=PHASE_WAITING, server=None)
+
+    def prepare(self, entry):
+        self.offset = log_size(self.server_log)
+
+    def run(self, entry):
+        """The server until it dies ((its exit status, its failure)) or a stop comes ((None, None)); the
+        head's attempt being over ends it from the node role's look (AttemptEnds)."""
+        sup = self.supervisor
+        try:
+            self.server = self.jobs.start("server", self.plan["server_argv"], self.server_log)
+        except OSError as exc:
+            raise NotStarted(self.plan["server_argv"], exc) from None
+        entry["pid"] = self.server.pid
+        sup.started(server_state=SERVER_RUNNING)
+        self.heartbeat.update(phase=PHASE_SERVING, server=SERVER_RUNNING)
+        while not sup.stop_requested():
+            if self.server.poll() is not None:
+                return self.server.returncode, server_failure(sup, self.offset, self.server.returncode)
+            sup.look(self.jobs.members())
+            time.sleep(POLL_S)
+        return None, None
+
+    def end(self):
+        """The server ended; the attempt's exit status is its own, whoever ended it."""
+        ended = dict(self.jobs.end_all(), exit_status=self.server.poll())
+        self.supervisor.save(server_state=None)
+        self.wait()
+        return ended
+
+    def finish(self, outcome):
+        # The heartbeat's last phase is the run's final state. The staging directory is the head's to remove.
+        self.heartbeat.update(phase=outcome["state"], server=None)
+        return outcome
+
+
+def _indices(indices, shown=20):
+    text = ", ".join(str(i) for i in indices[:shown])
+    return text + (" … (%d in all)" % len(indices) if len(indices) > shown else "")
