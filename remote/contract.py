@@ -74,6 +74,11 @@ SERVER_DEFAULTS = {
     "staging": None,          # the connector's staging directory; None: <out>/.specrig-staging/<run-id>
 }
 
+#: How long the supervisor (between attempts) and a stop wait for the GPUs to give back the memory of a
+#: run's ended processes: the driver frees a dead process's memory a moment after it is gone
+#: (docs/gpu-check.md).
+GPU_RELEASE_S = 30
+
 # -- how the supervisor runs the driver (hosts.yaml's `extract:` may set each one) -------------
 SUPERVISOR_DEFAULTS = {
     "max_restarts": 3,          # restarts of retryable failures, per supervisor

@@ -42,7 +42,7 @@ import hfcache
 import pkgmeta
 import procs
 import telemetry
-from contract import ACTIVE_STATES, STOPPED, SUCCEEDED, SUPERVISOR_DEFAULTS
+from contract import ACTIVE_STATES, GPU_RELEASE_S, STOPPED, SUCCEEDED, SUPERVISOR_DEFAULTS
 from rpc import RemoteFailure
 from run import rundir
 from run.server import outputs, plan
@@ -53,8 +53,6 @@ REMOTE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: the model is a path or a Hugging Face repo id (hfcache.resolve).
 PATH_ARGS = ("dataset", "output_dir")
 SUPERVISOR_START_S = 15
-#: How long a stop waits for the GPUs to give back the memory of the run's ended processes.
-GPU_RELEASE_S = 30
 LOG_LINES = 50
 #: The logs a run keeps, by the name `logs` takes.
 LOGS = {"driver": "driver.log", "server": "server.log"}

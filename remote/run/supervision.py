@@ -40,15 +40,13 @@ import time
 
 import atomic
 import telemetry
-from contract import FAILED, RESTARTING, RUNNING, STALLED, STARTING, STOPPED, SUCCEEDED
+from contract import FAILED, GPU_RELEASE_S, RESTARTING, RUNNING, STALLED, STARTING, STOPPED, SUCCEEDED
 from run import classify, rundir
 
 POLL_S = 0.5
 #: Seconds between rewrites of status.json while nothing changes.
 STATUS_EVERY_S = 2.0
 LOG_TAIL_BYTES = 256 * 1024
-#: How long to wait for the GPUs to free the memory of an attempt's ended processes.
-GPU_RELEASE_S = 30
 #: An attempt's outcome that is no run state: the loop starts the next attempt after the backoff.
 RETRY = "retry"
 
