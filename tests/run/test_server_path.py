@@ -62,7 +62,7 @@ def test_doctor_one_environment(lab):
     assert result.returncode == 0, result.stderr
     facts = json.loads(result.stdout)
     assert facts["server_env"] is None
-    assert facts["extraction"] == {"path": "in-process", "speculators": "0.3.0", "vllm": "0.16.0",
+    assert facts["extraction"] == {"mode": "in-process", "speculators": "0.3.0", "vllm": "0.16.0",
                                    "server_python": None}
     table = inv("doctor", "--host", "lab", env={"COLUMNS": "80"}).stdout
     assert "in-process (speculators 0.3.0)" in table and "server python" not in table
@@ -170,7 +170,7 @@ def test_speculators_0_9_takes_the_server_path(speculators_env, make_inventory, 
     inventory = env_inventory(make_inventory, trusted_known_hosts, prefix, server_python=SERVER_PYTHON)
     facts = json.loads(inv("doctor", "--host", "lab", "--json", inventory=inventory).stdout)
     assert facts["packages"]["speculators"] == "0.9.0" and facts["packages"]["hs-connectors"] == "0.9.0"
-    assert facts["extraction"] == {"path": "server", "speculators": "0.9.0", "vllm": "0.32.0",
+    assert facts["extraction"] == {"mode": "server", "speculators": "0.9.0", "vllm": "0.32.0",
                                    "server_python": SERVER_PYTHON}
     table = inv("doctor", "--host", "lab", inventory=inventory, env={"COLUMNS": "80"}).stdout
     assert "server (speculators 0.9.0, vLLM 0.32.0 in server_python)" in table, table
