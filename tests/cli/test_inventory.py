@@ -21,6 +21,7 @@ BAD = [
     ("gpus type", "hosts:\n  a:\n    gpus: eight\n", ["hosts.a.gpus", "'eight'"]),
     ("env not mapping", "hosts:\n  a:\n    env: [A]\n", ["hosts.a.env", "a mapping", "['A']"]),
     ("env bad name", "hosts:\n  a:\n    env: {'1X': y}\n", ["hosts.a.env.1X", "'1X'"]),
+    ("env bad value", "hosts:\n  a:\n    env: {HF_TOKEN: [hf_secret]}\n", ["hosts.a.env.HF_TOKEN", "got a list"]),
     ("policy", "hosts:\n  a:\n    host_key_policy: yolo\n", ["hosts.a.host_key_policy", "'yolo'", "accept-new"]),
     ("server_python list", "hosts:\n  a:\n    server_python: [x]\n", ["hosts.a.server_python", "a string", "['x']"]),
     ("defaults server_python", "defaults:\n  server_python: 3\n", ["defaults.server_python", "a string", "3"]),
@@ -43,6 +44,7 @@ def test_bad_inventory_is_one_clear_line(make_inventory, text, words):
     assert "\n" not in line and str(path) in line
     for word in words:
         assert word in line
+    assert "hf_secret" not in line  # env: holds tokens: an error names the type, never the value
 
 
 def test_bad_inventory_exits_2_through_the_cli(make_inventory):
