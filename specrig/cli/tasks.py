@@ -98,15 +98,16 @@ NODE_OPTIONS = {
 
 @task(help={"host": HOST_HELP + "; several hosts split the dataset, one shard each (docs/runs.md, 'Fleet runs')",
             **task_help("model", "data", "out", "tp", "layers", "batch_size", "max_len", "max_samples", "port",
-                        "concurrency", "allow_skipped"),
+                        "concurrency", "allow_skipped", "staging", "writer_threads", "max_num_batched_tokens"),
             **NODE_OPTIONS,
             "skip_preflight": "launch without the preflight checks (drift, GPUs, model, disk, batch hazard)",
             "detach": "launch and return at once instead of showing the live view",
             "json": JSON_HELP})
 @guarded
 def extract(c, host, model=None, data=None, out=None, tp=None, layers=None, batch_size=None, max_len=None,
-            max_samples=None, port=None, concurrency=None, allow_skipped=False, nodes=None, pp=None, dp_local=None,
-            rendezvous_port=None, watch_port=None, skip_preflight=False, detach=False, json=False):
+            max_samples=None, port=None, concurrency=None, allow_skipped=False, staging=None, writer_threads=None,
+            max_num_batched_tokens=None, nodes=None, pp=None, dp_local=None, rendezvous_port=None, watch_port=None,
+            skip_preflight=False, detach=False, json=False):
     """Preflight, launch the supervised extraction on a host, and show it live (Ctrl-C detaches; the run goes on).
 
     The host's speculators picks the mode: <= 0.4 drives vLLM in-process; >= 0.8 runs a vLLM server and
@@ -128,7 +129,8 @@ def extract(c, host, model=None, data=None, out=None, tp=None, layers=None, batc
     targets = group_hosts(inventory, host)
     given = {"model": model, "data": data, "out": out, "tp": tp, "layers": layers, "batch_size": batch_size,
              "max_len": max_len, "max_samples": max_samples, "port": port, "concurrency": concurrency,
-             "allow_skipped": allow_skipped or None}
+             "allow_skipped": allow_skipped or None, "staging": staging, "writer_threads": writer_threads,
+             "max_num_batched_tokens": max_num_batched_tokens}
     sizes = {"pp": whole_number(pp, option="--pp", default=None),
              "dp_local": whole_number(dp_local, option="--dp-local", default=None),
              "rendezvous_port": whole_number(rendezvous_port, option="--rendezvous-port", default=None),
