@@ -15,7 +15,7 @@ if [ "${2:-}" = build ] && [ ! -e "$SG/models/$SHAPE.building" ]; then
     tools=$(cd "$(dirname "$0")" && pwd)/gpu_tools.py
     cp "$tools" "$SG/gpu_tools.py"
     touch "$SG/models/$SHAPE.building"
-    setsid nohup bash -c "python3 '$SG/gpu_tools.py' build-model '$SG/models/$SHAPE' '$SHAPE' '$SG/data/chat.jsonl' \
+    setsid nohup bash -c "python3 '$SG/gpu_tools.py' build-model '$SG/models/$SHAPE' '$SHAPE' '$SG/data/chat-$SHAPE.jsonl' \
         '${N_DATA:-1024}' > '$SG/models/$SHAPE.log' 2>&1 && tail -1 '$SG/models/$SHAPE.log' > '$SG/models/$SHAPE.done'" \
         < /dev/null > /dev/null 2>&1 &
     echo "building $SHAPE in the background"

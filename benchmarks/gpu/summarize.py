@@ -30,6 +30,7 @@ def states(raw):
         "pairing": "id k = output of decoder layer k-1 (the input of layer k); 0 = embeddings; L = last "
                    "layer's output before the final norm",
         "tolerance": found["tolerance"],
+        "calibration_fp32": found.get("calibration_fp32"),  # the run that set the tolerance from bf16's own error
         "per_layer": {k: {"max_abs_diff": v["max_abs_diff"], "max_abs_ref": v["max_abs_ref"],
                           "rel_l2": v["rel_l2"], "worst_sample_rel_l2": v["worst_sample_rel_l2"]}
                       for k, v in documented.items()},
@@ -97,7 +98,8 @@ def stop(raw):
 def table(raw):
     rows = []
     for label, arm in (raw.get("arms") or {}).items():
-        rows.append({"arm": label, "way": arm.get("way"), "concurrency": arm.get("concurrency"),
+        rows.append({"arm": label, "way": arm.get("way"), "shape": arm.get("shape") or "llama8b",
+                     "settings": arm.get("settings") or {}, "concurrency": arm.get("concurrency"),
                      "samples": arm.get("samples"), "tokens": arm.get("tokens"), "wall_s": arm.get("wall_s"),
                      "server_ready_s": arm.get("server_ready_s"), "after_load_s": arm.get("after_load_s"),
                      "first_sample_s": arm.get("first_sample_s"), "tokens_per_s": arm.get("tokens_per_s"),
@@ -119,10 +121,12 @@ def table(raw):
     return rows
 
 
-def ratios(rows):
+def ratios(rows, shape="llama8b"):
+    """The ratios at one model shape, each way's best arm."""
     by = {}
     for row in rows:
-        by.setdefault(row["arm"].split("-")[0], []).append(row)
+        if row["shape"] == shape:
+            by.setdefault(row["arm"].split("-")[0], []).append(row)
     best = lambda name: max(by.get(name, []), key=lambda r: r.get("tokens_per_s_after_load") or 0, default=None)
     hand, ours, bare = best("hand"), best("specrig"), best("bare")
     out = {}
@@ -152,7 +156,8 @@ def markdown(summary):
     for row in summary["table"]:
         lines.append("| " + " | ".join("-" if row.get(k) is None else str(row.get(k)) for k in keys) + " |")
     lines.append("")
-    lines += ["- %s: %s" % item for item in summary["ratios"].items()]
+    for shape, found in summary["ratios_by_shape"].items():
+        lines += ["", "%s:" % shape, ""] + ["- %s: %s" % item for item in found.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -197,6 +202,7 @@ def main():
                                                 "layer_ids", "layer_convention", "server_argv")},
         "states": states_block, "kill9": kill9(raw), "stop": stop(raw),
         "table": rows, "ratios": ratios(rows),
+        "ratios_by_shape": {shape: ratios(rows, shape) for shape in sorted({row["shape"] for row in rows})},
         "smoke_deepseek_v3": raw.get("smoke_deepseek_v3"),
         "nvidia_smi_fixtures": "tests/fixtures/nvidia-smi/h200-vllm",
         "errors": raw.get("errors", []), "not_run": json.loads(args.not_run), "notes": json.loads(args.notes),
