@@ -6,6 +6,7 @@ by extraction mode. The pages hold no date: building them again from the same an
 """
 from __future__ import annotations
 
+import re
 from html import escape
 from itertools import groupby
 from pathlib import Path
@@ -127,12 +128,17 @@ def html(matrix: dict) -> str:
     for vllm in _vllm_newest_first(matrix):
         cells = "".join(_cell_html(spec["version"], vllm, matrix["cells"][spec["version"]][vllm]) for spec in specs)
         rows.append(f'<tr><th class="vllm">{escape(vllm)}</th>{cells}</tr>')
-    legend = "".join(f'<tr><td class="{s}">{s}</td><td>{escape(MEANING[s])}</td></tr>' for s in STATUSES)
+    legend = "".join(f'<tr><td class="{s}">{s}</td><td>{_prose_html(MEANING[s])}</td></tr>' for s in STATUSES)
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{escape(TITLE)}</title>'
             f"<style>{CSS}</style></head><body>\n<h1>{escape(TITLE)}</h1>\n"
-            f"<p>{escape(_preamble(matrix)[0])}</p>\n<table>{legend}</table>\n<p></p>\n"
+            f"<p>{_prose_html(_preamble(matrix)[0])}</p>\n<table>{legend}</table>\n<p></p>\n"
             f'<table id="matrix"><thead>{"".join(head)}</thead><tbody>\n' + "\n".join(rows)
             + "\n</tbody></table>\n</body></html>\n")
+
+
+def _prose_html(text: str) -> str:
+    """Prose written for the markdown page, for the HTML one: escaped, `code` spans as <code>."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", escape(text))
 
 
 def _cell_html(spec: str, vllm: str, cell: dict) -> str:
