@@ -44,7 +44,8 @@ def build(speculators: list[str], vllm: list[str], *, on_cell: Callable[[str, st
           wheels: Path = compat.WHEEL_CACHE) -> dict:
     """The matrix: {"speculators": [{version, mode}], "vllm": [versions], "cells": {spec: {vllm: cell}},
     "analyzer", "patchsets", "analyzed": ["spec vllm" pairs analyzed now], "cached": count}.
-    `on_cell(speculators, vllm, how)` is called as each cell is done (how: ANALYZED, CACHED or UNANALYZED)."""
+    `on_cell(speculators, vllm, how)` is called as each cell is done (how: ANALYZED, CACHED or UNANALYZED).
+    `analyzer` is the analyzer's content hash the cache is keyed on (default: that of the remote/ that runs)."""
     analyzer = analyzer or analysis_cache.analyzer_digest()
     patchsets = load_patchsets()
     cells: dict[str, dict[str, dict]] = {}

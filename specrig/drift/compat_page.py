@@ -11,6 +11,7 @@ from html import escape
 from itertools import groupby
 from pathlib import Path
 
+from specrig.contract import IN_PROCESS, REPOSITORY_SCRIPTS, SERVER
 from specrig.drift.cells import BREAKS, FLAG, NO_MODE, PATCHSET, STATUSES, WORKS
 from specrig.drift.compat_matrix import SPECULATORS_SINCE, VLLM_SINCE
 
@@ -23,8 +24,8 @@ MEANING = {
     BREAKS: "a drift finding nothing fixes: the cell names the first",
     NO_MODE: "the speculators release has no extraction mode specrig runs (0.5–0.7 ship repository scripts)",
 }
-MODE_TITLES = {"in-process": "in-process (speculators ≤ 0.4)", "server": "server mode (speculators ≥ 0.8)",
-               "repository-scripts": "no extraction mode (repository scripts)"}
+MODE_TITLES = {IN_PROCESS: "in-process (speculators ≤ 0.4)", SERVER: "server mode (speculators ≥ 0.8)",
+               REPOSITORY_SCRIPTS: "no extraction mode (repository scripts)"}
 CSS = """
 body{font-family:system-ui,sans-serif;margin:1.5em;color:#1b1b1b}
 table{border-collapse:collapse;font-size:12px}
