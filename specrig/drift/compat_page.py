@@ -38,6 +38,7 @@ td.breaks{background:#fadbd8}td.no-mode{background:#f0f0f0;color:#777}
 summary{cursor:pointer}
 details ul{margin:.3em 0;padding-left:1.2em}
 li.note{color:#666}
+.where{display:block;color:#666}
 code{font-size:11px}
 """
 
@@ -155,5 +156,5 @@ def _finding_html(finding: dict) -> str:
     where = ", ".join(escape(w) for w in (finding["consumer"], finding["provider"]) if w)
     fixed = f" <b>Fixed by {escape(finding['fixed_by'])}.</b>" if finding["fixed_by"] else ""
     return (f'<li class="{escape(finding["severity"])}"><code>{escape(finding["id"])}</code> '
-            f"{escape(finding['severity'])}{': ' + where if where else ''}. {escape(finding['explanation'])}"
-            f"{fixed}</li>")
+            f'<span class="where">{escape(finding["severity"])}{": " + where if where else ""}</span>'
+            f"{escape(finding['explanation'])}{fixed}</li>")
