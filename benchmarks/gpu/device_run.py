@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -152,6 +153,20 @@ class Sampler(threading.Thread):
             pids = [int(line.split(",")[0]) for line in apps.splitlines() if line.strip()[:1].isdigit()]
             self.samples.append([round(t, 2), used[0] if used else None, pids])
             time.sleep(0.5)
+
+
+def wait_port_free(port=PORT, timeout=60):
+    """Seconds waited until nothing listens on `port` (an ended arm's API server lets go of it last)."""
+    started = time.time()
+    while time.time() - started < timeout:
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(("127.0.0.1", port))
+                return round(time.time() - started, 1)
+            except OSError:
+                time.sleep(0.5)
+    return None
 
 
 def wait_idle(timeout=60):
@@ -502,7 +517,9 @@ def arm_specrig(name, concurrency, settings):
     arm = {"way": "specrig extract", "concurrency": concurrency or 32, "settings": settings,
            "launch_exit": launched["exit"]}
     if not info.get("launched"):
-        arm["launch"] = launched
+        failed = [check["name"] for check in info.get("preflight") or [] if not check.get("ok")]
+        arm.update(launch=launched, error="not launched (exit %s; preflight failed: %s)"
+                   % (launched["exit"], ", ".join(failed) or "-"))
         return arm
     beat, status, done = wait_run(info["path"], lambda b, s: run_state(info["path"]) in FINAL, timeout=560,
                                   on_beat=note)
@@ -621,8 +638,9 @@ def phase_arm(spec):
     settings = dict(item.split("=", 1) for item in parts[3].split(",")) if len(parts) > 3 else {}
     label = "%s-c%d" % (name, concurrency) + "".join("-%s=%s" % item for item in settings.items()) + (
         "" if SHAPE == MAIN_SHAPE else "-" + SHAPE)
-    waited = wait_idle()
-    log("arm %s: %d samples (waited %s s for the GPU's memory)" % (label, N_MEASURE, waited))
+    waited, port_waited = wait_idle(), wait_port_free()
+    log("arm %s: %d samples (waited %s s for the GPU's memory, %s s for the port)"
+        % (label, N_MEASURE, waited, port_waited))
     if name == "specrig":
         arm = arm_specrig(label, concurrency, settings)
     elif name in ("hand", "bare"):

@@ -1,8 +1,9 @@
 """The committed results of the GPU run, from what device_run.py brought back.
 
-    python3 benchmarks/gpu/summarize.py RAW.json --device-minutes M [--date YYYY-MM-DD] [--not-run JSON]
+    python3 benchmarks/gpu/summarize.py RAW.json --device-minutes M [--date YYYY-MM-DD] [--name NAME]
+        [--not-run JSON] [--notes JSON]
 
-writes benchmarks/gpu/results/h200-<date>.json (every field tests/test_gpu_results.py checks) and
+writes benchmarks/gpu/results/NAME.json (default h200-<date>) (every field tests/test_gpu_results.py checks) and
 h200-<date>.md (the table), and prints the markdown.
 """
 import argparse
@@ -166,6 +167,7 @@ def main():
     parser.add_argument("raw")
     parser.add_argument("--device-minutes", type=float, required=True)
     parser.add_argument("--date", default=datetime.date.today().isoformat())
+    parser.add_argument("--name", help="the results' file name (default h200-DATE); tests check the last by name")
     parser.add_argument("--not-run", default="[]", help="JSON list of {what, why}")
     parser.add_argument("--notes", default="[]", help="JSON list of strings")
     parser.add_argument("--bf16-drift", help="bf16_drift.py's output: the yardstick beside the fixed tolerance")
@@ -208,7 +210,7 @@ def main():
         "errors": raw.get("errors", []), "not_run": json.loads(args.not_run), "notes": json.loads(args.notes),
     }
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    base = os.path.join(HERE, "results", "h200-%s" % args.date)
+    base = os.path.join(HERE, "results", args.name or "h200-%s" % args.date)
     with open(base + ".json", "w") as f:
         json.dump(summary, f, indent=1, default=str)
         f.write("\n")
