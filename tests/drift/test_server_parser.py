@@ -6,7 +6,10 @@ text search of the release's source: an option exists where its literal "--flag"
 """
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,7 @@ import pytest
 from drift.server import parser, startup
 from drift.server.context import Context
 from run.server import launch, nodes
+from run.server import preflight as server_preflight
 from support.drift_wheels import compat_report, root
 
 RELEASES = ["0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0", "0.19.1", "0.20.0", "0.20.1", "0.20.2",
@@ -64,7 +68,7 @@ def test_server_options_and_refusals(version):
     found = ctx.server_parser()
     assert found is not None, "no make_arg_parser reached from `vllm serve` on %s" % version
     vllm = Path(root("vllm", version)["root"]) / "vllm"
-    decided = startup.launch_settings(ctx)
+    decided = startup.launch_settings(ctx=ctx)
     for flag in launch_flags(decided) + NODE_FLAGS:
         if flag.startswith("--no-"):
             assert found.knows(flag) and in_source(vllm, "--" + flag[5:]), flag
@@ -93,4 +97,36 @@ def test_moved_frontend_args_found_through_imports():
     assert found.builder.module.relpath == "vllm/entrypoints/common/cli_args.py"
     assert found.options["--host"].module.relpath == "vllm/entrypoints/common/cli_args.py"
     assert found.knows("--port") and found.knows("--kv_transfer_config") and not found.knows("--no-such-flag")
-    assert parser.server_parser(context("0.33.0").index, "vllm.entrypoints.no_such_module") is None
+    assert parser.server_parser(context("0.33.0").index, entry="vllm.entrypoints.no_such_module") is None
+
+
+def vllm_environment(tmp_path: Path, version: str) -> str:
+    """The python of a venv whose only vLLM is release `version`'s source (its unpacked wheel) with its
+    metadata: what plan.make reads on a host, nothing installed."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+    site = next((tmp_path / "venv" / "lib").glob("python*/site-packages"))
+    (site / "vllm").symlink_to(Path(root("vllm", version)["root"]) / "vllm")
+    (site / f"vllm-{version}.dist-info").mkdir()
+    (site / f"vllm-{version}.dist-info" / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {version}\n")
+    return str(tmp_path / "venv" / "bin" / "python")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ["0.21.0", "0.22.0"])
+def test_plan_passes_the_flag_where_the_installed_vllm_refuses(tmp_path, version):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "num_hidden_layers": 8,
+                                                   "hidden_size": 64}))
+    driver = {"model": str(model), "output_dir": str(tmp_path / "out"), "dataset": str(tmp_path / "data.jsonl")}
+    made, check = server_preflight.planned(driver, vllm_environment(tmp_path, version))
+    refused = version in CHUNKED_PREFILL_REFUSED
+    assert ("--no-enable-chunked-prefill" in made["server_argv"]) == refused
+    assert "--enable-scale-out" not in made["server_argv"] and made["vllm_version"] == version
+    if refused:
+        assert made["startup_flags"] == [{"flag": "--no-enable-chunked-prefill", "because": (
+            "vllm %s refuses enable_chunked_prefill with ExampleHiddenStatesConnector (vllm/config/vllm.py:738)"
+            % version)}]
+        assert check["ok"] and "passes --no-enable-chunked-prefill: vllm %s refuses" % version in check["detail"]
+    else:
+        assert made["startup_flags"] == [] and "passes" not in check["detail"]

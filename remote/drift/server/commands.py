@@ -19,7 +19,7 @@ CLIENT_FLAGS = {
 
 def _launch_flags(ctx):
     """The flags of the server command specrig's launch builds for this vLLM (its own decisions included)."""
-    decided = startup.launch_settings(ctx)
+    decided = startup.launch_settings(ctx=ctx)
     settings = {"model": "MODEL", "num_hidden_layers": 8, "tensor_parallel_size": 1, "data_parallel_size": 1,
                 "port": 8000, "host": "127.0.0.1", "distribution": decided["distribution"],
                 "enable_scale_out": decided["enable_scale_out"],

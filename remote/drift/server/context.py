@@ -114,7 +114,7 @@ class Context:
         when no parser builder is reached from it."""
         def read():
             words, _ = self.launch.INVOCATIONS[self.server_distribution]
-            return parser.server_parser(self.index, words[1], words[2] if len(words) > 2 else None)
+            return parser.server_parser(self.index, entry=words[1], subcommand=words[2] if len(words) > 2 else None)
         return self.cached("server-parser", read)
 
     def cached(self, key, compute):

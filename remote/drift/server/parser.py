@@ -52,7 +52,7 @@ def _local_binding(module, name):
     return None
 
 
-def resolve_name(index, module, name):
+def _resolve_name(index, module, name):
     """What `name` used in `module` refers to: its top-level binding, else a function-local import."""
     found = index.lookup(module.name, name)
     if isinstance(found, (ClassRef, FunctionRef)):
@@ -94,13 +94,13 @@ def _builder_call(index, module):
     """(call node, FunctionRef) of a call of the parser builder in `module`, or None."""
     for node in ast.walk(module.tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == BUILDER:
-            builder = resolve_name(index, module, BUILDER)
+            builder = _resolve_name(index, module, BUILDER)
             if isinstance(builder, FunctionRef):
                 return node, builder
     return None
 
 
-def find_builder(index, entry, subcommand=None):
+def _find_builder(index, entry, subcommand=None):
     """The FunctionRef of the parser builder `python -m <entry> [<subcommand>]` calls, or None: the entry
     module (or, with a subcommand, the imported module declaring it), then the modules they import."""
     start = index.tree.module(entry)
@@ -129,7 +129,7 @@ def _class_of(index, function, expr, cls):
     if isinstance(expr, ast.Name) and expr.id == "cls" and cls is not None:
         return cls
     if isinstance(expr, ast.Name):
-        found = resolve_name(index, function.module, expr.id)
+        found = _resolve_name(index, function.module, expr.id)
         return found if isinstance(found, ClassRef) else None
     return None
 
@@ -165,7 +165,7 @@ def _read_function(index, function, cls, options, seen):
         elif isinstance(func, ast.Attribute) and func.attr == ADD_CLI_ARGS:
             target = _class_of(index, function, func.value, cls)
             if target is not None:
-                read_class(index, target, options, seen)
+                _read_class(index, target, options, seen)
         elif isinstance(func, ast.Name) and func.id == FIELDS_HELPER and node.args:
             config = _class_of(index, function, node.args[0], cls)
             if config is not None:
@@ -176,16 +176,16 @@ def _read_function(index, function, cls, options, seen):
                 options.setdefault("--" + name.replace("_", "-"), F.Location(module, node.lineno))
 
 
-def read_class(index, cls, options, seen):
+def _read_class(index, cls, options, seen):
     """Add the options `cls.add_cli_args` adds (inherited or its own) to `options`."""
     method = class_member(index, cls, ADD_CLI_ARGS)
     if isinstance(method, FunctionRef):
         _read_function(index, method, cls, options, seen)
 
 
-def server_parser(index, entry, subcommand=None):
+def server_parser(index, *, entry, subcommand=None):
     """The ServerParser of `python -m <entry> [<subcommand>]`, or None when no parser builder is reached."""
-    builder = find_builder(index, entry, subcommand)
+    builder = _find_builder(index, entry, subcommand)
     if builder is None:
         return None
     options = {}

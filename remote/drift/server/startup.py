@@ -118,7 +118,7 @@ def _refusals_in(ctx, module, names):
                       flag=_off_flag(ctx, setting.attr))
 
 
-def refusals(ctx):
+def _refusals(ctx):
     """Every Refusal in vLLM's config validation of what specrig's launch sends (cached per Context)."""
     def read():
         names = (ctx.launch.CONNECTOR, ctx.launch.METHOD)
@@ -136,7 +136,7 @@ def refusals(ctx):
 def check_default_refused(ctx):
     """The point: each setting on by default that vLLM refuses with the connector or the method."""
     problems = []
-    for refusal in refusals(ctx):
+    for refusal in _refusals(ctx):
         if refusal.default_on is None:
             continue
         problems.append(Problem(
@@ -149,13 +149,13 @@ def check_default_refused(ctx):
     return problems
 
 
-def launch_settings(ctx):
+def launch_settings(*, ctx):
     """What specrig's launch takes from this vLLM's source: the distribution, whether the parser has
     --enable-scale-out, and the flags avoiding start-up refusals ([{"flag", "because"}])."""
     found = ctx.server_parser()
     flags = [{"flag": r.flag, "because": "%s refuses %s with %s (%s:%d)" % (
         ctx.distribution.strip(), r.setting, r.trigger, r.where.module.relpath, r.where.start)}
-        for r in refusals(ctx) if r.default_on is not None and r.flag]
+        for r in _refusals(ctx) if r.default_on is not None and r.flag]
     return {"distribution": ctx.server_distribution,
             "enable_scale_out": found is not None and found.knows("--enable-scale-out"),
             "startup_flags": flags}
@@ -165,4 +165,4 @@ def installed_launch_settings(*, vllm_package_dir, distribution, version=None):
     """launch_settings() of the vLLM installed at `vllm_package_dir` (its `vllm/` directory), for a run's plan."""
     root, package = os.path.split(os.path.normpath(vllm_package_dir))
     ctx = Context([], {"root": root, "package": package, "name": distribution, "version": version}, None)
-    return launch_settings(ctx)
+    return launch_settings(ctx=ctx)
