@@ -268,6 +268,9 @@ class StartupRefusal(ServerContract):
         return ("vLLM refuses %s=True with %s at start-up (%r), and %s is on by default (%s): %s." % (
             self.detail, self.trigger, self.error, self.detail, self.default, avoided))
 
+    def as_json(self):
+        return dict(super().as_json(), trigger=self.trigger, error=self.error, flag=self.flag, default=self.default)
+
 
 class UnsupportedRelease(Finding):
     """speculators 0.5-0.7: their data generation ships only as repository scripts (remote/contract.py)."""
