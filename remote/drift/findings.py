@@ -242,6 +242,36 @@ class ServerContract(Finding):
         return dict(super().as_json(), point=self.point)
 
 
+@dataclass(frozen=True)
+class StartupRefusal(ServerContract):
+    """A setting on by default that vLLM's config validation refuses with the connector or the method specrig
+    launches with (drift/server/startup.py): the server stops at start-up, before loading the model."""
+
+    kind = "startup-refusal"
+
+    #: The connector or method the refusal names.
+    trigger: str | None = None
+    #: vLLM's error text.
+    error: str | None = None
+    #: The server flag turning the setting off, which specrig's launch passes; None when the parser has none.
+    flag: str | None = None
+    #: "path:line" of the setting's default (True).
+    default: str | None = None
+
+    @property
+    def id(self):
+        return ":".join((self.kind, self.detail))
+
+    def explain(self):
+        avoided = ("specrig's launch passes %s on this vLLM" % self.flag if self.flag
+                   else "no server flag turns it off: the server cannot start with %s" % self.trigger)
+        return ("vLLM refuses %s=True with %s at start-up (%r), and %s is on by default (%s): %s." % (
+            self.detail, self.trigger, self.error, self.detail, self.default, avoided))
+
+    def as_json(self):
+        return dict(super().as_json(), trigger=self.trigger, error=self.error, flag=self.flag, default=self.default)
+
+
 class UnsupportedRelease(Finding):
     """speculators 0.5-0.7: their data generation ships only as repository scripts (remote/contract.py)."""
 

@@ -184,7 +184,9 @@ def launch(args):
             # Server mode (speculators >= 0.8): the plan of the server and the client steps; else None.
             "server": server, "server_python": server_python})
         pid = _start_supervisor(run)
-    return {"run_id": run.run_id, "path": run.path, "supervisor_pid": pid}
+    # The flags the server gets because this vLLM refuses a default setting with the connector (plan.py).
+    return {"run_id": run.run_id, "path": run.path, "supervisor_pid": pid,
+            "startup_flags": server["startup_flags"] if server else []}
 
 
 def resume(args):

@@ -200,6 +200,8 @@ def show_extract(result: dict, *, host: Host, as_json: bool, follow: Callable[[H
     if result["preflight"]:
         show_checks(result["preflight"])
     console.print(f"launched run [bold]{markup(result['run_id'])}[/] on {host.name} ({markup(result['path'])})")
+    for entry in result.get("startup_flags") or []:
+        console.print(f"the server gets {markup(entry['flag'])}: {markup(entry['because'])}")
     return follow(host, result["run_id"]) if follow else None
 
 

@@ -128,26 +128,6 @@ def test_extra_args_and_front_end_defaults():
     assert launch.vllm_args({"port": 1, "front_end_defaults": defaults})[:2] == ["--api-server-count", "4"]
 
 
-def test_scale_out_flag_known(tmp_path):
-    new = tmp_path / "new" / "vllm" / "entrypoints" / "launchers"
-    new.mkdir(parents=True)
-    (new / "cli_args.py").write_text('class FrontendArgs:\n    tokens_only: bool = False\n    enable_scale_out: bool = False\n')
-    old = tmp_path / "old" / "vllm" / "entrypoints" / "openai"
-    old.mkdir(parents=True)
-    (old / "cli_args.py").write_text("class FrontendArgs:\n    tokens_only: bool = False\n")
-    assert launch.scale_out_flag_known(str(tmp_path / "new" / "vllm"))
-    assert not launch.scale_out_flag_known(str(tmp_path / "old" / "vllm"))
-    assert not launch.scale_out_flag_known(str(tmp_path / "nowhere"))
-
-
-@pytest.mark.parametrize("name, version, known", [("vllm", "0.16.0", False), ("vllm", "0.17.0", False)])
-def test_scale_out_flag_on_released_vllm(name, version, known):
-    root = Path.home() / ".cache" / "specrig" / "wheels" / "unpacked" / ("%s-%s" % (name, version)) / "vllm"
-    if not root.is_dir():
-        pytest.skip("%s %s not unpacked under ~/.cache/specrig/wheels (the drift tests fetch it)" % (name, version))
-    assert launch.scale_out_flag_known(str(root)) is known
-
-
 # -- against the script itself ---------------------------------------------------------------------------
 
 RUNNER = r'''

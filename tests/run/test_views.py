@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import pytest
+from rich.console import Console
 
 from specrig.contract import ACTIVE_STATES, FINAL_STATES, LOST
+from specrig.inventory import Host
+from specrig.run import view
 from specrig.run.view import STATE_STYLE
 from specrig.ui import human_bytes
 
@@ -23,3 +26,13 @@ def test_the_styles_name_no_state_the_host_does_not():
                                              (5 * 2**50, "5.0 PiB")])
 def test_sizes_are_in_iec_units(size, shown):
     assert human_bytes(size) == shown
+
+
+def test_extract_says_which_flags_the_server_gets(monkeypatch):
+    console = Console(record=True, width=200, file=open("/dev/null", "w"), highlight=False)
+    monkeypatch.setattr(view, "console", console)
+    because = "vllm 0.22.0 refuses enable_chunked_prefill with ExampleHiddenStatesConnector (vllm/config/vllm.py:738)"
+    view.show_extract({"run_id": "r1", "path": "/w/r1", "preflight": None,
+                       "startup_flags": [{"flag": "--no-enable-chunked-prefill", "because": because}]},
+                      host=Host(name="gpu"), as_json=False, follow=None)
+    assert f"the server gets --no-enable-chunked-prefill: {because}" in console.export_text()

@@ -2,12 +2,10 @@
 speculators' CLI options (C18), the module the server is started from (C19).
 """
 import ast
-import os
 
 from drift import findings as F
-from drift.classes import class_member
-from drift.refs import MissingRef
-from drift.server.context import ENGINE_ARGS, FRONTEND_ARGS, Problem, Skip, string_constants
+from drift.server import parser, startup
+from drift.server.context import Problem, Skip, string_constants
 
 #: The options specrig passes to speculators' CLI (docs/server-mode.md C18), per command module.
 CLIENT_FLAGS = {
@@ -20,35 +18,27 @@ CLIENT_FLAGS = {
 
 
 def _launch_flags(ctx):
+    """The flags of the server command specrig's launch builds for this vLLM (its own decisions included)."""
+    decided = startup.launch_settings(ctx=ctx)
     settings = {"model": "MODEL", "num_hidden_layers": 8, "tensor_parallel_size": 1, "data_parallel_size": 1,
-                "port": 8000, "host": "127.0.0.1", "distribution": ctx.server_distribution,
-                "enable_scale_out": ctx.launch.scale_out_flag_known(os.path.join(ctx.tree.root, ctx.package))}
+                "port": 8000, "host": "127.0.0.1", "distribution": decided["distribution"],
+                "enable_scale_out": decided["enable_scale_out"],
+                "extra_args": [entry["flag"] for entry in decided["startup_flags"]]}
     return [w for w in ctx.launch.server_argv(settings) if w.startswith("--")]
 
 
 def check_server_flags(ctx):
-    engine = ctx.need(ENGINE_ARGS, "engine arguments")
-    classes = [c for c in (ctx.cls(engine, "EngineArgs"),) if c is not None]
-    frontend = ctx.module(FRONTEND_ARGS)
-    if frontend is not None and ctx.cls(frontend, "FrontendArgs") is not None:
-        classes.append(ctx.cls(frontend, "FrontendArgs"))
-    if not classes:
-        raise Skip("no EngineArgs to read the flags from")
-    literal = set()
-    for module in (engine, frontend):
-        if module is not None:
-            literal.update(s for s in string_constants(module.tree) if s.startswith("--"))
+    found = ctx.server_parser()
+    if found is None:
+        words, _ = ctx.launch.INVOCATIONS[ctx.server_distribution]
+        raise Skip("no call of %s reached from `python %s`" % (parser.BUILDER, " ".join(words)))
     problems = []
     for flag in _launch_flags(ctx):
-        field = flag[2:].replace("-", "_")
-        if flag in literal or flag.replace("_", "-") in literal:
-            continue
-        if any(not isinstance(class_member(ctx.index, cls, field), MissingRef) for cls in classes):
-            continue
-        problems.append(Problem("vLLM's server parser has no %s (neither a field %r of %s nor an option): "
-                                "the server refuses to start." % (flag, field, "/".join(c.node.name for c in classes)),
-                                provider=F.Location.of(classes[0].module, classes[0].node), callee=classes[0].dotted,
-                                detail=flag))
+        if not found.knows(flag):
+            problems.append(Problem("vLLM's server parser (built by %s, with the options of the classes it adds) "
+                                    "has no %s: the server refuses to start." % (parser.BUILDER, flag),
+                                    provider=found.builder, callee=found.builder.module.name + "." + parser.BUILDER,
+                                    detail=flag))
     return problems
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from drift import findings as F
 from drift.model_interface import registry
 from drift.refs import ClassRef
+from drift.server import parser
 from drift.source import SourceTree
 from drift.symbols import Index
 
@@ -25,8 +26,6 @@ HS_CONFIG = ("transformers_utils.configs.extract_hidden_states",)
 PROPOSER = ("v1.spec_decode.extract_hidden_states",)
 CONNECTOR_FACTORY = ("distributed.kv_transfer.kv_connector.factory",)
 COMPLETION_PROTOCOL = ("entrypoints.openai.completion.protocol", "entrypoints.openai.protocol")
-ENGINE_ARGS = ("engine.arg_utils",)
-FRONTEND_ARGS = ("entrypoints.launchers.cli_args", "entrypoints.openai.cli_args")
 CPU_SHM = ("v1.worker.cpu.shm",)
 INTERFACES = ("model_executor.models.interfaces",)
 
@@ -55,6 +54,8 @@ class Problem:
     advice: str | None = None
     #: The consumer's line, when not the point's own (a Location).
     consumer: F.Location | None = None
+    #: The fields of the point's own finding kind (Point.finding), for kinds that word themselves.
+    facts: dict | None = None
 
 
 class Context:
@@ -107,6 +108,14 @@ class Context:
     def cls(self, module, name):
         found = self.index.lookup(module.name, name)
         return found if isinstance(found, ClassRef) else None
+
+    def server_parser(self):
+        """The ServerParser of the command specrig starts the server with (launch.INVOCATIONS), or None
+        when no parser builder is reached from it."""
+        def read():
+            words, _ = self.launch.INVOCATIONS[self.server_distribution]
+            return parser.server_parser(self.index, entry=words[1], subcommand=words[2] if len(words) > 2 else None)
+        return self.cached("server-parser", read)
 
     def cached(self, key, compute):
         if key not in self._cache:

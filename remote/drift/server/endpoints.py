@@ -3,7 +3,6 @@ endpoint prepare-data calls, whether it is enabled, what it takes and answers (C
 /v1/models (C12).
 """
 import ast
-import os
 
 from drift import findings as F
 from drift.classes import class_member
@@ -80,14 +79,14 @@ def check_render_enabled(ctx):
                 break
     if gate is None:
         return []
-    vllm_dir = os.path.join(ctx.tree.root, ctx.package)
-    if ctx.launch.scale_out_flag_known(vllm_dir):
+    found = ctx.server_parser()
+    if found is not None and found.knows("--enable-scale-out"):
         ctx.remarks[ctx.current] = ("served only with --enable-scale-out (%s:%d, 403 otherwise): the launch must "
                                     "be given enable_scale_out" % (gate[0].relpath, gate[1].lineno))
         return []
     return [Problem("The render endpoint is one of the scale-out endpoints, answered with 403 unless the server "
-                    "runs with --enable-scale-out, and specrig's launch cannot tell that this vLLM has the flag "
-                    "(scale_out_flag_known() is False).", provider=F.Location.of(gate[0], gate[1]),
+                    "runs with --enable-scale-out, and the server's parser (make_arg_parser and the classes it "
+                    "adds) has no such flag.", provider=F.Location.of(gate[0], gate[1]),
                     callee=gate[0].name, detail="enable_scale_out")]
 
 

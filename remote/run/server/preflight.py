@@ -65,9 +65,10 @@ def planned(driver, server_python):
     except plan.PlanError as exc:
         return None, {"name": "server-command", "ok": False, "detail": str(exc),
                       "advice": "fix the value it names (--layers, --model, server_python)"}
+    flags = "".join("; passes %s: %s" % (entry["flag"], entry["because"]) for entry in made["startup_flags"])
     return made, {"name": "server-command", "ok": True, "advice": None,
-                  "detail": "layers %s of %d (%s)" % (made["layer_ids"], made["num_hidden_layers"],
-                                                      made["layer_convention"])}
+                  "detail": "layers %s of %d (%s)%s" % (made["layer_ids"], made["num_hidden_layers"],
+                                                        made["layer_convention"], flags)}
 
 
 def port_free(port):
