@@ -254,7 +254,8 @@ class StartupRefusal(ServerContract):
     #: vLLM's error text.
     error: str | None = None
     #: The server flag turning the setting off, which specrig's launch passes; None when the parser has none.
-    flag: str | None = None
+    #: As JSON `launch_flag`, the field docs/findings.md names for any finding a launch flag avoids.
+    launch_flag: str | None = None
     #: "path:line" of the setting's default (True).
     default: str | None = None
 
@@ -263,13 +264,14 @@ class StartupRefusal(ServerContract):
         return ":".join((self.kind, self.detail))
 
     def explain(self):
-        avoided = ("specrig's launch passes %s on this vLLM" % self.flag if self.flag
+        avoided = ("specrig's launch passes %s on this vLLM" % self.launch_flag if self.launch_flag
                    else "no server flag turns it off: the server cannot start with %s" % self.trigger)
         return ("vLLM refuses %s=True with %s at start-up (%r), and %s is on by default (%s): %s." % (
             self.detail, self.trigger, self.error, self.detail, self.default, avoided))
 
     def as_json(self):
-        return dict(super().as_json(), trigger=self.trigger, error=self.error, flag=self.flag, default=self.default)
+        return dict(super().as_json(), trigger=self.trigger, error=self.error, launch_flag=self.launch_flag,
+                    default=self.default)
 
 
 class UnsupportedRelease(Finding):

@@ -48,15 +48,17 @@ def classify(findings: list[dict], claim: PatchsetClaim | None) -> dict:
     drift = [f for f in annotated if f["severity"] == "drift"]
     unfixed = [f for f in drift if f["fixed_by"] is None]
     used_patchset = claim is not None and any(f["fixed_by"] == claim.name for f in drift)
-    flags = sorted({f[LAUNCH_FLAG] for f in drift if f[LAUNCH_FLAG] and f["fixed_by"] == f[LAUNCH_FLAG]})
-    if not drift:
-        status = WORKS
-    elif unfixed:
+    # A note can carry a flag too: a start-up refusal specrig's launch already avoids still means "works
+    # with that flag", which a user launching by hand must pass.
+    flags = sorted({f[LAUNCH_FLAG] for f in annotated if f[LAUNCH_FLAG] and f["fixed_by"] == f[LAUNCH_FLAG]})
+    if unfixed:
         status = BREAKS
     elif used_patchset:
         status = PATCHSET
-    else:
+    elif flags:
         status = FLAG
+    else:
+        status = WORKS
     return {"status": status, "patchset": claim.name if used_patchset else None, "flags": flags,
             "first": unfixed[0] if unfixed else None, "findings": annotated, "reason": None}
 

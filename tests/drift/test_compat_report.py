@@ -51,14 +51,25 @@ def test_a_pair_nothing_fixes_breaks_on_its_first_finding():
 
 
 def test_findings_naming_a_launch_flag_make_the_cell_work_with_that_flag():
-    # The server-mode analysis does not name flags yet: a finding carrying one (cells.LAUNCH_FLAG) is judged
-    # fixed by it; the same findings without one still break (an older analyzer's).
+    # A finding carrying one (cells.LAUNCH_FLAG) is judged fixed by it; the same findings without one still
+    # break (an older analyzer's).
     findings = [f for f in analysis(*BROKEN) if f["severity"] == "drift"]
     flagged = [{**f, cells.LAUNCH_FLAG: "--enable-scale-out"} for f in findings]
     judged = cells.classify(flagged, None)
     assert (judged["status"], judged["flags"]) == (cells.FLAG, ["--enable-scale-out"])
     assert label(judged) == "works with flag --enable-scale-out"
     assert cells.classify(findings, None)["status"] == cells.BREAKS
+
+
+@pytest.mark.slow
+def test_a_start_up_refusal_the_launch_avoids_shows_as_working_with_its_flag():
+    """vLLM 0.22.0 refuses chunked prefill (on by default) with the connector: a note, since specrig's launch
+    passes --no-enable-chunked-prefill there; the page says the flag a user launching by hand needs."""
+    findings = analysis("0.9.0", "0.22.0")
+    refusal = next(f for f in findings if f["id"] == "startup-refusal:enable_chunked_prefill")
+    assert refusal["severity"] == "note" and refusal[cells.LAUNCH_FLAG] == "--no-enable-chunked-prefill"
+    judged = cells.classify(findings, None)
+    assert (judged["status"], judged["flags"]) == (cells.FLAG, ["--no-enable-chunked-prefill"]), judged
 
 
 def test_a_release_without_extraction_mode_is_shown_as_such():

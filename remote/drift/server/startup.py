@@ -144,7 +144,7 @@ def check_default_refused(ctx):
             severity="note" if refusal.flag else "drift",
             advice=("none needed: specrig's launch passes %s on this vLLM" % refusal.flag) if refusal.flag else
             "no server flag turns %s off on this vLLM: use another vLLM release" % refusal.setting,
-            facts={"trigger": refusal.trigger, "error": refusal.error, "flag": refusal.flag,
+            facts={"trigger": refusal.trigger, "error": refusal.error, "launch_flag": refusal.flag,
                    "default": "%s:%d" % (refusal.default_on.module.relpath, refusal.default_on.start)}))
     return problems
 
