@@ -6,6 +6,7 @@ from specrig.contract import SLURM_SETTINGS
 from specrig.errors import InventoryError
 from specrig.exit_status import ExitStatus
 from specrig.inventory import load_inventory
+from specrig.slurm.settings import timespec
 from support.lab import inv
 
 
@@ -101,3 +102,19 @@ def test_bad_slurm_setting_exits_2_and_reaches_no_host(make_inventory):
     assert result.returncode == ExitStatus.USAGE
     assert result.stderr.strip().count("\n") == 0 and "hosts.c.slurm.gres" in result.stderr
     assert "'gpu:x'" in result.stderr
+
+
+# Slurm's time formats (remote/slurm/timespec.py): hosts.yaml's `time:` and sinfo's limits alike.
+TIMES = [("90", 5400), (90, 5400), ("10:30", 630), ("2:00:00", 7200), ("1-00:00:00", 86400), ("2-12", 216000),
+         ("1-02:03", 93780), ("infinite", None), ("UNLIMITED", None)]
+
+
+@pytest.mark.parametrize("text,seconds", TIMES, ids=[str(case[0]) for case in TIMES])
+def test_slurm_times_read_as_seconds(text, seconds):
+    assert timespec.seconds(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["2h", "1:2:3:4", "-5", "", True, None, "1-"])
+def test_what_is_not_a_slurm_time(text):
+    with pytest.raises(ValueError):
+        timespec.seconds(text)
