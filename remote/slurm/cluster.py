@@ -11,7 +11,7 @@ import secrets
 import shutil
 import subprocess
 
-from slurm import timespec
+from slurm import formats
 
 #: Each of sinfo's and squeue's answers; the controller answers in well under a second when it is up.
 QUERY_TIMEOUT_S = 15
@@ -56,21 +56,25 @@ def version():
 
 
 def gpus_in(gres):
-    """The GPUs of one sinfo gres text ("gpu:h100:8(S:0-1),nic:1" -> 8; "(null)" -> 0)."""
-    count = 0
-    for entry in gres.split(","):
-        words = entry.split("(", 1)[0].split(":")
-        if words[0] == "gpu" and len(words) > 1 and words[-1].isdigit():
-            count += int(words[-1])
-    return count
+    """The GPUs of one gres text ("gpu:h100:8(S:0-1),nic:1" -> 8; "(null)" -> 0; one we cannot read: 0)."""
+    try:
+        return sum(count for name, _, count in formats.gres(gres) if name == "gpu")
+    except ValueError:
+        return 0
 
 
 def partitions():
     """Each partition once, its lines (nodes of one gres each) added up: {name, default, available,
     time_limit (sinfo's text), time_limit_s (None: no limit), nodes: {allocated, idle, other, total},
-    gres: [per-node gres texts], gpus_per_node (the most any of its nodes has)}."""
+    node_kinds: [{gres (sinfo's text), nodes}] (its nodes by what each has: what preflight weighs a
+    request against), gpus_per_node (the most any of its nodes has)}."""
+    return parse_partitions(_slurm(["sinfo", "-h", "-o", PARTITION_FORMAT]))
+
+
+def parse_partitions(text):
+    """partitions() of sinfo's text in PARTITION_FORMAT."""
     found = {}
-    for line in _slurm(["sinfo", "-h", "-o", PARTITION_FORMAT]).splitlines():
+    for line in text.splitlines():
         fields = line.strip().split("|")
         if len(fields) != 5:
             continue
@@ -78,18 +82,19 @@ def partitions():
         entry = found.setdefault(name.rstrip("*"), {
             "name": name.rstrip("*"), "default": name.endswith("*"), "available": available,
             "time_limit": limit, "time_limit_s": _limit_seconds(limit),
-            "nodes": dict.fromkeys(("allocated", "idle", "other", "total"), 0), "gres": [], "gpus_per_node": 0})
-        for key, count in zip(("allocated", "idle", "other", "total"), counts.split("/")):
-            entry["nodes"][key] += int(count) if count.isdigit() else 0
-        if gres not in ("(null)", "") and gres not in entry["gres"]:
-            entry["gres"].append(gres)
+            "nodes": dict.fromkeys(("allocated", "idle", "other", "total"), 0), "node_kinds": [],
+            "gpus_per_node": 0})
+        numbers = [int(count) if count.isdigit() else 0 for count in counts.split("/")]
+        for key, count in zip(("allocated", "idle", "other", "total"), numbers):
+            entry["nodes"][key] += count
+        entry["node_kinds"].append({"gres": gres, "nodes": numbers[-1] if numbers else 0})
         entry["gpus_per_node"] = max(entry["gpus_per_node"], gpus_in(gres))
     return list(found.values())
 
 
 def _limit_seconds(text):
     try:
-        return timespec.seconds(text)
+        return formats.seconds(text)
     except ValueError:
         return None  # a limit sinfo writes in a way we do not read ("n/a"): the text is still shown
 

@@ -1,7 +1,7 @@
 """hosts.yaml's `scheduler:` and `slurm:`: each value checked before anything reaches a host.
 
 The names and defaults are remote/contract.py's SLURM_SETTINGS; Slurm's time and memory formats are
-remote/slurm/timespec.py's, the same the host reads sinfo with. Every bad value is one InventoryError
+remote/slurm/formats.py's, the same the host reads sinfo with. Every bad value is one InventoryError
 naming the key, the value (`!r`) and the fix, as the rest of hosts.yaml.
 """
 from __future__ import annotations
@@ -11,11 +11,9 @@ import re
 from specrig.contract import SCHEDULERS, SLURM, load_host_module
 from specrig.contract import SLURM_SETTINGS as SETTINGS
 
-timespec = load_host_module("slurm/timespec")
+formats = load_host_module("slurm/formats")
 #: Names of partitions, accounts and QOS: what Slurm's tools print, no spaces or separators.
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]*$")
-#: A gres request: name[:type]:count, comma-separated (gpu:8, gpu:h100:8, gpu:4,nic:1).
-GRES = re.compile(r"^[a-z][a-z0-9_]*(:[A-Za-z0-9_.-]+)?:[1-9][0-9]*$")
 #: An interface name (Linux: at most 15 characters), what NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME take.
 INTERFACE = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
 #: The sbatch options the settings themselves set: extra_sbatch may not set them a second time.
@@ -48,15 +46,14 @@ def _check_value(key: str, value, where: str, fail) -> None:
     if key in ("partition", "account", "qos"):
         _check_names(value, where, fail, several=key == "partition")
     elif key == "gres":
-        if not isinstance(value, str) or not all(GRES.match(part) for part in value.split(",")):
-            raise fail(where, f"{value!r} is not a gres request", hint="name[:type]:count, e.g. gpu:8 or gpu:h100:8")
+        _check_gres(value, where, fail)
     elif key == "time":
         _check_time(value, where, fail)
     elif key in ("nodes", "cpus_per_task"):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise fail(where, f"expected a whole number from 1, got {value!r}")
     elif key == "mem":
-        if isinstance(value, bool) or not timespec.MEMORY.match(str(value)):
+        if isinstance(value, bool) or not formats.MEMORY.match(str(value)):
             raise fail(where, f"{value!r} is not a Slurm memory size",
                        hint="megabytes, or a number with K, M, G or T: 512000, 64G")
     elif key == "constraint":
@@ -77,11 +74,21 @@ def _check_names(value, where: str, fail, *, several: bool) -> None:
         raise fail(where, f"expected a Slurm {kind}, got {value!r}", hint="as sinfo or sacctmgr prints it")
 
 
+def _check_gres(value, where: str, fail) -> None:
+    try:
+        # Sockets in parentheses are sinfo's, never a request's.
+        requested = formats.gres(value) if isinstance(value, str) and "(" not in value else None
+    except ValueError:
+        requested = None
+    if not requested or any(count < 1 for _, _, count in requested):
+        raise fail(where, f"{value!r} is not a gres request", hint="name[:type]:count, e.g. gpu:8 or gpu:h100:8")
+
+
 def _check_time(value, where: str, fail) -> None:
     try:
-        limit = timespec.seconds(value)
+        limit = formats.seconds(value)
     except ValueError:
-        raise fail(where, f"{value!r} is not a Slurm time", hint=f"use {timespec.TIME_FORMATS}, e.g. 04:00:00") from None
+        raise fail(where, f"{value!r} is not a Slurm time", hint=f"use {formats.TIME_FORMATS}, e.g. 04:00:00") from None
     if limit is not None and limit <= 0:
         raise fail(where, f"time {value!r} is no time at all", hint="give the job's limit, e.g. 04:00:00")
 

@@ -94,10 +94,18 @@ def _partitions_table(partitions: list[dict]) -> Table:
     for partition in partitions:
         nodes = partition["nodes"]
         table.add_row(markup(partition["name"]) + ("*" if partition["default"] else ""),
-                      markup(partition["available"]), markup(", ".join(partition["gres"]) or "none"),
+                      markup(partition["available"]), markup(_gres(partition["node_kinds"])),
                       str(nodes["idle"]), str(nodes["allocated"]), str(nodes["total"]),
                       markup(partition["time_limit"]))
     return table
+
+
+def _gres(kinds: list[dict]) -> str:
+    """A partition's gres: "gpu:8", or by node count where its nodes differ ("2×gpu:8, 1×none")."""
+    names = [kind["gres"] if kind["gres"] not in ("(null)", "") else "none" for kind in kinds]
+    if len(set(names)) <= 1:
+        return names[0] if names else "none"
+    return ", ".join(f"{kind['nodes']}×{name}" for kind, name in zip(kinds, names, strict=True))
 
 
 def _jobs_table(jobs: list[dict]) -> Table | str:

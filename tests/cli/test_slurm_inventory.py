@@ -6,7 +6,7 @@ from specrig.contract import SLURM_SETTINGS
 from specrig.errors import InventoryError
 from specrig.exit_status import ExitStatus
 from specrig.inventory import load_inventory
-from specrig.slurm.settings import timespec
+from specrig.slurm.settings import formats
 from support.lab import inv
 
 
@@ -25,7 +25,8 @@ BAD = [
     ("partition number", slurm_host("{partition: 7}"), ["hosts.c.slurm.partition", "7"]),
     ("account list", slurm_host("{account: [a]}"), ["hosts.c.slurm.account", "['a']"]),
     ("qos comma", slurm_host("{qos: 'high,low'}"), ["hosts.c.slurm.qos", "'high,low'"]),
-    ("gres no count", slurm_host("{gres: gpu}"), ["hosts.c.slurm.gres", "'gpu'", "gpu:h100:8"]),
+    ("gres empty type", slurm_host("{gres: 'gpu::8'}"), ["hosts.c.slurm.gres", "'gpu::8'", "gpu:h100:8"]),
+    ("gres sockets", slurm_host("{gres: 'gpu:8(S:0)'}"), ["hosts.c.slurm.gres", "'gpu:8(S:0)'"]),
     ("gres zero", slurm_host("{gres: 'gpu:0'}"), ["hosts.c.slurm.gres", "'gpu:0'"]),
     ("gres int", slurm_host("{gres: 8}"), ["hosts.c.slurm.gres", "8", "name[:type]:count"]),
     ("time words", slurm_host("{time: 2h}"), ["hosts.c.slurm.time", "'2h'", "HH:MM:SS"]),
@@ -97,24 +98,24 @@ def test_shipped_slurm_hosts():
 
 def test_bad_slurm_setting_exits_2_and_reaches_no_host(make_inventory):
     # An unreachable address: a task that tried to connect would exit 3, not 2.
-    path = make_inventory("hosts:\n  c:\n    hostname: 192.0.2.1\n    scheduler: slurm\n    slurm: {gres: 'gpu:x'}\n")
+    path = make_inventory("hosts:\n  c:\n    hostname: 192.0.2.1\n    scheduler: slurm\n    slurm: {gres: 'gpu:0'}\n")
     result = inv("doctor", "--host", "c", inventory=path)
     assert result.returncode == ExitStatus.USAGE
     assert result.stderr.strip().count("\n") == 0 and "hosts.c.slurm.gres" in result.stderr
-    assert "'gpu:x'" in result.stderr
+    assert "'gpu:0'" in result.stderr
 
 
-# Slurm's time formats (remote/slurm/timespec.py): hosts.yaml's `time:` and sinfo's limits alike.
+# Slurm's time formats (remote/slurm/formats.py): hosts.yaml's `time:` and sinfo's limits alike.
 TIMES = [("90", 5400), (90, 5400), ("10:30", 630), ("2:00:00", 7200), ("1-00:00:00", 86400), ("2-12", 216000),
          ("1-02:03", 93780), ("infinite", None), ("UNLIMITED", None)]
 
 
 @pytest.mark.parametrize("text,seconds", TIMES, ids=[str(case[0]) for case in TIMES])
 def test_slurm_times_read_as_seconds(text, seconds):
-    assert timespec.seconds(text) == seconds
+    assert formats.seconds(text) == seconds
 
 
 @pytest.mark.parametrize("text", ["2h", "1:2:3:4", "-5", "", True, None, "1-"])
 def test_what_is_not_a_slurm_time(text):
     with pytest.raises(ValueError):
-        timespec.seconds(text)
+        formats.seconds(text)

@@ -14,7 +14,7 @@ import pytest
 
 from specrig.lab import READY
 from specrig.lab import slurm as lab_slurm
-from specrig.slurm.settings import timespec
+from specrig.slurm.settings import formats
 from specrig.transport.quoting import quote_word
 from support.lab import inv, require_lab
 from support.paths import REPO
@@ -90,7 +90,7 @@ def test_doctor_reports_the_cluster_as_its_commands_see_it(cluster):
     for name_, made in lab_slurm.PARTITIONS.items():
         found = partitions[name_]
         assert found["default"] is made["default"] and found["nodes"]["total"] == len(made["nodes"])
-        assert found["time_limit_s"] == timespec.seconds(made["max_time"])
+        assert found["time_limit_s"] == formats.seconds(made["max_time"])
         assert found["gpus_per_node"] == lab_slurm.GPUS_PER_NODE and found["available"] == "up"
     assert [(entry["id"], entry["name"]) for entry in slurm["jobs"]] == [(job.stdout.strip(), name)]
     home = slurm["shared_home"]

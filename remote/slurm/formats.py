@@ -35,3 +35,26 @@ def seconds(text):
     if len(parts) == 2:
         return parts[0] * 60 + parts[1]
     return (parts[0] * 60 + parts[1]) * 60 + parts[2]
+
+
+#: One gres: name[:type][:count], as a request gives it ("gpu:h100:8") or sinfo prints a node's, with its
+#: sockets in parentheses ("gpu:h100:8(S:0-1)").
+_GRES = re.compile(r"^([a-z][a-z0-9_]*)(?::([A-Za-z0-9_.-]+))?(?::(\d+))?(?:\(.*\))?$")
+
+
+def gres(text):
+    """[(name, type or None, count)] of a gres text, comma-separated ("gpu:h100:8,nic:1"); "(null)" and
+    "" are none, a bare name or name:type counts 1 (as sbatch reads --gres=gpu); ValueError on anything
+    else."""
+    if text in ("(null)", ""):
+        return []
+    found = []
+    for entry in text.split(","):
+        match = _GRES.match(entry.strip())
+        if not match:
+            raise ValueError("not a gres: %r" % (entry,))
+        name, kind, count = match.groups()
+        if count is None and kind is not None and kind.isdigit():
+            kind, count = None, kind  # gpu:8: a count, not a type
+        found.append((name, kind, int(count) if count is not None else 1))
+    return found
