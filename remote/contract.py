@@ -166,7 +166,7 @@ SLURM_SETTINGS = {
     "account": {"default": None, "sbatch": "--account"},
     "qos": {"default": None, "sbatch": "--qos"},
     "gres": {"default": None, "sbatch": "--gres"},              # gpu:8, gpu:h100:8
-    "time": {"default": None, "sbatch": "--time"},              # Slurm's formats (slurm/timespec.py)
+    "time": {"default": None, "sbatch": "--time"},              # Slurm's formats (slurm/formats.py)
     "nodes": {"default": 1, "sbatch": "--nodes"},
     "cpus_per_task": {"default": None, "sbatch": "--cpus-per-task"},
     "mem": {"default": None, "sbatch": "--mem"},                # per node: 64G, 512000 (MB)
