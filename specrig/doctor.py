@@ -15,8 +15,8 @@ from specrig.transport.bundle import Bundle
 
 DOCTOR_TIMEOUT_S = 60
 #: A Slurm login node's doctor also asks sinfo and squeue and waits for its home test's job
-#: (remote/slurm/cluster.py: at most 15 + 15 + 40 s).
-SLURM_DOCTOR_TIMEOUT_S = DOCTOR_TIMEOUT_S + 70
+#: (remote/slurm/cluster.py: at most 25 + 25 + 40 s).
+SLURM_DOCTOR_TIMEOUT_S = DOCTOR_TIMEOUT_S + 90
 
 
 def doctor_args(host: Host, **extra) -> dict:

@@ -13,8 +13,9 @@ import subprocess
 
 from slurm import formats
 
-#: Each of sinfo's and squeue's answers; the controller answers in well under a second when it is up.
-QUERY_TIMEOUT_S = 15
+#: Each of sinfo's and squeue's answers: the controller answers in well under a second when it is up;
+#: when it is down, Slurm's own retries give up after about 10 s (22.05, MessageTimeout's default).
+QUERY_TIMEOUT_S = 25
 #: How long the home test waits for a node (srun --immediate): a busy cluster is reported as such.
 ALLOCATION_WAIT_S = 15
 #: The home test's whole deadline: the allocation, the step, the job's end.
@@ -150,7 +151,7 @@ def _home_failure(path, failure):
 def facts(settings, user):
     """doctor's Slurm section: {version, partitions, jobs, shared_home, errors}: a part whose Slurm command
     failed is None, and `errors` holds what the command said, by part ({} when all ran). No home test
-    without a Slurm to ask (version None)."""
+    (None) when sinfo could not read the partitions."""
     report = {"errors": {}}
     for key, read in (("version", version), ("partitions", partitions), ("jobs", lambda: jobs(user))):
         try:
@@ -158,5 +159,6 @@ def facts(settings, user):
         except SlurmError as failure:
             report[key] = None
             report["errors"][key] = str(failure)
-    report["shared_home"] = shared_home(settings) if report["version"] else None
+    # No controller to answer sinfo: no job to run either.
+    report["shared_home"] = shared_home(settings) if report["partitions"] is not None else None
     return report

@@ -7,8 +7,12 @@ under SPECRIG_REQUIRE_LAB=1.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
+import tempfile
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +20,7 @@ from specrig.lab import READY
 from specrig.lab import slurm as lab_slurm
 from specrig.slurm.settings import formats
 from specrig.transport.quoting import quote_word
-from support.lab import inv, require_lab
+from support.lab import inv, lab_entry, require_lab
 from support.paths import REPO
 
 
@@ -105,3 +109,30 @@ def test_doctor_view_fits_80_columns(cluster):
     assert max(len(line) for line in lines) <= 80
     text = result.stdout
     assert "Slurm: " in text and "partitions" in text and "gpu*" in text and "shared with the compute nodes" in text
+
+
+def test_doctor_without_a_controller_reports_what_failed(cluster, make_inventory, trusted_known_hosts):
+    # The lab's slurm.conf with the controller's port where nothing listens, in a folder the lab user
+    # reads: the real commands, failing as they do when slurmctld is down.
+    folder = Path(tempfile.mkdtemp(prefix="specrig-slurm-down-"))
+    try:
+        os.chmod(folder, 0o755)
+        text = lab_slurm.SLURM_CONF.read_text().replace(f"SlurmctldPort={lab_slurm.CONTROLLER_PORT}",
+                                                         "SlurmctldPort=16899")
+        (folder / "slurm.conf").write_text(text)
+        os.chmod(folder / "slurm.conf", 0o644)
+        entry = {key: value for key, value in lab_entry().items() if key not in ("extract", "description")}
+        entry.update(scheduler="slurm", python=cluster.python, env={"SLURM_CONF": str(folder / "slurm.conf")})
+        inventory = make_inventory({"hosts": {"down": entry}})
+        trusted_known_hosts(inventory)
+        result = inv("doctor", "--host", "down", "--json", inventory=inventory, timeout=180)
+        shown = inv("doctor", "--host", "down", inventory=inventory, timeout=180, env={"COLUMNS": "80"})
+    finally:
+        shutil.rmtree(folder)
+    assert result.returncode == 0, result.stderr
+    slurm = json.loads(result.stdout)["slurm"]
+    assert slurm["version"]  # sinfo --version asks no controller
+    assert slurm["partitions"] is None and slurm["jobs"] is None and slurm["shared_home"] is None
+    # Slurm's own words, or that it gave none in time (its retries take their own while).
+    assert slurm["errors"]["partitions"].startswith("sinfo ") and slurm["errors"]["jobs"].startswith("squeue ")
+    assert shown.returncode == 0 and "partitions: sinfo " in shown.stdout and "jobs: squeue " in shown.stdout
