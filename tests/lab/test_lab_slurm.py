@@ -1,8 +1,8 @@
 """The lab's Slurm cluster (`inv lab.up --slurm`) and doctor on its login node, host lab-slurm: the real
 slurmctld and two slurmd, jobs submitted through the lab's sshd as the lab user, as on a cluster.
 
-The Slurm lab is not in CI (.ci/tests builds no --slurm): these tests skip when it is not built, even
-under SPECRIG_REQUIRE_LAB=1.
+They skip when the Slurm lab is not built, and fail then under CI's SPECRIG_REQUIRE_LAB=1: .ci/tests
+builds it (`inv lab.up --runnable --hosts 3 --slurm`).
 """
 from __future__ import annotations
 
@@ -26,8 +26,7 @@ from support.paths import REPO
 
 @pytest.fixture(scope="module")
 def cluster(lab):
-    if not lab_slurm.slurm_is_up():
-        pytest.skip("lab Slurm not built: run `inv lab.up --runnable --slurm` as root")
+    require_lab(lab_slurm.slurm_is_up(), "lab Slurm not built: run `inv lab.up --runnable --slurm` as root")
     # lab-slurm's python is the runnable ~/venv-cpu, on the home the nodes share.
     require_lab(READY.read_text() == "runnable\n", "lab-slurm needs the runnable environments: inv lab.up --runnable")
     return lab.host("lab-slurm")
