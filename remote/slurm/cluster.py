@@ -36,7 +36,7 @@ class SlurmError(Exception):
         self.said = said
 
 
-def _slurm(argv, timeout=QUERY_TIMEOUT_S):
+def _slurm(argv, *, timeout=QUERY_TIMEOUT_S):
     """A Slurm command's stdout; SlurmError with its own words when it is missing, fails or hangs."""
     if shutil.which(argv[0]) is None:
         raise SlurmError("%s not found on PATH" % argv[0])

@@ -129,15 +129,15 @@ def up(*, log=print) -> None:
     """The lab's Slurm (idempotent): munged, slurmctld and a slurmd per node running this config,
     every node idle. A changed configuration restarts the daemons."""
     _require_root("lab.up --slurm")
-    _install_packages(log)
+    _install_packages(log=log)
     changed = _write_configuration()
     _make_devices()
-    _ensure_munged(log)
+    _ensure_munged(log=log)
     if changed:
-        _stop_daemons(log)
-    _ensure_slurmctld(log, fresh=changed)
+        _stop_daemons(log=log)
+    _ensure_slurmctld(log=log, fresh=changed)
     for node in NODES:
-        _ensure_slurmd(node, log)
+        _ensure_slurmd(node, log=log)
     _wait_idle()
     SLURM_READY.write_text(f"{CLUSTER}\n")
     log(f"lab Slurm is up: cluster {CLUSTER}, nodes {', '.join(NODES)}, partitions {', '.join(PARTITIONS)}; "
@@ -147,16 +147,16 @@ def up(*, log=print) -> None:
 def down(*, log=print) -> None:
     """Stop the daemons, remove SLURM_STATE and the client configuration link (the packages stay)."""
     _require_root("lab.down")
-    _cancel_jobs(log)
-    _stop_daemons(log)
-    _stop_pid(SLURM_STATE / "munge" / "munged.pid", "munged", log)
+    _cancel_jobs(log=log)
+    _stop_daemons(log=log)
+    _stop_pid(SLURM_STATE / "munge" / "munged.pid", what="munged", log=log)
     if CLIENT_CONF.is_symlink() and CLIENT_CONF.resolve() == SLURM_CONF.resolve():
         CLIENT_CONF.unlink()
     shutil.rmtree(SLURM_STATE, ignore_errors=True)
     log("lab Slurm is down (slurm-wlm and munge stay installed)")
 
 
-def _install_packages(log) -> None:
+def _install_packages(*, log) -> None:
     if shutil.which("slurmctld") and shutil.which("slurmd") and shutil.which("munged"):
         return
     log(f"installing {', '.join(APT_PACKAGES)} with apt-get")
@@ -165,7 +165,7 @@ def _install_packages(log) -> None:
     _sh("apt-get", "install", "-y", "-qq", "--no-install-recommends", *APT_PACKAGES, env=env)
 
 
-def _owned_dir(path: Path, user: str, mode: int) -> None:
+def _owned_dir(path: Path, *, user: str, mode: int) -> None:
     path.mkdir(parents=True, exist_ok=True)
     entry = pwd.getpwnam(user)
     os.chown(path, entry.pw_uid, entry.pw_gid)
@@ -177,9 +177,9 @@ def _write_configuration() -> bool:
     SLURM_STATE.mkdir(parents=True, exist_ok=True)
     os.chmod(SLURM_STATE, 0o755)
     for name in ("run", "log"):
-        _owned_dir(SLURM_STATE / name, SLURM_USER, 0o755)
-    _owned_dir(SLURM_STATE / "ctld", SLURM_USER, 0o700)
-    _owned_dir(SLURM_STATE / "spool", "root", 0o755)
+        _owned_dir(SLURM_STATE / name, user=SLURM_USER, mode=0o755)
+    _owned_dir(SLURM_STATE / "ctld", user=SLURM_USER, mode=0o700)
+    _owned_dir(SLURM_STATE / "spool", user="root", mode=0o755)
     changed = False
     for path, text in ((SLURM_CONF, slurm_conf(controller=socket.gethostname().split(".")[0])),
                        (SLURM_STATE / "gres.conf", gres_conf())):
@@ -203,10 +203,10 @@ def _pid(path: Path) -> int | None:
     return pid if _running(pid) else None
 
 
-def _ensure_munged(log) -> None:
+def _ensure_munged(*, log) -> None:
     """The lab's own munged: its key (random, munge's 0600), socket, pid and log in SLURM_STATE/munge."""
     directory = SLURM_STATE / "munge"
-    _owned_dir(directory, MUNGE_USER, 0o711)  # o+x: every user's Slurm command reaches the socket
+    _owned_dir(directory, user=MUNGE_USER, mode=0o711)  # o+x: every user's Slurm command reaches the socket
     key = directory / "munge.key"
     if not key.exists():
         key.write_bytes(secrets.token_bytes(1024))
@@ -220,28 +220,28 @@ def _ensure_munged(log) -> None:
     log("started munged")
 
 
-def _ensure_slurmctld(log, *, fresh: bool) -> None:
+def _ensure_slurmctld(*, log, fresh: bool) -> None:
     """slurmctld, started if it is not running; `fresh` (a changed configuration): with none of the
     state the old one saved (-c: no jobs, no node drained under the old configuration)."""
     if _pid(SLURM_STATE / "run" / "slurmctld.pid"):
         return
     _sh("slurmctld", "-f", str(SLURM_CONF), *(["-c"] if fresh else []))
-    _wait_for(lambda: _pid(SLURM_STATE / "run" / "slurmctld.pid") is not None, "slurmctld start",
-              SLURM_STATE / "log" / "slurmctld.log")
+    _wait_for(lambda: _pid(SLURM_STATE / "run" / "slurmctld.pid") is not None, what="slurmctld start",
+              log_file=SLURM_STATE / "log" / "slurmctld.log")
     log("started slurmctld")
 
 
-def _ensure_slurmd(node: str, log) -> None:
+def _ensure_slurmd(node: str, *, log) -> None:
     if _pid(SLURM_STATE / "run" / f"slurmd-{node}.pid"):
         return
-    _owned_dir(SLURM_STATE / "spool" / node, "root", 0o755)
+    _owned_dir(SLURM_STATE / "spool" / node, user="root", mode=0o755)
     _sh("slurmd", "-f", str(SLURM_CONF), "-N", node)
-    _wait_for(lambda: _pid(SLURM_STATE / "run" / f"slurmd-{node}.pid") is not None, f"slurmd -N {node} start",
-              SLURM_STATE / "log" / f"slurmd-{node}.log")
+    _wait_for(lambda: _pid(SLURM_STATE / "run" / f"slurmd-{node}.pid") is not None, what=f"slurmd -N {node} start",
+              log_file=SLURM_STATE / "log" / f"slurmd-{node}.log")
     log(f"started slurmd for {node}")
 
 
-def _wait_for(done, what: str, log_file: Path) -> None:
+def _wait_for(done, *, what: str, log_file: Path) -> None:
     """Until `done()`, READY_TIMEOUT_S at most; then UsageError naming `what` and the log to read."""
     deadline = time.monotonic() + READY_TIMEOUT_S
     while not done():
@@ -261,10 +261,10 @@ def _wait_idle() -> None:
         states = _node_states()
         return all(states.get(node, "").rstrip("*~#") in ("idle", "mixed", "allocated") for node in NODES)
 
-    _wait_for(ready, "idle nodes", SLURM_STATE / "log")
+    _wait_for(ready, what="idle nodes", log_file=SLURM_STATE / "log")
 
 
-def _cancel_jobs(log) -> None:
+def _cancel_jobs(*, log) -> None:
     """Every job of the cluster cancelled and gone from the queue, so that no job step outlives its slurmd."""
     if not _pid(SLURM_STATE / "run" / "slurmctld.pid"):
         return
@@ -272,7 +272,7 @@ def _cancel_jobs(log) -> None:
     if not queued:
         return
     _sh("scancel", *queued)
-    _wait_for(lambda: not _queued(), "end of the cancelled jobs", SLURM_STATE / "log" / "slurmctld.log")
+    _wait_for(lambda: not _queued(), what="end of the cancelled jobs", log_file=SLURM_STATE / "log" / "slurmctld.log")
     log(f"cancelled {len(queued)} job(s)")
 
 
@@ -281,14 +281,14 @@ def _queued() -> list[str]:
     return subprocess.run(["squeue", "-h", "-o", "%A"], capture_output=True, text=True).stdout.split()
 
 
-def _stop_daemons(log) -> None:
+def _stop_daemons(*, log) -> None:
     """The slurmd of every node, then slurmctld; each waited for, so that a restart finds its port free."""
     for node in NODES:
-        _stop_pid(SLURM_STATE / "run" / f"slurmd-{node}.pid", f"slurmd -N {node}", log)
-    _stop_pid(SLURM_STATE / "run" / "slurmctld.pid", "slurmctld", log)
+        _stop_pid(SLURM_STATE / "run" / f"slurmd-{node}.pid", what=f"slurmd -N {node}", log=log)
+    _stop_pid(SLURM_STATE / "run" / "slurmctld.pid", what="slurmctld", log=log)
 
 
-def _stop_pid(pid_file: Path, what: str, log, timeout: float = 20) -> None:
+def _stop_pid(pid_file: Path, *, what: str, log, timeout: float = 20) -> None:
     pid = _pid(pid_file)
     if not pid:
         return
