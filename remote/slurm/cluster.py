@@ -11,7 +11,7 @@ import secrets
 import shutil
 import subprocess
 
-from slurm import formats
+from slurm import formats, preflight
 
 #: Each of sinfo's and squeue's answers: the controller answers in well under a second when it is up;
 #: when it is down, Slurm's own retries give up after about 10 s (22.05, MessageTimeout's default).
@@ -149,9 +149,10 @@ def _home_failure(path, failure):
 
 
 def facts(settings, user):
-    """doctor's Slurm section: {version, partitions, jobs, shared_home, errors}: a part whose Slurm command
-    failed is None, and `errors` holds what the command said, by part ({} when all ran). No home test
-    (None) when sinfo could not read the partitions."""
+    """doctor's Slurm section: {version, partitions, jobs, shared_home, request_problems, errors}: a part
+    whose Slurm command failed is None, and `errors` holds what the command said, by part ({} when all
+    ran). request_problems: why a job of hosts.yaml's `slurm:` could never run here (preflight.py; []
+    when it could). No home test and no request weighed (None) when sinfo could not read the partitions."""
     report = {"errors": {}}
     for key, read in (("version", version), ("partitions", partitions), ("jobs", lambda: jobs(user))):
         try:
@@ -159,6 +160,8 @@ def facts(settings, user):
         except SlurmError as failure:
             report[key] = None
             report["errors"][key] = str(failure)
-    # No controller to answer sinfo: no job to run either.
-    report["shared_home"] = shared_home(settings) if report["partitions"] is not None else None
+    # No controller to answer sinfo: no job to run either, nothing to weigh hosts.yaml's request against.
+    known = report["partitions"] is not None
+    report["shared_home"] = shared_home(settings) if known else None
+    report["request_problems"] = preflight.problems(settings, report["partitions"]) if known else None
     return report

@@ -82,6 +82,12 @@ def show_slurm(slurm: dict) -> None:
             console.print(render(slurm[part]))
         elif part in errors:
             console.print(f"{part}: [red]{markup(errors[part])}[/]")
+    problems = slurm.get("request_problems")
+    if problems is not None:
+        console.print("hosts.yaml's slurm: request: " + ("[green]could run here[/]" if not problems else
+                                                          "[red]could never run here[/]"))
+    for problem in problems or ():
+        console.print(f"  {markup(problem['message'])}; {markup(problem['fix'])}")
 
 
 def _partitions_table(partitions: list[dict]) -> Table:

@@ -96,6 +96,7 @@ def test_doctor_reports_the_cluster_as_its_commands_see_it(cluster):
         assert found["time_limit_s"] == formats.seconds(made["max_time"])
         assert found["gpus_per_node"] == lab_slurm.GPUS_PER_NODE and found["available"] == "up"
     assert [(entry["id"], entry["name"]) for entry in slurm["jobs"]] == [(job.stdout.strip(), name)]
+    assert slurm["request_problems"] == []  # hosts.yaml's lab-slurm asks for what the lab has
     home = slurm["shared_home"]
     assert home["shared"] is True, home
     assert login("test", "-e", home["path"]).returncode == 1  # the test's file is gone again
@@ -135,3 +136,17 @@ def test_doctor_without_a_controller_reports_what_failed(cluster, make_inventory
     # Slurm's own words, or that it gave none in time (its retries take their own while).
     assert slurm["errors"]["partitions"].startswith("sinfo ") and slurm["errors"]["jobs"].startswith("squeue ")
     assert shown.returncode == 0 and "partitions: sinfo " in shown.stdout and "jobs: squeue " in shown.stdout
+
+
+def test_doctor_says_why_the_request_could_never_run(cluster, make_inventory, trusted_known_hosts):
+    entry = {key: value for key, value in lab_entry().items() if key not in ("extract", "description")}
+    too_much = {"partition": "debug", "gres": f"gpu:{lab_slurm.GPUS_PER_NODE + 1}", "time": "01:00:00"}
+    entry.update(scheduler="slurm", python=cluster.python, slurm=too_much)
+    inventory = make_inventory({"hosts": {"big": entry}})
+    trusted_known_hosts(inventory)
+    result = inv("doctor", "--host", "big", "--json", inventory=inventory, timeout=180)
+    assert result.returncode == 0, result.stderr
+    problems = json.loads(result.stdout)["slurm"]["request_problems"]
+    assert [(problem["check"], problem["partition"]) for problem in problems] == [("gres", "debug"), ("time", "debug")]
+    shown = inv("doctor", "--host", "big", inventory=inventory, timeout=180, env={"COLUMNS": "80"})
+    assert "could never run here" in shown.stdout and "over the limit of partition 'debug'" in shown.stdout
