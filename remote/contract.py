@@ -72,6 +72,8 @@ SERVER_DEFAULTS = {
     "max_retries": 3,         # tries per sample (its own default)
     "allow_skipped": False,   # samples the client gave up on fail the run unless allowed
     "staging": None,          # the connector's staging directory; None: <out>/.specrig-staging/<run-id>
+    "writer_threads": None,   # the connector's file writers (num_writer_threads); None: its own (8 on 0.26-0.32)
+    "max_num_batched_tokens": None,  # vLLM's per-step token budget; None: vLLM's own default
 }
 
 #: How long the supervisor (between attempts) and a stop wait for the GPUs to give back the memory of a

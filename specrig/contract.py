@@ -29,6 +29,8 @@ _contract = load_host_module("contract")
 _contract.versions = _versions  # what `import versions` finds on a host, where remote/ is on sys.path
 Version = _versions.Version
 InvalidVersion = _versions.InvalidVersion
+#: Whether a version is in a patchset's range (patchsets/README.md, "Version ranges"): the engine's own rule.
+in_range = _versions.in_range
 
 SENTINEL: str = _contract.SENTINEL
 # The run states (remote/contract.py names each once).

@@ -11,8 +11,9 @@ cut short still brings back what it did):
                     EngineCore mid-run; the supervisor's classification, restart and resume; GPU memory
                     sampled throughout; every stored layer against transformers' forward
     stop            inv extract, then inv stop mid-run: clean, seconds, GPU memory after
-    arm:NAME[:C]    one arm of the measurement over N_MEASURE samples: specrig (inv extract, concurrency
-                    C), hand (the server, prepare-data, generate-offline-data as speculators' docs say),
+    arm:NAME[:C[:K=V,...]]
+                    one arm of the measurement over N_MEASURE samples: specrig (inv extract, concurrency
+                    C, and its options K=V: writer_threads=16, staging=/dev/shm/x, ...), hand (the server, prepare-data, generate-offline-data as speculators' docs say),
                     bare (the same server without the speculative config, max_tokens=1: the ceiling)
     smoke           inv smoke on a DeepSeek-V3-shaped config (MLA, MoE), shrunk, dummy weights
 
@@ -25,6 +26,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -43,7 +45,9 @@ N_DATA = int(os.environ.get("N_DATA", "1024"))
 KILL_AT = int(os.environ.get("KILL_AT", "64"))
 PORT = int(os.environ.get("PORT", "8000"))
 MODEL = os.path.join(SG, "models", SHAPE)
-DATA = os.path.join(SG, "data", "chat.jsonl")
+DATA = os.path.join(SG, "data", "chat-%s.jsonl" % SHAPE)  # one per shape: each model's build writes its own
+#: The model every result is about; other shapes' arms carry their shape in their names.
+MAIN_SHAPE = "llama8b"
 RESULTS = os.path.join(SG, "results.json")
 #: Logs and captures: device.sh packs them into $OUT/extras.tgz (a call brings back 8 files at most).
 EXTRAS = os.path.join(SG, "extras")
@@ -151,6 +155,20 @@ class Sampler(threading.Thread):
             time.sleep(0.5)
 
 
+def wait_port_free(port=PORT, timeout=60):
+    """Seconds waited until nothing listens on `port` (an ended arm's API server lets go of it last)."""
+    started = time.time()
+    while time.time() - started < timeout:
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(("127.0.0.1", port))
+                return round(time.time() - started, 1)
+            except OSError:
+                time.sleep(0.5)
+    return None
+
+
 def wait_idle(timeout=60):
     """Until the GPU's memory.used is back within 1 GiB of idle (the driver frees a dead process's memory a
     little after it is gone: docs/gpu-check.md); the seconds waited, or None on a machine without GPUs."""
@@ -234,11 +252,14 @@ def run_state(run_path):
     return (ended or {}).get("state") or (read_json(os.path.join(run_path, "status.json"), {}) or {}).get("state")
 
 
-def extract_args(out, n, concurrency=None, port=PORT):
+def extract_args(out, n, concurrency=None, port=PORT, settings=None):
+    """`inv extract` on --host local; `settings`: more of its options, {"writer_threads": 16, ...}."""
     args = ["extract", "--host", "local", "--model", MODEL, "--data", DATA, "--out", out,
             "--max-len", "2048", "--max-samples", str(n), "--port", str(port), "--json"]
     if concurrency:
         args += ["--concurrency", str(concurrency)]
+    for key, value in (settings or {}).items():
+        args += ["--" + key.replace("_", "-"), str(value)]
     return args
 
 
@@ -253,6 +274,10 @@ def versions():
 
 # -- phases ------------------------------------------------------------------------------------------
 
+def model_key():
+    return "model" if SHAPE == MAIN_SHAPE else "model_" + SHAPE
+
+
 def phase_prep():
     record("commit", open(os.path.join(TREE, "COMMIT")).read().strip() if os.path.exists(
         os.path.join(TREE, "COMMIT")) else None)
@@ -266,7 +291,7 @@ def phase_prep():
             os.path.join(SG, "models", SHAPE + ".log")) else ""
         log("background build: %s" % built_log[-1500:])
         if os.path.exists(done):
-            record("model", {"shape": SHAPE, "exit": 0, "background": True,
+            record(model_key(), {"shape": SHAPE, "exit": 0, "background": True,
                              "built": json.loads(open(done).read())})
         else:
             raise SystemExit("the background model build did not finish")
@@ -274,7 +299,7 @@ def phase_prep():
         rc, out, err, seconds = run([sys.executable, os.path.join(HERE, "gpu_tools.py"), "build-model", MODEL,
                                      SHAPE, DATA, str(N_DATA)], timeout=900)
         log("build-model rc %d in %.0f s: %s %s" % (rc, seconds, out[-500:], err[-1500:] if rc else ""))
-        record("model", {"shape": SHAPE, "exit": rc, "seconds": seconds,
+        record(model_key(), {"shape": SHAPE, "exit": rc, "seconds": seconds,
                          "built": json.loads(out.strip().splitlines()[-1]) if rc == 0 else err[-2000:]})
         if rc:
             raise SystemExit("model build failed")
@@ -473,7 +498,7 @@ def end_group(proc, grace=30):
         time.sleep(0.5)
 
 
-def arm_specrig(name, concurrency):
+def arm_specrig(name, concurrency, settings):
     out = os.path.join(SG, "out", "arm-" + name)
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
@@ -487,11 +512,14 @@ def arm_specrig(name, concurrency):
             phases[phase] = time.time()
 
     started = time.time()
-    launched = inv(*extract_args(out, N_MEASURE, concurrency), timeout=600)
+    launched = inv(*extract_args(out, N_MEASURE, concurrency, settings=settings), timeout=600)
     info = launched["json"] or {}
-    arm = {"way": "specrig extract", "concurrency": concurrency or 32, "launch_exit": launched["exit"]}
+    arm = {"way": "specrig extract", "concurrency": concurrency or 32, "settings": settings,
+           "launch_exit": launched["exit"]}
     if not info.get("launched"):
-        arm["launch"] = launched
+        failed = [check["name"] for check in info.get("preflight") or [] if not check.get("ok")]
+        arm.update(launch=launched, error="not launched (exit %s; preflight failed: %s)"
+                   % (launched["exit"], ", ".join(failed) or "-"))
         return arm
     beat, status, done = wait_run(info["path"], lambda b, s: run_state(info["path"]) in FINAL, timeout=560,
                                   on_beat=note)
@@ -556,7 +584,7 @@ def arm_by_hand(name, concurrency, bare=False):
             return arm
         ready = time.time()
         arm["server_ready_s"] = round(ready - started, 2)
-        shared_prepared = os.path.join(SG, "prepared-%d" % N_MEASURE)
+        shared_prepared = os.path.join(SG, "prepared-%s-%d" % (SHAPE, N_MEASURE))
         endpoint = "http://127.0.0.1:%d" % PORT
         if bare:
             if not os.path.isdir(shared_prepared):
@@ -604,13 +632,17 @@ def arm_by_hand(name, concurrency, bare=False):
 
 
 def phase_arm(spec):
+    """arm:NAME[:C[:KEY=VALUE,...]]: KEY=VALUE are more of inv extract's options (specrig arms only)."""
     parts = spec.split(":")
     name, concurrency = parts[1], int(parts[2]) if len(parts) > 2 else 32
-    label = "%s-c%d" % (name, concurrency)
-    waited = wait_idle()
-    log("arm %s: %d samples (waited %s s for the GPU's memory)" % (label, N_MEASURE, waited))
+    settings = dict(item.split("=", 1) for item in parts[3].split(",")) if len(parts) > 3 else {}
+    label = "%s-c%d" % (name, concurrency) + "".join("-%s=%s" % item for item in settings.items()) + (
+        "" if SHAPE == MAIN_SHAPE else "-" + SHAPE)
+    waited, port_waited = wait_idle(), wait_port_free()
+    log("arm %s: %d samples (waited %s s for the GPU's memory, %s s for the port)"
+        % (label, N_MEASURE, waited, port_waited))
     if name == "specrig":
-        arm = arm_specrig(label, concurrency)
+        arm = arm_specrig(label, concurrency, settings)
     elif name in ("hand", "bare"):
         arm = arm_by_hand(label, concurrency, bare=name == "bare")
     else:
@@ -625,6 +657,7 @@ def phase_arm(spec):
         after = arm["wall_s"] - arm["server_ready_s"]
         arm["after_load_s"] = round(after, 2)
         arm["tokens_per_s_after_load"] = round(arm["tokens"] / after, 1)
+    arm["shape"] = SHAPE
     results.setdefault("arms", {})[label] = arm
     save()
     log("arm %s: %s" % (label, json.dumps({k: arm.get(k) for k in (

@@ -13,9 +13,12 @@ cp ".gpu/parts/$1" "$SG/parts/$1"
 ls -la "$SG/parts"
 if [ "${2:-}" = build ] && [ ! -e "$SG/models/$SHAPE.building" ]; then
     tools=$(cd "$(dirname "$0")" && pwd)/gpu_tools.py
+    # Copied out of the call's tree, which the next call replaces; the tokenizer recipe beside it (the
+    # lab's own, which gpu_tools imports: a script's own directory is first on its sys.path).
     cp "$tools" "$SG/gpu_tools.py"
+    cp "$(dirname "$tools")/../../specrig/lab/make_tiny_model.py" "$SG/make_tiny_model.py"
     touch "$SG/models/$SHAPE.building"
-    setsid nohup bash -c "python3 '$SG/gpu_tools.py' build-model '$SG/models/$SHAPE' '$SHAPE' '$SG/data/chat.jsonl' \
+    setsid nohup bash -c "python3 '$SG/gpu_tools.py' build-model '$SG/models/$SHAPE' '$SHAPE' '$SG/data/chat-$SHAPE.jsonl' \
         '${N_DATA:-1024}' > '$SG/models/$SHAPE.log' 2>&1 && tail -1 '$SG/models/$SHAPE.log' > '$SG/models/$SHAPE.done'" \
         < /dev/null > /dev/null 2>&1 &
     echo "building $SHAPE in the background"

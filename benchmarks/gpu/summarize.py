@@ -1,8 +1,9 @@
 """The committed results of the GPU run, from what device_run.py brought back.
 
-    python3 benchmarks/gpu/summarize.py RAW.json --device-minutes M [--date YYYY-MM-DD] [--not-run JSON]
+    python3 benchmarks/gpu/summarize.py RAW.json --device-minutes M [--date YYYY-MM-DD] [--name NAME]
+        [--not-run JSON] [--notes JSON]
 
-writes benchmarks/gpu/results/h200-<date>.json (every field tests/test_gpu_results.py checks) and
+writes benchmarks/gpu/results/NAME.json (default h200-<date>) (every field tests/test_gpu_results.py checks) and
 h200-<date>.md (the table), and prints the markdown.
 """
 import argparse
@@ -30,6 +31,7 @@ def states(raw):
         "pairing": "id k = output of decoder layer k-1 (the input of layer k); 0 = embeddings; L = last "
                    "layer's output before the final norm",
         "tolerance": found["tolerance"],
+        "calibration_fp32": found.get("calibration_fp32"),  # the run that set the tolerance from bf16's own error
         "per_layer": {k: {"max_abs_diff": v["max_abs_diff"], "max_abs_ref": v["max_abs_ref"],
                           "rel_l2": v["rel_l2"], "worst_sample_rel_l2": v["worst_sample_rel_l2"]}
                       for k, v in documented.items()},
@@ -97,7 +99,8 @@ def stop(raw):
 def table(raw):
     rows = []
     for label, arm in (raw.get("arms") or {}).items():
-        rows.append({"arm": label, "way": arm.get("way"), "concurrency": arm.get("concurrency"),
+        rows.append({"arm": label, "way": arm.get("way"), "shape": arm.get("shape") or "llama8b",
+                     "settings": arm.get("settings") or {}, "concurrency": arm.get("concurrency"),
                      "samples": arm.get("samples"), "tokens": arm.get("tokens"), "wall_s": arm.get("wall_s"),
                      "server_ready_s": arm.get("server_ready_s"), "after_load_s": arm.get("after_load_s"),
                      "first_sample_s": arm.get("first_sample_s"), "tokens_per_s": arm.get("tokens_per_s"),
@@ -119,10 +122,12 @@ def table(raw):
     return rows
 
 
-def ratios(rows):
+def ratios(rows, shape="llama8b"):
+    """The ratios at one model shape, each way's best arm."""
     by = {}
     for row in rows:
-        by.setdefault(row["arm"].split("-")[0], []).append(row)
+        if row["shape"] == shape:
+            by.setdefault(row["arm"].split("-")[0], []).append(row)
     best = lambda name: max(by.get(name, []), key=lambda r: r.get("tokens_per_s_after_load") or 0, default=None)
     hand, ours, bare = best("hand"), best("specrig"), best("bare")
     out = {}
@@ -152,7 +157,8 @@ def markdown(summary):
     for row in summary["table"]:
         lines.append("| " + " | ".join("-" if row.get(k) is None else str(row.get(k)) for k in keys) + " |")
     lines.append("")
-    lines += ["- %s: %s" % item for item in summary["ratios"].items()]
+    for shape, found in summary["ratios_by_shape"].items():
+        lines += ["", "%s:" % shape, ""] + ["- %s: %s" % item for item in found.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -161,6 +167,7 @@ def main():
     parser.add_argument("raw")
     parser.add_argument("--device-minutes", type=float, required=True)
     parser.add_argument("--date", default=datetime.date.today().isoformat())
+    parser.add_argument("--name", help="the results' file name (default h200-DATE); tests check the last by name")
     parser.add_argument("--not-run", default="[]", help="JSON list of {what, why}")
     parser.add_argument("--notes", default="[]", help="JSON list of strings")
     parser.add_argument("--bf16-drift", help="bf16_drift.py's output: the yardstick beside the fixed tolerance")
@@ -197,12 +204,13 @@ def main():
                                                 "layer_ids", "layer_convention", "server_argv")},
         "states": states_block, "kill9": kill9(raw), "stop": stop(raw),
         "table": rows, "ratios": ratios(rows),
+        "ratios_by_shape": {shape: ratios(rows, shape) for shape in sorted({row["shape"] for row in rows})},
         "smoke_deepseek_v3": raw.get("smoke_deepseek_v3"),
         "nvidia_smi_fixtures": "tests/fixtures/nvidia-smi/h200-vllm",
         "errors": raw.get("errors", []), "not_run": json.loads(args.not_run), "notes": json.loads(args.notes),
     }
     os.makedirs(os.path.join(HERE, "results"), exist_ok=True)
-    base = os.path.join(HERE, "results", "h200-%s" % args.date)
+    base = os.path.join(HERE, "results", args.name or "h200-%s" % args.date)
     with open(base + ".json", "w") as f:
         json.dump(summary, f, indent=1, default=str)
         f.write("\n")

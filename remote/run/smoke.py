@@ -34,11 +34,14 @@ SMOKE_ROOT = os.path.join(os.path.expanduser("~"), ".cache", "specrig", "smoke")
 BATCH_SIZE, MAX_LENGTH = 2, 256
 #: Small enough to build in seconds, shaped for vLLM's CPU attention (head_dim 32), and 8 layers so
 #: that speculators' default layer choice [2, n/2, n-3, n-1] still names four distinct layers.
+#: MLA's dimensions (kv_lora_rank, q_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim) stay
+#: the target's: vLLM's MLA kernels take only DeepSeek's, a latent cache of 512 + 64 = 576 on the CPU
+#: and on GPUs (vllm==0.32.0 v1/attention/backends/mla/cpu_mla.py:61-64, flashattn_mla.py:109-111)
+#: and a FlashAttention prefill of (128, 64, 128) (issue 19: vLLM 0.26.0 on an H200 refused (32, 64, 32)).
 SHRUNK = {"num_hidden_layers": 8, "hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4,
           "head_dim": 32, "moe_intermediate_size": 64, "shared_expert_intermediate_size": 64,
           "n_routed_experts": 4, "num_experts": 4, "num_local_experts": 4, "num_experts_per_tok": 2,
-          "n_shared_experts": 1, "n_group": 1, "topk_group": 1, "q_lora_rank": 64, "kv_lora_rank": 32,
-          "qk_nope_head_dim": 32, "qk_rope_head_dim": 32, "v_head_dim": 32}
+          "n_shared_experts": 1, "n_group": 1, "topk_group": 1}
 #: Dummy weights cannot be quantized checkpoints of another shape (None: the driver removes the key).
 DROPPED = ("quantization_config",)
 CONVERSATIONS = [

@@ -7,6 +7,8 @@ Exit codes: specrig/exit_status.py and the README.
 Every module that reaches a host (paramiko) or builds the lab is imported inside the task that
 needs it: `--list` and `--help` import neither (tests/test_lazy_imports.py).
 """
+from pathlib import Path
+
 from invoke import Collection, task
 
 from specrig.cli.guard import guarded, whole_number
@@ -100,15 +102,16 @@ NODE_OPTIONS = {
 
 @task(help={"host": HOST_HELP + "; several hosts split the dataset, one shard each (docs/runs.md, 'Fleet runs')",
             **task_help("model", "data", "out", "tp", "layers", "batch_size", "max_len", "max_samples", "port",
-                        "concurrency", "allow_skipped"),
+                        "concurrency", "allow_skipped", "staging", "writer_threads", "max_num_batched_tokens"),
             **NODE_OPTIONS,
             "skip_preflight": "launch without the preflight checks (drift, GPUs, model, disk, batch hazard)",
             "detach": "launch and return at once instead of showing the live view",
             "json": JSON_HELP})
 @guarded
 def extract(c, host, model=None, data=None, out=None, tp=None, layers=None, batch_size=None, max_len=None,
-            max_samples=None, port=None, concurrency=None, allow_skipped=False, nodes=None, pp=None, dp_local=None,
-            rendezvous_port=None, watch_port=None, skip_preflight=False, detach=False, json=False):
+            max_samples=None, port=None, concurrency=None, allow_skipped=False, staging=None, writer_threads=None,
+            max_num_batched_tokens=None, nodes=None, pp=None, dp_local=None, rendezvous_port=None, watch_port=None,
+            skip_preflight=False, detach=False, json=False):
     """Preflight, launch the supervised extraction on a host, and show it live (Ctrl-C detaches; the run goes on).
 
     The host's speculators picks the mode: <= 0.4 drives vLLM in-process; >= 0.8 runs a vLLM server and
@@ -130,7 +133,8 @@ def extract(c, host, model=None, data=None, out=None, tp=None, layers=None, batc
     targets = group_hosts(inventory, host)
     given = {"model": model, "data": data, "out": out, "tp": tp, "layers": layers, "batch_size": batch_size,
              "max_len": max_len, "max_samples": max_samples, "port": port, "concurrency": concurrency,
-             "allow_skipped": allow_skipped or None}
+             "allow_skipped": allow_skipped or None, "staging": staging, "writer_threads": writer_threads,
+             "max_num_batched_tokens": max_num_batched_tokens}
     sizes = {"pp": whole_number(pp, option="--pp", default=None),
              "dp_local": whole_number(dp_local, option="--dp-local", default=None),
              "rendezvous_port": whole_number(rendezvous_port, option="--rendezvous-port", default=None),
@@ -309,8 +313,38 @@ def check_compat(c, speculators, vllm, model_config=None, matrix=False, json=Fal
     return report.exit_status
 
 
+@task(name="compat-report",
+      help={"speculators": "speculators versions, comma-separated (default: every release from "
+                           "0.3.0 on, from the package index)",
+            "vllm": "vLLM versions, comma-separated (default: every release from 0.11.0 on)",
+            "out": "the directory the two pages are written to (default: the checkout's docs/, else .)",
+            "json": "print the matrix's data for scripts instead of the summary"})
+@guarded
+def compat_report(c, speculators=None, vllm=None, out=None, json=False):
+    """Build docs/compatibility.md and .html: every speculators x vLLM release pair, in both extraction modes.
+
+    Each cell says: works as is, works with a patchset (named), works with a launch flag (named), breaks (the
+    first finding), or no extraction mode; it opens to its findings. Each pair's analysis is check-compat's,
+    cached under ~/.cache/specrig/compat/ by the wheels' and the analyzer's hashes: a refresh after a new
+    release analyzes only that release's pairs. Exit 0 once the pages are written (2: bad input, a release
+    the index or a download cannot give)."""
+    from specrig.drift import compat_matrix
+    from specrig.drift.compat_page import write_pages
+    from specrig.drift.view import compat_report_progress, show_compat_report
+
+    target = Path(out) if out else (checkout_dir() / "docs" if checkout_dir() else Path.cwd())
+    if not target.is_dir():
+        raise UsageError(f"--out {str(target)!r} is not a directory", hint="give an existing directory, e.g. docs")
+    spec_versions = compat_matrix.pick_versions("speculators", speculators, since=compat_matrix.SPECULATORS_SINCE)
+    vllm_versions = compat_matrix.pick_versions("vllm", vllm, since=compat_matrix.VLLM_SINCE)
+    with compat_report_progress(total=len(spec_versions) * len(vllm_versions), as_json=json) as on_cell:
+        matrix = compat_matrix.build(spec_versions, vllm_versions, on_cell=on_cell)
+    show_compat_report(matrix, pages=write_pages(matrix, out=target), as_json=json)
+
+
 namespace.add_task(verify_signatures)
 namespace.add_task(check_compat)
+namespace.add_task(compat_report)
 
 
 # ---- patches: apply-patches, patch-status, revert-patches (issue 4) --------------------------

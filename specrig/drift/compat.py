@@ -135,18 +135,23 @@ def pinned_version(wheel: Path, dependency: str) -> str | None:
     return None
 
 
-def consumer_roots(speculators: str, cache: Path = WHEEL_CACHE) -> list[dict]:
-    """speculators' unpacked root, and in server mode (>= 0.8) the hs-connectors release it pins
-    (the same version when the pin cannot be read; left out when it cannot be downloaded)."""
-    consumer = package_root("speculators", speculators, cache)
-    roots = [consumer]
+def consumer_releases(speculators: str, cache: Path = WHEEL_CACHE) -> list[tuple[str, str, Path]]:
+    """(name, version, wheel) of speculators, and in server mode (>= 0.8) of the hs-connectors release
+    it pins (the same version when the pin cannot be read; left out when it cannot be downloaded)."""
+    wheel = fetch_wheel("speculators", speculators, cache)
+    releases = [("speculators", speculators, wheel)]
     if extraction_mode(speculators) == "server":
-        version = pinned_version(fetch_wheel("speculators", speculators, cache), HS_CONNECTORS) or speculators
+        version = pinned_version(wheel, HS_CONNECTORS) or speculators
         try:
-            roots.append(package_root(HS_CONNECTORS, version, cache))
+            releases.append((HS_CONNECTORS, version, fetch_wheel(HS_CONNECTORS, version, cache)))
         except CouldNotCheck:
             pass  # optional: the analyzer skips the file-backend check without it
-    return roots
+    return releases
+
+
+def consumer_roots(speculators: str, cache: Path = WHEEL_CACHE) -> list[dict]:
+    """The unpacked roots of consumer_releases()."""
+    return [package_root(name, version, cache) for name, version, _ in consumer_releases(speculators, cache)]
 
 
 def check_compat(speculators: str, vllm: str, *, model_config: str | None = None,

@@ -1,4 +1,5 @@
-"""Drift reports for people: `inv verify-signatures` and `inv check-compat` (--json: the report itself).
+"""Drift reports for people: `inv verify-signatures`, `inv check-compat` (--json: the report itself) and
+`inv compat-report`'s progress and summary.
 
 Where the terminal is wide enough for a findings table to show every word whole, one
 table per consumer file; narrower (a small terminal, or a pipe: rich then assumes 80
@@ -6,16 +7,22 @@ columns), one block per finding, as linters print them. No callee name is ever c
 """
 from __future__ import annotations
 
+import contextlib
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 from rich.measure import Measurement
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
+from specrig.drift.cells import STATUSES
+from specrig.drift.compat_page import coverage
 from specrig.drift.verify import Report
-from specrig.ui import console, print_indented, print_json
+from specrig.ui import console, errors, print_indented, print_json
 from specrig.ui.task import TaskView
 from specrig.ui.terminal import markup, visible
 
@@ -166,3 +173,29 @@ def verify_view(*, show_source: bool) -> TaskView:
                     show=lambda report, *, host, as_json: show(report, as_json=as_json, show_source=show_source),
                     figures=verify_figures, judge=lambda report: report.exit_status,
                     result_json=lambda report: report.data)
+
+
+@contextlib.contextmanager
+def compat_report_progress(*, total: int, as_json: bool) -> Iterator[Callable[[str, str, str], None]]:
+    """`inv compat-report` while it builds: a bar over the pairs, naming the last one and how it was had
+    (on stderr, so --json's stdout stays the data alone; none under --json)."""
+    if as_json:
+        yield lambda spec, vllm, how: None
+        return
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=errors, transient=True)
+    bar = progress.add_task("pairs", total=total)
+    with progress:
+        yield lambda spec, vllm, how: progress.update(
+            bar, advance=1, description=f"speculators {spec} × vLLM {vllm}: {how}")
+
+
+def show_compat_report(matrix: dict, *, pages: list[Path], as_json: bool) -> None:
+    """The matrix's data (--json), or one line: where the pages are, what they cover, what each cell says."""
+    if as_json:
+        print_json(matrix)
+        return
+    counts = Counter(cell["status"] for row in matrix["cells"].values() for cell in row.values())
+    statuses = ", ".join(f"{counts[status]} {status}" for status in STATUSES)
+    console.print(f"{markup(' and '.join(str(p) for p in pages))}: {markup(coverage(matrix))}; {statuses}; "
+                  f"{len(matrix['analyzed'])} pair(s) analyzed, {matrix['cached']} from the cache", soft_wrap=True)

@@ -57,6 +57,10 @@ SETTINGS = {s.name: s for s in (
             "server mode: succeed even when the client skipped samples (they are listed)", mode="server"),
     Setting("staging", "staging", str, "server mode: the connector's staging directory, on the output's "
             "filesystem", "<out>/.specrig-staging/<run-id>", mode="server"),
+    Setting("writer_threads", "writer_threads", int, "server mode: the connector's file-writing threads",
+            "the connector's own", mode="server"),
+    Setting("max_num_batched_tokens", "max_num_batched_tokens", int, "server mode: vLLM's tokens per "
+            "scheduler step", "vLLM's own", mode="server"),
 )}
 #: What each extraction mode is called where a setting is refused.
 MODE_NAMES = {"in-process": "speculators <= 0.4's in-process extraction", "server": "server mode (speculators >= 0.8)"}

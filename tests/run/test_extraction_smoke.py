@@ -136,3 +136,5 @@ def test_shrinking_keeps_the_architecture_and_every_per_layer_list():
     assert shrunk["n_routed_experts"] == 4 and shrunk["num_experts_per_tok"] == 2
     assert shrunk["layer_types"] == ["full_attention"] * 8
     assert shrunk["quantization_config"] is None  # dummy weights are not a quantized checkpoint
+    # vLLM's MLA kernels take DeepSeek's own dimensions only (576-wide latent cache, (128, 64, 128) prefill).
+    assert not {"kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"} & set(shrunk)

@@ -83,6 +83,15 @@ def test_configs_are_json_the_server_parses():
     assert kv["kv_connector"] == "ExampleHiddenStatesConnector" and kv["kv_role"] == "kv_producer"
 
 
+def test_writer_threads_size_the_connectors_pool_only_when_given():
+    def extra(**settings):
+        argv = launch.server_argv({"model": "m", "num_hidden_layers": 8, **settings})
+        return json.loads(argv[argv.index("--kv_transfer_config") + 1])["kv_connector_extra_config"]
+
+    assert extra(hidden_states_path="/s") == {"shared_storage_path": "/s"}  # FileBackend's own config
+    assert extra(hidden_states_path="/s", writer_threads=16) == {"shared_storage_path": "/s", "num_writer_threads": 16}
+
+
 def test_text_config_layers():
     assert launch.num_hidden_layers(LLAVA) == 12
     assert launch.num_hidden_layers(TINY) == 8

@@ -212,6 +212,30 @@ def test_dataset_report(tmp_path):
     assert rank_share["complete"] and rank_share["expected"] == 2
 
 
+def test_a_file_found_ok_is_not_read_again_until_it_changes(tmp_path):
+    """CheckedFiles: the supervisor checks files as they arrive and, at the end, reads only the rest."""
+    path = hs_file(tmp_path / "hs_0.safetensors", tokens=4, layers=2, width=8)
+    checked = outputs.CheckedFiles()
+    assert outputs.check_dataset(str(tmp_path), 1, n_layers=2, checked=checked)["complete"]
+    assert set(checked.ok) == {0}
+
+    # The same bytes as far as the filesystem tells (inode, size, mtime): not read, still ok.
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[-2:] = bf16_bytes([float("nan")])
+    with open(path, "r+b") as f:
+        f.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert outputs.check_dataset(str(tmp_path), 1, n_layers=2, checked=checked)["complete"]
+
+    # Any change the filesystem shows is read again: here the NaN, once the mtime moved.
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+    report = outputs.check_dataset(str(tmp_path), 1, n_layers=2, checked=checked)
+    assert report["by_status"] == {"non-finite": [0]} and 0 not in checked.ok, report
+    path.write_bytes(bytes(data[:-5]))
+    assert outputs.check_dataset(str(tmp_path), 1, n_layers=2, checked=checked)["by_status"] == {"truncated": [0]}
+
+
 def test_command_line(tmp_path):
     hs_file(tmp_path / "hs_0.safetensors")
     script = Path(outputs.__file__)

@@ -38,6 +38,7 @@ Settings (dict):
     include_last_layer    default True: append L to explicit layer ids when missing (as the script)
     hidden_states_path    the connector's staging directory (`shared_storage_path`);
                           default "/tmp/hidden_states" (the script's default)
+    writer_threads        the connector's `num_writer_threads`, when given
     tensor_parallel_size, data_parallel_size, port, host    optional, passed on when given
     enable_scale_out      bool, default False
     extra_args            list of words appended last (the script's "-- *VLLM_ARGS")
@@ -132,14 +133,15 @@ def speculative_config(layer_ids):
     }
 
 
-def kv_transfer_config(hidden_states_path=DEFAULT_HIDDEN_STATES_PATH):
+def kv_transfer_config(hidden_states_path=DEFAULT_HIDDEN_STATES_PATH, writer_threads=None):
     """The file backend's config: launch_vllm.py's _InlineFileBackend, equal to hs-connectors 0.9.0
-    FileBackend.build_kv_transfer_config (hs_connectors/transfer.py:197-205)."""
-    return {
-        "kv_connector": CONNECTOR,
-        "kv_role": KV_ROLE,
-        "kv_connector_extra_config": {"shared_storage_path": hidden_states_path},
-    }
+    FileBackend.build_kv_transfer_config (hs_connectors/transfer.py:197-205); `writer_threads`, when
+    given, sizes the connector's pool of file writers (vllm==0.32.0
+    distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py:216-219, default 8)."""
+    extra = {"shared_storage_path": hidden_states_path}
+    if writer_threads:
+        extra["num_writer_threads"] = writer_threads
+    return {"kv_connector": CONNECTOR, "kv_role": KV_ROLE, "kv_connector_extra_config": extra}
 
 
 def with_front_end_defaults(vllm_args, defaults):
@@ -202,7 +204,8 @@ def server_argv(settings):
     argv += [
         "--speculative_config", json.dumps(speculative_config(ids)),
         "--kv_transfer_config",
-        json.dumps(kv_transfer_config(settings.get("hidden_states_path") or DEFAULT_HIDDEN_STATES_PATH)),
+        json.dumps(kv_transfer_config(settings.get("hidden_states_path") or DEFAULT_HIDDEN_STATES_PATH,
+                                      settings.get("writer_threads"))),
     ]
     return argv + vllm_args(settings)
 

@@ -296,26 +296,60 @@ def existing_indices(directory):
     return sorted(found)
 
 
+class CheckedFiles:
+    """The files already found ok, each with the (inode, size, mtime) it had when read: the same bytes
+    are not read again. A supervisor checks files as they arrive, while the client still writes
+    others, so that its check at the end reads only the last ones (a full NaN/Inf scan of an 8B
+    model's 512 samples, 21.8 GB, took 15 s on the H200 host: issue 19). Any change to a file (a
+    rewrite, a truncation, a copy finishing) changes its stat, and it is read again."""
+
+    def __init__(self):
+        self.ok = {}
+
+    @staticmethod
+    def stat(path):
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return st.st_ino, st.st_size, st.st_mtime_ns
+
+    def check(self, index, path, **checks):
+        """check_file(path, **checks), or ok without reading `path` when it is known ok as it is now."""
+        stat = self.stat(path)
+        if stat is not None and self.ok.get(index) == stat:
+            return {"status": OK, "detail": ""}
+        self.ok.pop(index, None)
+        report = check_file(path, **checks)
+        if report["status"] == OK and stat is not None and stat == self.stat(path):
+            self.ok[index] = stat
+        return report
+
+
 def check_dataset(directory, num_samples, indices=None, n_layers=None, hidden_size=None,
-                  scan_values=True, allow_extra_tensors=False, chunk_bytes=CHUNK_BYTES):
+                  scan_values=True, allow_extra_tensors=False, chunk_bytes=CHUNK_BYTES, checked=None):
     """Every sample of a dataset of `num_samples` (or only `indices`, e.g. one rank's share).
 
     Returns {"expected", "counts": {status: n}, "by_status": {status: [indices]} (every status but
     ok), "missing": [indices], "complete": bool, "files": {index: check_file result} (not ok only),
     "extra": [indices of files outside the expected set]}. A sample counts as done only when ok.
+    `checked` (CheckedFiles): files it knows ok are not read again, and those found ok join it.
     """
     wanted = list(range(num_samples)) if indices is None else sorted(set(indices))
     present = set(existing_indices(directory))
+    checks = dict(n_layers=n_layers, hidden_size=hidden_size, scan_values=scan_values,
+                  allow_extra_tensors=allow_extra_tensors, chunk_bytes=chunk_bytes)
     counts = dict((status, 0) for status in STATUSES)
     by_status = {}
     files = {}
     for index in wanted:
+        path = os.path.join(directory, file_name(index))
         if index not in present:
             report = {"status": MISSING, "detail": "no such file"}
+        elif checked is not None:
+            report = checked.check(index, path, **checks)
         else:
-            report = check_file(os.path.join(directory, file_name(index)), n_layers=n_layers,
-                                hidden_size=hidden_size, scan_values=scan_values,
-                                allow_extra_tensors=allow_extra_tensors, chunk_bytes=chunk_bytes)
+            report = check_file(path, **checks)
         counts[report["status"]] += 1
         if report["status"] != OK:
             by_status.setdefault(report["status"], []).append(index)

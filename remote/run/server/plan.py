@@ -92,11 +92,13 @@ def make(run_path, run_id, driver_args, *, client_python, server_python=None, no
         extra += ["--hf-overrides", json.dumps(settings["hf_overrides"])]
     if driver_args.get("gpu_memory_utilization") is not None:
         extra += ["--gpu-memory-utilization", str(settings["gpu_memory_utilization"])]
+    if settings["max_num_batched_tokens"]:
+        extra += ["--max-num-batched-tokens", str(settings["max_num_batched_tokens"])]
     server_argv = launch.server_argv({
         "model": model, "python": os.path.expanduser(server_python or client_python),
         "distribution": distribution, "enable_scale_out": launch.scale_out_flag_known(vllm_dir),
         "num_hidden_layers": layers, "layer_ids": layer_ids, "hidden_states_path": staging,
-        "tensor_parallel_size": settings["tensor_parallel_size"], "port": settings["port"], "host": "127.0.0.1",
+        "writer_threads": settings["writer_threads"], "tensor_parallel_size": settings["tensor_parallel_size"], "port": settings["port"], "host": "127.0.0.1",
         "extra_args": extra})
     if nodes:
         server_argv = node_layout.server_argv(

@@ -14,9 +14,11 @@ run.json "server") holds the three commands. An attempt:
 4. watches both: the server gone or unhealthy ends the client step and fails the attempt with the
    server's log classified; a client step failing ends the server; no new file or log line for
    `stall_timeout_s` is a stall;
-5. after the client's exit 0, checks every file of the share (PHASE_VALIDATING): the attempt succeeds
-   when each one is ok, or when the only missing ones are those the client reported skipped and the
-   run allows them; then the server is stopped.
+5. while generate-offline-data runs, checks each file of the share as it arrives (ArrivalCheck, a
+   thread); after the client's exit 0, checks every file of the share (PHASE_VALIDATING), reading
+   again only those not yet found ok as they are now: the attempt succeeds when each one is ok, or
+   when the only missing ones are those the client reported skipped and the run allows them; then
+   the server is stopped.
 
 HeadlessServer, a multi-node job's worker: its `--headless` server for one of the head's attempts,
 until the head's attempt is over (its node role, server/node_roles.py, says when), the server dies or
@@ -29,6 +31,7 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 import time
 
 import atomic
@@ -183,6 +186,8 @@ class ServerExtraction:
         self.client_log, self.server_log = supervisor.run.file("driver.log"), supervisor.run.file("server.log")
         self.offsets = {}
         self.server = None
+        # Kept over attempts: a restart's output check does not read again what an attempt found ok.
+        self.checked = outputs.CheckedFiles()
 
     def status_fields(self, previous):
         return server_status(previous)
@@ -247,7 +252,8 @@ class ServerExtraction:
         wanted = set(share)
         sup.status["samples_total"] = total
         self.heartbeat.update(phase=PHASE_GENERATING, samples_total=len(wanted), samples_done=self.count_done(wanted))
-        status, found = self.client_step(GENERATE, self.plan["generate_argv"])
+        with ArrivalCheck(self, wanted):
+            status, found = self.client_step(GENERATE, self.plan["generate_argv"])
         if status != 0 or found:
             return status, found
         self.heartbeat.update(phase=PHASE_VALIDATING)
@@ -331,11 +337,19 @@ class ServerExtraction:
 
     # -- the outputs ---------------------------------------------------------------------------------
 
+    def file_checks(self):
+        """What every file of the output must be: check_file's expected sizes."""
+        return {"n_layers": len(self.plan["layer_ids"]), "hidden_size": self.plan["hidden_size"]}
+
+    def check(self, indices):
+        """outputs.check_dataset of `indices` of the output, reading only what is not known ok."""
+        return outputs.check_dataset(self.plan["out"], None, indices=indices, checked=self.checked,
+                                     **self.file_checks())
+
     def validate(self, share, client_log):
         """None when every file of the share is ok (or only allowed skipped ones are missing)."""
         sup = self.supervisor
-        report = outputs.check_dataset(self.plan["out"], None, indices=share, n_layers=len(self.plan["layer_ids"]),
-                                       hidden_size=self.plan["hidden_size"])
+        report = self.check(share)
         skipped = [i for i in client.skipped(client_log) if i in set(share)]
         bad = {status: indices for status, indices in report["by_status"].items() if status != outputs.MISSING}
         result = {"samples": report["expected"], "ok": report["counts"][outputs.OK], "skipped": skipped,
@@ -373,8 +387,7 @@ class ServerExtraction:
             "num_hidden_layers": self.plan["num_hidden_layers"], "hidden_size": self.plan["hidden_size"],
             "model": self.supervisor.record["driver_args"].get("model"), "run_id": self.supervisor.run.run_id})
         present = outputs.existing_indices(out)
-        report = outputs.check_dataset(out, None, indices=present, n_layers=len(self.plan["layer_ids"]),
-                                       hidden_size=self.plan["hidden_size"])
+        report = self.check(present)
         deleted = sorted(report["files"])
         for index in deleted:
             os.unlink(os.path.join(out, outputs.file_name(index)))
@@ -392,6 +405,37 @@ class ServerExtraction:
         # The heartbeat's last phase is the run's final state.
         self.heartbeat.update(phase=outcome["state"], server=None)
         return outcome
+
+
+class ArrivalCheck:
+    """While generate-offline-data runs, a thread checks each file of the share once it is in the output
+    (speculators' client moves it there whole), so that the check at the end reads only the last ones."""
+
+    def __init__(self, workload, wanted):
+        self.workload, self.wanted = workload, wanted
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self.follow, name="arrival-check", daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.thread.join()
+
+    def follow(self):
+        checked, out = self.workload.checked, self.workload.plan["out"]
+        while not self.done.wait(COUNT_EVERY_S):
+            try:
+                arrived = [i for i in outputs.existing_indices(out) if i in self.wanted and i not in checked.ok]
+            except OSError:
+                continue
+            checks = self.workload.file_checks()
+            for index in arrived:  # one by one: the end of the step is not kept waiting for a backlog
+                if self.done.is_set():
+                    return
+                checked.check(index, os.path.join(out, outputs.file_name(index)), **checks)
 
 
 class HeadlessServer:
