@@ -3,8 +3,8 @@ slurm-wlm, with the lab's sshd as the cluster's login node.
 
 Two compute nodes on this one machine, as several slurmd processes (`slurmd -N <node>`), each with
 its own port, spool, pid and log. That needs a Slurm built with multiple-slurmd support: Debian's
-bookworm build (22.05) has it (libslurmfull carries the MULTIPLE_SLURMD configuration key, and two
-slurmd -N on one NodeHostname register and run jobs), so no network namespaces are needed. The
+bookworm build (22.05) has it (`scontrol show config` says MULTIPLE_SLURMD = Yes, and two slurmd -N
+on one NodeHostname register and run jobs), so no network namespaces are needed. The
 nodes share this machine's filesystem, as compute nodes share /home on a real cluster.
 
 Everything is under SLURM_STATE: slurm.conf and gres.conf, a munged of the lab's own (its key,
@@ -43,7 +43,7 @@ CLUSTER = "specrig-lab"
 #: the machine is left alone.
 CONTROLLER_PORT = 16817
 #: The compute nodes and their slurmd ports. Each advertises 2 CPUs (this machine has 2 cores,
-#: shared: jobs here are small) and 2 GPUs counted without devices (GPUS_PER_NODE).
+#: shared: jobs here are small) and GPUS_PER_NODE GPUs that do not exist.
 NODES = {"lab-node1": 16818, "lab-node2": 16819}
 CPUS_PER_NODE = 2
 MEMORY_MB = 2048
