@@ -41,6 +41,14 @@ def login(*words: str, timeout: float = 120) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
+def test_each_node_is_its_own_slurmd_of_a_multiple_slurmd_build(cluster):
+    # What the lab's two nodes on one machine rest on (specrig/lab/slurm.py): Debian's build says so itself.
+    config = login("scontrol", "show", "config")
+    assert any(line.split() == ["MULTIPLE_SLURMD", "=", "Yes"] for line in config.stdout.splitlines())
+    nodes = login("sinfo", "-h", "-N", "-o", "%N %T")
+    assert {line.split()[0] for line in nodes.stdout.splitlines()} == set(lab_slurm.NODES)
+
+
 def test_a_two_node_job_runs_a_step_beside_another_on_each_node(cluster):
     # The head's role and the workers' of a multi-node job: a second step with --overlap on the nodes
     # a first one holds.
