@@ -154,3 +154,25 @@ def extraction_mode(speculators_version):
     if release < FIRST_SERVER:
         return REPOSITORY_SCRIPTS
     return SERVER
+
+
+# -- Slurm: a host that is a cluster's login node (issue 18; docs/slurm.md) ---------------------------
+#: hosts.yaml's `scheduler:` values; a host naming none is one machine reached over SSH.
+SLURM = "slurm"
+SCHEDULERS = (SLURM,)
+#: hosts.yaml's `slurm:` settings: each one's default (None: the cluster's own) and the sbatch option it
+#: becomes (None: not an sbatch option). specrig/slurm/settings.py checks them, doctor's test job and the
+#: submission read them.
+SLURM_SETTINGS = {
+    "partition": {"default": None, "sbatch": "--partition"},
+    "account": {"default": None, "sbatch": "--account"},
+    "qos": {"default": None, "sbatch": "--qos"},
+    "gres": {"default": None, "sbatch": "--gres"},              # gpu:8, gpu:h100:8
+    "time": {"default": None, "sbatch": "--time"},              # Slurm's formats (slurm/formats.py)
+    "nodes": {"default": 1, "sbatch": "--nodes"},
+    "cpus_per_task": {"default": None, "sbatch": "--cpus-per-task"},
+    "mem": {"default": None, "sbatch": "--mem"},                # per node: 64G, 512000 (MB)
+    "constraint": {"default": None, "sbatch": "--constraint"},
+    "extra_sbatch": {"default": [], "sbatch": None},            # more options, as `--name=value` words
+    "fabric_interface": {"default": None, "sbatch": None},      # NCCL/GLOO_SOCKET_IFNAME of multi-node jobs
+}

@@ -11,6 +11,7 @@ import shutil
 
 import pkgmeta
 import telemetry
+from slurm import cluster
 
 #: Read in speculators' environment (the host's `python`).
 PACKAGES = ("speculators", "vllm", "torch", "transformers", "hs-connectors")
@@ -47,7 +48,8 @@ def server_environment(python, timeout=SERVER_TIMEOUT_S):
 
 def run(args):
     """{"workdir", "server_python" (optional: read that environment too), "versions_only" (optional:
-    the Pythons and packages alone, for a task's cheap check before it starts anything)}."""
+    the Pythons and packages alone, for a task's cheap check before it starts anything), "slurm"
+    (optional, a login node's hosts.yaml `slurm:` settings: the cluster's facts too, slurm/cluster.py)}."""
     facts = {"python": {key: value for key, value in pkgmeta.environment(()).items() if key != "installed"},
              "packages": pkgmeta.versions(PACKAGES)}
     facts["server_env"] = server_environment(args["server_python"]) if args.get("server_python") else None
@@ -63,4 +65,6 @@ def run(args):
         "disk": {"path": workdir, "exists": os.path.isdir(workdir), "free_bytes": usage.free,
                  "total_bytes": usage.total},
     })
+    if args.get("slurm") is not None:
+        facts["slurm"] = cluster.facts(args["slurm"], facts["user"])
     return facts

@@ -56,3 +56,7 @@ IN_PROCESS: str = _contract.IN_PROCESS
 REPOSITORY_SCRIPTS: str = _contract.REPOSITORY_SCRIPTS
 SERVER: str = _contract.SERVER
 extraction_mode = _contract.extraction_mode
+# Slurm: the schedulers hosts.yaml's `scheduler:` takes, and its `slurm:` settings (remote/contract.py).
+SLURM: str = _contract.SLURM
+SCHEDULERS: tuple[str, ...] = _contract.SCHEDULERS
+SLURM_SETTINGS: dict = _contract.SLURM_SETTINGS

@@ -14,13 +14,19 @@ from specrig.transport import Remote, connect
 from specrig.transport.bundle import Bundle
 
 DOCTOR_TIMEOUT_S = 60
+#: A Slurm login node's doctor also asks sinfo and squeue and waits for its home test's job
+#: (remote/slurm/cluster.py: at most 25 + 25 + 40 s).
+SLURM_DOCTOR_TIMEOUT_S = DOCTOR_TIMEOUT_S + 90
 
 
 def doctor_args(host: Host, **extra) -> dict:
-    """The doctor call's arguments: the server's environment too when hosts.yaml names another one."""
+    """The doctor call's arguments: the server's environment too when hosts.yaml names another one, the
+    Slurm cluster's facts too on a login node (the `slurm:` settings name where its test job may run)."""
     args = {"workdir": host.workdir, **extra}
     if host.two_environments:
         args["server_python"] = host.server_interpreter
+    if host.scheduler == contract.SLURM:
+        args["slurm"] = host.slurm
     return args
 
 
@@ -28,7 +34,8 @@ def doctor(host: Host, *, bundle: Bundle | None = None) -> dict:
     """One connection, one call: the host's facts plus how we reached it."""
     started = time.monotonic()
     with connect(host, bundle=bundle) as remote:
-        facts = remote.call("doctor", doctor_args(host), timeout=DOCTOR_TIMEOUT_S)
+        timeout = SLURM_DOCTOR_TIMEOUT_S if host.scheduler == contract.SLURM else DOCTOR_TIMEOUT_S
+        facts = remote.call("doctor", doctor_args(host), timeout=timeout)
         facts["connection"] = {"target": host.describe(), "ssh": not host.is_local,
                                "exec_channels": remote.exec_count,
                                "bundle_uploaded": getattr(remote, "uploaded", False)}

@@ -14,6 +14,7 @@ from typing import Any
 
 from specrig.errors import InventoryError
 from specrig.paths import checkout_dir, config_dir
+from specrig.slurm.settings import SLURM, check_scheduler, check_slurm
 from specrig.yamlfile import parse_yaml
 
 LOCAL = "local"
@@ -48,6 +49,9 @@ FIELDS = {f.name: f for f in (
     Field("host_key_policy", (str,), None, "reject unknown host keys, or accept-new (record on first use); "
           "default: ssh_config's StrictHostKeyChecking, else reject"),
     Field("extract", (dict,), {}, "defaults for `inv extract`: model, data, out, tp, layers, batch_size, ..."),
+    Field("scheduler", (str,), None, "slurm: the host is a Slurm cluster's login node (docs/slurm.md)"),
+    Field("slurm", (dict,), {}, "the Slurm job's settings: partition, account, qos, gres, time, nodes, "
+          "cpus_per_task, mem, constraint, extra_sbatch, fabric_interface"),
     Field("description", (str,), "", "free text shown by `inv hosts`"),
 )}
 
@@ -71,6 +75,10 @@ class Host:
     #: None: ssh_config's StrictHostKeyChecking decides, else unknown keys are refused.
     host_key_policy: str | None = None
     extract: dict = dataclasses.field(default_factory=dict)
+    #: "slurm" (contract.SCHEDULERS): a cluster's login node; None: one machine reached over SSH.
+    scheduler: str | None = None
+    #: With scheduler slurm: every setting of contract.SLURM_SETTINGS, defaults filled in.
+    slurm: dict = dataclasses.field(default_factory=dict)
     description: str = ""
     #: Project known_hosts file that goes with hosts.yaml (inventory.known_hosts_for).
     known_hosts: str | None = None
@@ -221,6 +229,9 @@ def parse_inventory(data: Any, *, path: Path) -> Inventory:
         if not isinstance(name, str) or not name or name == LOCAL:
             raise fail(f"hosts.{name}", f"invalid host name {name!r}", hint="'local' is reserved for this machine")
         fields = {**defaults, **_check_entry(entry or {}, f"hosts.{name}", fail)}
+        check_scheduler(fields, f"hosts.{name}", fail)
+        if fields.get("scheduler") == SLURM:
+            fields["slurm"] = check_slurm(fields.get("slurm") or {}, f"hosts.{name}.slurm", fail)
         if fields.get("identity_file"):
             fields["identity_file"] = _resolve(fields["identity_file"], path)
         hosts[name] = Host(name=name, known_hosts=known_hosts, **fields)
@@ -257,6 +268,8 @@ def _check_entry(entry: Any, where: str, fail) -> dict:
             raise fail(f"{where}.{key}", f"gpus {value!r} must not be negative")
         if key == "host_key_policy" and value not in HOST_KEY_POLICIES:
             raise fail(f"{where}.{key}", f"unknown policy {value!r}", hint=f"use one of {', '.join(HOST_KEY_POLICIES)}")
+        if key == "slurm":
+            check_slurm(value, f"{where}.{key}", fail)
         if key == "env":
             for var, val in value.items():
                 if not isinstance(var, str) or not var.isidentifier():

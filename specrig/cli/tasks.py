@@ -57,13 +57,15 @@ def trust_host(c, host, json=False):
 
 @task(help={"runnable": "also build the CPU vLLM environment that can run the extraction (~5 min, 8 GB)",
             "hosts": "also N more lab hosts lab-1 ... lab-N (group lab-fleet): each its own sshd and host key on "
-                     "127.0.1.n:2222, sharing the lab's environments; hosts.yaml names 3, .lab/fleet.yaml all N"})
+                     "127.0.1.n:2222, sharing the lab's environments; hosts.yaml names 3, .lab/fleet.yaml all N",
+            "slurm": "also a Slurm cluster (Debian's slurm-wlm): slurmctld and two slurmd nodes on this machine, the "
+                     "lab's sshd its login node (host lab-slurm; docs/slurm.md)"})
 @guarded
-def up(c, runnable=False, hosts=None):
+def up(c, runnable=False, hosts=None, slurm=False):
     """Build the lab host on this machine (root): sshd on 127.0.0.1, zsh/bash/dash users, remote venvs."""
     from specrig import lab as lab_host
 
-    lab_host.up(runnable=runnable, hosts=whole_number(hosts, option="--hosts", default=0))
+    lab_host.up(runnable=runnable, hosts=whole_number(hosts, option="--hosts", default=0), slurm=slurm)
 
 
 @task

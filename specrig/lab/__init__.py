@@ -75,8 +75,9 @@ def lab_host() -> Host:
     return load_inventory().host("lab")
 
 
-def up(*, runnable: bool = False, hosts: int = 0, log=print) -> None:
-    """Build the lab host (idempotent); with `hosts`, also fleet hosts 1 ... hosts (up_fleet)."""
+def up(*, runnable: bool = False, hosts: int = 0, slurm: bool = False, log=print) -> None:
+    """Build the lab host (idempotent); with `hosts`, also fleet hosts 1 ... hosts (up_fleet); with
+    `slurm`, also the lab's Slurm cluster, whose login node is the lab host (specrig.lab.slurm)."""
     _require_root("lab.up")
     if not 0 <= hosts <= FLEET_MAX:
         raise UsageError(f"lab.up --hosts {hosts}: give a number of hosts from 1 to {FLEET_MAX} "
@@ -106,12 +107,20 @@ def up(*, runnable: bool = False, hosts: int = 0, log=print) -> None:
     log(f"lab is up: ssh -p {host.port} -i {client_key} {MAIN_USER}@127.0.0.1 (inv doctor --host lab)")
     if hosts:
         up_fleet(hosts, log=log)
+    if slurm:
+        from specrig.lab import slurm as lab_slurm
+
+        lab_slurm.up(log=log)
 
 
 def down(*, log=print) -> None:
-    """Remove what `up` made: the sshd, the users and their homes, keys and known_hosts lines."""
+    """Remove what `up` made: the Slurm cluster, the sshd, the users and their homes, keys and known_hosts
+    lines."""
     _require_root("lab.down")
     host = lab_host()
+    from specrig.lab import slurm as lab_slurm
+
+    lab_slurm.down(log=log)  # first: its jobs run as the lab's users
     for number in fleet_numbers():
         remove_fleet_host(number, known_hosts=host.known_hosts, log=log)
     if host.identity_file:
