@@ -209,12 +209,34 @@ def _sshd_config(port: int, *, address: str = "127.0.0.1", state: Path = STATE) 
     ])
 
 
-def _sshd_pid(state: Path = STATE) -> int | None:
+def running_pid(pid_file: Path) -> int | None:
+    """The pid a daemon wrote to `pid_file` (its first word), if that process runs."""
     try:
-        pid = int((state / "sshd.pid").read_text())
-    except (OSError, ValueError):
+        pid = int(pid_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
         return None
     return pid if _running(pid) else None
+
+
+def stop_pid(pid_file: Path, *, what: str, log, timeout: float = 20) -> None:
+    """SIGTERM the daemon of `pid_file`, SIGKILL it after `timeout`, and wait until it is gone (its ports
+    closed, so that a restart finds them free); then remove the pid file."""
+    pid = running_pid(pid_file)
+    if not pid:
+        return
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while _running(pid):
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            break
+        time.sleep(0.02)
+    pid_file.unlink(missing_ok=True)
+    log(f"stopped {what} (pid {pid})")
+
+
+def _sshd_pid(state: Path = STATE) -> int | None:
+    return running_pid(state / "sshd.pid")
 
 
 def _ensure_sshd(port: int, log, *, address: str = "127.0.0.1", state: Path = STATE) -> None:
@@ -245,20 +267,9 @@ def _wait_listening(port: int, timeout: float = 10, *, address: str = "127.0.0.1
     raise UsageError(f"lab sshd is not listening on {address}:{port}; see {state / 'sshd.log'}")
 
 
-def _stop_sshd(log, *, state: Path = STATE, timeout: float = 10) -> None:
+def _stop_sshd(log, *, state: Path = STATE) -> None:
     """Stop the sshd whose pid file is under `state` and wait until it is gone (its port closed)."""
-    pid = _sshd_pid(state)
-    if not pid:
-        return
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while _running(pid):
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            break
-        time.sleep(0.02)
-    (state / "sshd.pid").unlink(missing_ok=True)
-    log(f"stopped sshd (pid {pid})")
+    stop_pid(state / "sshd.pid", what="sshd", log=log, timeout=10)
 
 
 def _running(pid: int) -> bool:

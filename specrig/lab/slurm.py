@@ -19,7 +19,6 @@ import os
 import pwd
 import secrets
 import shutil
-import signal
 import socket
 import stat
 import subprocess
@@ -27,7 +26,7 @@ import time
 from pathlib import Path
 
 from specrig.errors import UsageError
-from specrig.lab import STATE, _replace_file, _require_root, _running, _sh
+from specrig.lab import STATE, _replace_file, _require_root, _sh, running_pid, stop_pid
 
 SLURM_STATE = STATE / "slurm"
 SLURM_READY = SLURM_STATE / "READY"
@@ -149,7 +148,7 @@ def down(*, log=print) -> None:
     _require_root("lab.down")
     _cancel_jobs(log=log)
     _stop_daemons(log=log)
-    _stop_pid(SLURM_STATE / "munge" / "munged.pid", what="munged", log=log)
+    stop_pid(SLURM_STATE / "munge" / "munged.pid", what="munged", log=log)
     if CLIENT_CONF.is_symlink() and CLIENT_CONF.resolve() == SLURM_CONF.resolve():
         CLIENT_CONF.unlink()
     shutil.rmtree(SLURM_STATE, ignore_errors=True)
@@ -195,14 +194,6 @@ def _write_configuration() -> bool:
     return changed
 
 
-def _pid(path: Path) -> int | None:
-    try:
-        pid = int(path.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-    return pid if _running(pid) else None
-
-
 def _ensure_munged(*, log) -> None:
     """The lab's own munged: its key (random, munge's 0600), socket, pid and log in SLURM_STATE/munge."""
     directory = SLURM_STATE / "munge"
@@ -213,7 +204,7 @@ def _ensure_munged(*, log) -> None:
     munge = pwd.getpwnam(MUNGE_USER)
     os.chown(key, munge.pw_uid, munge.pw_gid)
     os.chmod(key, 0o600)
-    if _pid(directory / "munged.pid"):
+    if running_pid(directory / "munged.pid"):
         return
     _sh("munged", f"--key-file={key}", f"--socket={MUNGE_SOCKET}", f"--pid-file={directory / 'munged.pid'}",
         f"--log-file={directory / 'munged.log'}", f"--seed-file={directory / 'munged.seed'}", user=MUNGE_USER)
@@ -223,20 +214,20 @@ def _ensure_munged(*, log) -> None:
 def _ensure_slurmctld(*, log, fresh: bool) -> None:
     """slurmctld, started if it is not running; `fresh` (a changed configuration): with none of the
     state the old one saved (-c: no jobs, no node drained under the old configuration)."""
-    if _pid(SLURM_STATE / "run" / "slurmctld.pid"):
+    if running_pid(SLURM_STATE / "run" / "slurmctld.pid"):
         return
     _sh("slurmctld", "-f", str(SLURM_CONF), *(["-c"] if fresh else []))
-    _wait_for(lambda: _pid(SLURM_STATE / "run" / "slurmctld.pid") is not None, what="slurmctld start",
+    _wait_for(lambda: running_pid(SLURM_STATE / "run" / "slurmctld.pid") is not None, what="slurmctld start",
               log_file=SLURM_STATE / "log" / "slurmctld.log")
     log("started slurmctld")
 
 
 def _ensure_slurmd(node: str, *, log) -> None:
-    if _pid(SLURM_STATE / "run" / f"slurmd-{node}.pid"):
+    if running_pid(SLURM_STATE / "run" / f"slurmd-{node}.pid"):
         return
     _owned_dir(SLURM_STATE / "spool" / node, user="root", mode=0o755)
     _sh("slurmd", "-f", str(SLURM_CONF), "-N", node)
-    _wait_for(lambda: _pid(SLURM_STATE / "run" / f"slurmd-{node}.pid") is not None, what=f"slurmd -N {node} start",
+    _wait_for(lambda: running_pid(SLURM_STATE / "run" / f"slurmd-{node}.pid") is not None, what=f"slurmd -N {node} start",
               log_file=SLURM_STATE / "log" / f"slurmd-{node}.log")
     log(f"started slurmd for {node}")
 
@@ -266,7 +257,7 @@ def _wait_idle() -> None:
 
 def _cancel_jobs(*, log) -> None:
     """Every job of the cluster cancelled and gone from the queue, so that no job step outlives its slurmd."""
-    if not _pid(SLURM_STATE / "run" / "slurmctld.pid"):
+    if not running_pid(SLURM_STATE / "run" / "slurmctld.pid"):
         return
     queued = _queued()
     if not queued:
@@ -284,20 +275,5 @@ def _queued() -> list[str]:
 def _stop_daemons(*, log) -> None:
     """The slurmd of every node, then slurmctld; each waited for, so that a restart finds its port free."""
     for node in NODES:
-        _stop_pid(SLURM_STATE / "run" / f"slurmd-{node}.pid", what=f"slurmd -N {node}", log=log)
-    _stop_pid(SLURM_STATE / "run" / "slurmctld.pid", what="slurmctld", log=log)
-
-
-def _stop_pid(pid_file: Path, *, what: str, log, timeout: float = 20) -> None:
-    pid = _pid(pid_file)
-    if not pid:
-        return
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    while _running(pid):
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            break
-        time.sleep(0.1)
-    pid_file.unlink(missing_ok=True)
-    log(f"stopped {what} (pid {pid})")
+        stop_pid(SLURM_STATE / "run" / f"slurmd-{node}.pid", what=f"slurmd -N {node}", log=log)
+    stop_pid(SLURM_STATE / "run" / "slurmctld.pid", what="slurmctld", log=log)
