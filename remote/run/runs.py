@@ -184,9 +184,11 @@ def launch(args):
             # Server mode (speculators >= 0.8): the plan of the server and the client steps; else None.
             "server": server, "server_python": server_python})
         pid = _start_supervisor(run)
-    # The flags the server gets because this vLLM refuses a default setting with the connector (plan.py).
+    # The flags the server gets because this vLLM refuses a default setting with the connector (plan.py),
+    # and the stored layer ids beside the ones speculators' training takes by default.
     return {"run_id": run.run_id, "path": run.path, "supervisor_pid": pid,
-            "startup_flags": server["startup_flags"] if server else []}
+            "startup_flags": server["startup_flags"] if server else [],
+            "layers": {"ids": server["layer_ids"], "training_default": server["training_layer_ids"]} if server else None}
 
 
 def resume(args):

@@ -41,7 +41,8 @@ def extract(host: Host, given: dict, *, skip_preflight: bool) -> dict:
             raise Findings(f"{host.name}: preflight failed: {', '.join(c['name'] for c in failed)}; "
                            f"nothing was launched", payload=checks,
                            hint="fix what it says, or pass --skip-preflight to launch anyway")
-        return {"launched": True, "preflight": checks, **runs_call(remote, host, "launch", launch_args(host, request))}
+        return {"launched": True, "preflight": checks, "layers_source": request.sources.get("layers"),
+                **runs_call(remote, host, "launch", launch_args(host, request))}
 
 
 def launch_args(host: Host, request: Request, **more) -> dict:

@@ -199,10 +199,26 @@ def show_extract(result: dict, *, host: Host, as_json: bool, follow: Callable[[H
         return None
     if result["preflight"]:
         show_checks(result["preflight"])
+    note = layers_note(result.get("layers"), result.get("layers_source"))
+    if note:
+        console.print(note)
     console.print(f"launched run [bold]{markup(result['run_id'])}[/] on {host.name} ({markup(result['path'])})")
     for entry in result.get("startup_flags") or []:
         console.print(f"the server gets {markup(entry['flag'])}: {markup(entry['because'])}")
     return follow(host, result["run_id"]) if follow else None
+
+
+def layers_note(layers: dict | None, source: str | None) -> str | None:
+    """One line when a server-mode run stores other layer ids than speculators' training takes by default:
+    a choice when --layers asked for them, a warning when they come from hosts.yaml (issue 17)."""
+    if not layers or layers["ids"] == layers["training_default"]:
+        return None
+    ids, default = layers["ids"], layers["training_default"]
+    if source == "--layers":
+        return (f"layers {ids}, as --layers asks; speculators' training defaults to {default}: "
+                f"train with these ids (specrig-layers.json beside the files records them)")
+    return (f"[yellow]warning:[/] layers {ids} ({markup(source or 'the run')}) differ from speculators' training "
+            f"default {default}, which training assumes: pass --layers to choose them, or drop that setting")
 
 
 def show_preflight_failed(found, *, host: Host, as_json: bool) -> None:

@@ -186,6 +186,15 @@ def test_speculators_0_9_takes_the_server_path(speculators_env, make_inventory, 
     assert not checks["packages"]["ok"] and "transformers (python), datasets (python)" in checks["packages"]["advice"]
     assert checks["server-command"]["ok"] and "[2, 4, 5, 8] of 8" in checks["server-command"]["detail"]
     assert tree_hashes(prefix) == before and not (prefix / "work").exists()
+    # Launched anyway with other layer ids: the launch says which ids training takes by default, and the
+    # human output says so in one line before the run (issue 17, "Layers that training will use").
+    launched = inv("extract", "--host", "lab", "--layers", "3,4", "--skip-preflight", "--detach",
+                   inventory=inventory, env={"COLUMNS": "80"}, timeout=300)
+    assert launched.returncode == 0, launched.stdout + launched.stderr
+    assert "layers [3, 4, 8], as --layers asks; speculators' training defaults to [2, 4, 5, 8]" in " ".join(
+        launched.stdout.split()), launched.stdout
+    stopped = inv("stop", "--host", "lab", inventory=inventory, timeout=300)
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
 
 
 def test_speculators_0_9_in_one_environment(speculators_env, make_inventory, trusted_known_hosts):

@@ -36,3 +36,14 @@ def test_extract_says_which_flags_the_server_gets(monkeypatch):
                        "startup_flags": [{"flag": "--no-enable-chunked-prefill", "because": because}]},
                       host=Host(name="gpu"), as_json=False, follow=None)
     assert f"the server gets --no-enable-chunked-prefill: {because}" in console.export_text()
+
+
+def test_layers_other_than_trainings_default_are_one_line_a_choice_or_a_warning():
+    same = {"ids": [2, 16, 29, 32], "training_default": [2, 16, 29, 32]}
+    other = {"ids": [3, 16, 29, 32], "training_default": [2, 16, 29, 32]}
+    assert view.layers_note(same, None) is None and view.layers_note(None, None) is None  # in-process: no plan
+    chosen = view.layers_note(other, "--layers")
+    assert "as --layers asks" in chosen and "[2, 16, 29, 32]" in chosen and "warning" not in chosen
+    warned = view.layers_note(other, "hosts.yaml: hosts.gpu1.extract.layers")
+    assert warned.startswith("[yellow]warning:[/] layers [3, 16, 29, 32] (hosts.yaml: hosts.gpu1.extract.layers)")
+    assert "pass --layers to choose them" in warned and "\n" not in warned

@@ -117,6 +117,8 @@ def make(run_path, run_id, driver_args, *, client_python, server_python=None, no
         "vllm_version": vllm_version, "port": settings["port"], "staging": staging, "prepared": prepared_dir,
         "out": out,
         "num_hidden_layers": layers, "layer_ids": layer_ids, "layer_convention": LAYER_CONVENTION,
+        # What speculators' training reads by default (launch_vllm.py's choice): other ids must be told to it.
+        "training_layer_ids": launch.default_layer_ids(layers),
         "startup_flags": decided["startup_flags"],
         "hidden_size": launch.text_config(config).get("hidden_size"),
         "max_samples": settings["max_samples"], "allow_skipped": bool(settings["allow_skipped"]),
