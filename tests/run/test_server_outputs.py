@@ -317,3 +317,44 @@ def test_files_written_by_safetensors_torch(lab, tmp_path):  # `lab`: its venvs 
         truncated = tmp_path / ("cut_%s.safetensors" % name)
         truncated.write_bytes((tmp_path / ("ok_%s.safetensors" % name)).read_bytes()[:-1])
         assert outputs.check_file(str(truncated))["status"] == "truncated"
+
+
+def test_files_checked_on_several_processes_join_what_is_known(tmp_path):
+    """CheckedFiles.check_all: the arrival check's reads on a pool of spawned processes, as the supervisor
+    runs them on a host with the cores (run/server/workload.py CHECK_WORKERS)."""
+    import concurrent.futures
+    import multiprocessing
+
+    for index in range(6):
+        values = hidden_values(4, 2, 8)
+        if index == 4:
+            values[3] = float("inf")
+        hs_file(tmp_path / outputs.file_name(index), tokens=4, layers=2, width=8, values=values)
+    files = [(index, str(tmp_path / outputs.file_name(index))) for index in range(6)]
+    checked = outputs.CheckedFiles()
+    with concurrent.futures.ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        checked.check_all(files, {"n_layers": 2, "hidden_size": 8}, pool)
+    assert set(checked.ok) == {0, 1, 2, 3, 5}
+    report = outputs.check_dataset(str(tmp_path), 6, n_layers=2, hidden_size=8, checked=checked)
+    assert report["by_status"] == {"non-finite": [4]}
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_arrival_check_leaves_nothing_to_read_at_the_end(tmp_path, workers):
+    """ArrivalCheck (run/server/workload.py) on its thread, then finish() after the client's exit 0: every
+    file of the share is known ok, with or without a pool of processes; files outside the share are not read."""
+    from run.server import workload
+
+    class Output:  # the part of a server-mode workload the arrival check reads
+        checked = outputs.CheckedFiles()
+        plan = {"out": str(tmp_path)}
+
+        @staticmethod
+        def file_checks():
+            return {"n_layers": 2, "hidden_size": 8}
+
+    for index in range(5):
+        hs_file(tmp_path / outputs.file_name(index), tokens=3, layers=2, width=8)
+    with workload.ArrivalCheck(Output, wanted={0, 1, 2, 3}, workers=workers) as arrivals:
+        arrivals.finish()
+    assert set(Output.checked.ok) == {0, 1, 2, 3}

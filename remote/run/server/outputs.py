@@ -31,6 +31,7 @@ only. F16's exponent lies entirely in its top byte: one byte test decides. About
 states on one core (967 MB/s for a 64 MiB bf16 sample from the page cache on the 2-core dev machine
 under load; the slicing is the cost): tests/run/test_server_outputs.py, test_scan_speed.
 """
+import concurrent.futures
 import json
 import os
 import re
@@ -316,14 +317,40 @@ class CheckedFiles:
 
     def check(self, index, path, **checks):
         """check_file(path, **checks), or ok without reading `path` when it is known ok as it is now."""
+        stat = self._unknown(index, path)
+        if stat is True:
+            return {"status": OK, "detail": ""}
+        report = check_file(path, **checks)
+        self._record(index, path, stat, report)
+        return report
+
+    def check_all(self, files, checks, pool):
+        """check() of each (index, path) of `files`, the reading on `pool`'s processes (a
+        concurrent.futures executor): several cores keep up with a client that lands files faster than
+        one core scans them. A file whose check was cancelled or failed stays unknown."""
+        pending = {}
+        for index, path in files:
+            stat = self._unknown(index, path)
+            if stat is not True:
+                pending[pool.submit(check_file, path, **checks)] = (index, path, stat)
+        for future in concurrent.futures.as_completed(pending):
+            try:
+                report = future.result()
+            except Exception:  # noqa: BLE001 - cancelled or failed: the final check reads it again and names it
+                continue
+            self._record(*pending[future], report)
+
+    def _unknown(self, index, path):
+        """True when `path` is known ok as it is now; else its stat (forgetting what was known)."""
         stat = self.stat(path)
         if stat is not None and self.ok.get(index) == stat:
-            return {"status": OK, "detail": ""}
+            return True
         self.ok.pop(index, None)
-        report = check_file(path, **checks)
+        return stat
+
+    def _record(self, index, path, stat, report):
         if report["status"] == OK and stat is not None and stat == self.stat(path):
             self.ok[index] = stat
-        return report
 
 
 def check_dataset(directory, num_samples, indices=None, n_layers=None, hidden_size=None,

@@ -15,8 +15,9 @@ run.json "server") holds the three commands. An attempt:
    server's log classified; a client step failing ends the server; no new file or log line for
    `stall_timeout_s` is a stall;
 5. while generate-offline-data runs, checks each file of the share as it arrives (ArrivalCheck, a
-   thread); after the client's exit 0, checks every file of the share (PHASE_VALIDATING), reading
-   again only those not yet found ok as they are now: the attempt succeeds when each one is ok, or
+   thread, reading on CHECK_WORKERS processes where the host has the cores); after the client's exit
+   0, checks every file of the share (PHASE_VALIDATING), reading only those not yet found ok as they
+   are now: the attempt succeeds when each one is ok, or
    when the only missing ones are those the client reported skipped and the run allows them; then
    the server is stopped.
 
@@ -27,6 +28,8 @@ a stop comes.
 No driver writes heartbeat.json in server mode: the supervisor does (Heartbeat): the phase, samples
 done of total, samples/s, ETA, the server's state.
 """
+import concurrent.futures
+import multiprocessing
 import os
 import re
 import shutil
@@ -56,6 +59,11 @@ HEALTH_EVERY_S = 5.0
 UNHEALTHY_PROBES = 3
 #: Seconds between counts of the output directory.
 COUNT_EVERY_S = 2.0
+#: Processes checking the files as they arrive: the NaN/Inf scan reads about 1 GB/s on one core, and an 8B
+#: model's client landed files at 1.4-1.5 GB/s on an H200 (issue 19, run 2: 5 s of them were left for the
+#: end). A quarter of the host's cores, 4 at most, keep up without taking the server's; on a small host
+#: one thread of the supervisor does it.
+CHECK_WORKERS = max(1, min(4, (os.cpu_count() or 1) // 4))
 #: The attempt's jobs (status.json "jobs"), in the order they start.
 JOBS = ("server", "client")
 #: speculators' client steps, as logs and failures (`role`) name them.
@@ -252,11 +260,12 @@ class ServerExtraction:
         wanted = set(share)
         sup.status["samples_total"] = total
         self.heartbeat.update(phase=PHASE_GENERATING, samples_total=len(wanted), samples_done=self.count_done(wanted))
-        with ArrivalCheck(self, wanted):
+        with ArrivalCheck(self, wanted) as arrivals:
             status, found = self.client_step(GENERATE, self.plan["generate_argv"])
-        if status != 0 or found:
-            return status, found
-        self.heartbeat.update(phase=PHASE_VALIDATING)
+            if status != 0 or found:
+                return status, found
+            self.heartbeat.update(phase=PHASE_VALIDATING)
+            arrivals.finish()
         return 0, self.validate(share, self.attempt_log())
 
     def client_step(self, name, argv):
@@ -409,33 +418,57 @@ class ServerExtraction:
 
 class ArrivalCheck:
     """While generate-offline-data runs, a thread checks each file of the share once it is in the output
-    (speculators' client moves it there whole), so that the check at the end reads only the last ones."""
+    (speculators' client moves it there whole), on CHECK_WORKERS processes where the host has the cores;
+    after the client's exit 0, finish() checks what is left on all of them at once, so that the check at
+    the end (validate) reads nothing again."""
 
-    def __init__(self, workload, wanted):
-        self.workload, self.wanted = workload, wanted
+    def __init__(self, workload, wanted, workers=CHECK_WORKERS):
+        self.workload, self.wanted, self.workers = workload, wanted, workers
         self.done = threading.Event()
         self.thread = threading.Thread(target=self.follow, name="arrival-check", daemon=True)
+        self.pool = None
 
     def __enter__(self):
+        if self.workers > 1:
+            # spawn, not fork: the supervisor has threads of its own.
+            self.pool = concurrent.futures.ProcessPoolExecutor(
+                self.workers, mp_context=multiprocessing.get_context("spawn"))
         self.thread.start()
         return self
 
     def __exit__(self, *exc):
         self.done.set()
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)  # a stop or a failure waits for no backlog
         self.thread.join()
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
 
     def follow(self):
-        checked, out = self.workload.checked, self.workload.plan["out"]
         while not self.done.wait(COUNT_EVERY_S):
-            try:
-                arrived = [i for i in outputs.existing_indices(out) if i in self.wanted and i not in checked.ok]
-            except OSError:
-                continue
-            checks = self.workload.file_checks()
-            for index in arrived:  # one by one: the end of the step is not kept waiting for a backlog
-                if self.done.is_set():
-                    return
-                checked.check(index, os.path.join(out, outputs.file_name(index)), **checks)
+            self.check_arrived(interruptible=True)
+
+    def finish(self):
+        """The client exited 0: stop following, and check every file not yet known ok."""
+        self.done.set()
+        self.thread.join()
+        self.check_arrived(interruptible=False)
+
+    def check_arrived(self, *, interruptible):
+        checked, out = self.workload.checked, self.workload.plan["out"]
+        try:
+            arrived = [i for i in outputs.existing_indices(out) if i in self.wanted and i not in checked.ok]
+        except OSError:
+            return
+        files = [(index, os.path.join(out, outputs.file_name(index))) for index in arrived]
+        checks = self.workload.file_checks()
+        if self.pool is not None:
+            checked.check_all(files, checks, self.pool)
+            return
+        for index, path in files:  # one by one: a stop or a failure is not kept waiting for a backlog
+            if interruptible and self.done.is_set():
+                return
+            checked.check(index, path, **checks)
 
 
 class HeadlessServer:
