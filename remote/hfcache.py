@@ -20,6 +20,7 @@ exactly the revision found here, online or not.
 applies it to os.environ); `~` is this user's home.
 """
 import collections
+import hashlib
 import os
 import re
 
@@ -153,3 +154,17 @@ def refs_naming(snapshot):
             if held == commit:
                 named.append("refs/" + os.path.relpath(path, root))
     return sorted(named)
+
+
+def fingerprint(model_dir):
+    """What tells one model from another across hosts, whose paths differ: the snapshot's commit when
+    `model_dir` is a hub cache snapshot, and the sha256 of its config.json (first 16 hex digits)."""
+    parent = os.path.basename(os.path.dirname(model_dir.rstrip("/")))
+    commit = os.path.basename(model_dir.rstrip("/"))
+    try:
+        with open(os.path.join(model_dir, "config.json"), "rb") as f:
+            config = hashlib.sha256(f.read()).hexdigest()[:16]
+    except OSError:
+        config = None
+    return {"snapshot": commit if parent == "snapshots" and COMMIT_HASH.fullmatch(commit) else None,
+            "config_sha256": config}

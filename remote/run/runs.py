@@ -416,8 +416,13 @@ def verify_output(args):
     result = {"run_id": run.run_id, "state": run.state(), "out": out, "fleet": run.record.get("fleet")}
     if not out or not os.path.isdir(out):
         return dict(result, indices=[], unloadable=[], layers=None, dataset_samples=None, missing_dir=True)
+    model = (run.record.get("driver_args") or {}).get("model")
+    # What a shard must share with the others to be merged (specrig/run/sharded_runs.py union()).
+    result["identity"] = {"model": hfcache.fingerprint(model) if model else None}
     if run.record.get("server"):
-        return dict(result, missing_dir=False, **_server_output(run))
+        found = _server_output(run)
+        result["identity"].update(layer_ids=run.record["server"]["layer_ids"], dtype=found.pop("dtype"))
+        return dict(result, missing_dir=False, **found)
     python = run.record.get("python") or sys.executable
     if not os.path.exists(python):
         python = sys.executable
@@ -433,6 +438,7 @@ def verify_output(args):
                             % (out, python, done.returncode, done.stderr.decode(errors="replace").strip()[-500:]),
                             traceback=done.stderr.decode(errors="replace")[-4000:])
     found = json.loads(lines[-1])
+    result["identity"].update(layer_ids=found.pop("layer_ids", None), dtype=None)
     return dict(result, missing_dir=False, **found)
 
 
@@ -445,7 +451,15 @@ def _server_output(run):
                                    hidden_size=server["hidden_size"])
     total = run.status.get("samples_total")
     fleet = run.record.get("fleet") or {}
-    return {"indices": present, "layers": len(server["layer_ids"]),
+    dtype = None
+    for index in present:  # the states' dtype, from the first file whose header reads
+        try:
+            dtype = outputs.read_header(os.path.join(server["out"], outputs.file_name(index)))["tensors"][
+                "hidden_states"]["dtype"]
+            break
+        except (outputs.SafetensorsError, OSError, KeyError):
+            continue
+    return {"indices": present, "layers": len(server["layer_ids"]), "dtype": dtype,
             "unloadable": [{"index": index, "reason": "%s: %s" % (found["status"], found["detail"])}
                            for index, found in sorted(report["files"].items())],
             # The samples the run covers: min(max_samples, N) as generate-offline-data counts them.

@@ -7,7 +7,7 @@ run's python: it imports torch, which the calls of remote/ never do. It loads ev
 as the driver's resume scan does (run/driver/output.py: the whole-sample check, with the layer count
 of data_config.json) and prints one JSON line:
 
-    {"indices": [i, ...], "unloadable": [{"index", "reason"}], "layers": n|null,
+    {"indices": [i, ...], "unloadable": [{"index", "reason"}], "layers": n|null, "layer_ids": [..]|null,
      "dataset_samples": n|null, "shard_index": k|null, "shard_count": n|null}
 
 Exit 0 whatever it found; 2 when the directory is not there.
@@ -46,7 +46,7 @@ def check(output_dir):
             continue
         if layers is None or not sample_is_whole(sample, layers):
             unloadable.append({"index": index, "reason": "not a whole sample of %s layer(s)" % layers})
-    return {"indices": indices, "unloadable": unloadable, "layers": layers,
+    return {"indices": indices, "unloadable": unloadable, "layers": layers, "layer_ids": layer_ids,
             "dataset_samples": specrig.get("dataset_samples"), "shard_index": specrig.get("shard_index"),
             "shard_count": specrig.get("shard_count")}
 

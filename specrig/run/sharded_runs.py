@@ -12,6 +12,7 @@ host's run by it. On the host and in --json the record keeps the words of its fi
 from __future__ import annotations
 
 import datetime
+import json
 import random
 import string
 from collections.abc import Callable, Sequence
@@ -171,10 +172,31 @@ def union(outcomes: Sequence[HostOutcome]) -> dict:
     if unloadable:
         problems.append(f"{len(unloadable)} do not load whole: " + "; ".join(
             f"{bad['index']} on {bad['host']} ({bad['reason']})" for bad in unloadable[:10]))
+    problems += identity_problems(outcomes)
     return {"complete": not problems, "dataset_samples": total, "samples": sum(map(len, holders.values())),
             "missing": missing, "duplicated": {str(i): h for i, h in duplicated.items()},
             "out_of_range": out_of_range if total is not None else [], "unloadable": unloadable,
             "problems": problems}
+
+
+#: What every shard must share to be merged into one dataset, as the hosts report it (runs.verify-output's
+#: `identity`): training reads axis 1 of the states as the layer ids, in one dtype, of one model.
+IDENTITY = {"layer_ids": "layer ids", "dtype": "storage dtype", "model": "model (snapshot, config.json)"}
+
+
+def identity_problems(outcomes: Sequence[HostOutcome]) -> list[str]:
+    """One problem per part of IDENTITY on which the shards that answered disagree, each host's value named."""
+    problems = []
+    for key, what in IDENTITY.items():
+        by_value: dict[str, list[str]] = {}
+        for outcome in outcomes:
+            identity = (outcome.result or {}).get("identity") if outcome.result is not None else None
+            if identity and identity.get(key) is not None:
+                by_value.setdefault(json.dumps(identity[key], sort_keys=True), []).append(outcome.host)
+        if len(by_value) > 1:
+            problems.append(f"the shards differ in {what}, so they are not one dataset: " + "; ".join(
+                f"{', '.join(hosts)}: {value}" for value, hosts in by_value.items()))
+    return problems
 
 
 def gather(hosts: Sequence[Host], run_id: str) -> tuple[GroupResult, dict]:

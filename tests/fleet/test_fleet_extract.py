@@ -236,6 +236,30 @@ def test_the_union_names_missing_duplicated_out_of_range_and_unloadable_indices(
     assert not unknown["complete"] and "sample count is unknown" in unknown["problems"][0]
 
 
+def test_shards_of_other_layers_dtypes_or_models_are_not_merged():
+    """gather refuses to call shards one dataset when their layer ids, storage dtype or model differ (issue 17)."""
+    from specrig.group import HostOutcome
+    from specrig.run.sharded_runs import union
+
+    model = {"snapshot": None, "config_sha256": "0123456789abcdef"}
+
+    def shard(host, indices, **identity):
+        identity = {"layer_ids": [2, 4, 5, 8], "dtype": "BF16", "model": model, **identity}
+        return HostOutcome(host, ExitStatus.OK, 0.1, result={"state": "succeeded", "indices": indices, "unloadable": [],
+                                                             "dataset_samples": 4, "identity": identity})
+
+    assert union([shard("a", [0, 1]), shard("b", [2, 3])])["complete"]
+    mixed = union([shard("a", [0, 1]), shard("b", [2], layer_ids=[3, 4, 5, 8]),
+                   shard("c", [3], dtype="F8_E4M3", model=dict(model, config_sha256="fedcba9876543210"))])
+    assert not mixed["complete"] and mixed["missing"] == []
+    assert mixed["problems"] == [
+        "the shards differ in layer ids, so they are not one dataset: a, c: [2, 4, 5, 8]; b: [3, 4, 5, 8]",
+        'the shards differ in storage dtype, so they are not one dataset: a, b: "BF16"; c: "F8_E4M3"',
+        'the shards differ in model (snapshot, config.json), so they are not one dataset: a, b: '
+        '{"config_sha256": "0123456789abcdef", "snapshot": null}; c: {"config_sha256": "fedcba9876543210", '
+        '"snapshot": null}']
+
+
 def test_each_host_gets_its_shard_and_its_own_output_directory(make_inventory):
     from specrig.inventory import load_inventory
     from specrig.run.sharded_runs import shard_requests

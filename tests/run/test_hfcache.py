@@ -304,3 +304,21 @@ def test_an_id_the_cache_lacks_is_one_line_and_exit_2_nothing_launched(lab, task
 
 def run_ids() -> set[str]:
     return {run["run_id"] for run in inv_json("status", "--host", "lab-cpu")[1]["runs"]}
+
+
+def test_a_models_fingerprint_is_its_snapshot_and_its_config(tmp_path):
+    """Paths differ across hosts; the snapshot's commit and config.json's hash tell one model from another
+    (`inv gather` compares them across shards)."""
+    commit = "a" * 40
+    snapshot = tmp_path / "models--org--m" / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text('{"hidden_size": 128}')
+    copy = tmp_path / "elsewhere"
+    copy.mkdir()
+    (copy / "config.json").write_text('{"hidden_size": 128}')
+    found, local = hfcache.fingerprint(str(snapshot)), hfcache.fingerprint(str(copy))
+    assert found["snapshot"] == commit and local["snapshot"] is None
+    assert found["config_sha256"] == local["config_sha256"] and len(local["config_sha256"]) == 16
+    (copy / "config.json").write_text('{"hidden_size": 256}')
+    assert hfcache.fingerprint(str(copy))["config_sha256"] != found["config_sha256"]
+    assert hfcache.fingerprint(str(tmp_path / "none")) == {"snapshot": None, "config_sha256": None}
