@@ -139,21 +139,25 @@ class Jobs:
         return merged
 
 
+def classify_server_log(supervisor, log_offset, exit_status):
+    """classify.classify of the server's log since `log_offset`, as the vLLM server's failure (role server)."""
+    text = log_since(supervisor.run.file("server.log"), log_offset)
+    found = classify.classify(text, exit_status, host=supervisor.host(), subject="the vLLM server",
+                              environment="server_python" if supervisor.record.get("server_python") else "python")
+    found["role"] = "server"
+    found["signature"] = classify.signature(found)
+    return found
+
+
 def server_failure(supervisor, log_offset, exit_status, unhealthy=None, ending_client=False):
     """The server's death (or its engine's: /health unhealthy while it runs, `unhealthy` its last answer),
     classified from its log since `log_offset`."""
-    record = supervisor.record
-    text = log_since(supervisor.run.file("server.log"), log_offset)
-    found = classify.classify(text, exit_status if exit_status is not None else 1, host=supervisor.host(),
-                              subject="the vLLM server",
-                              environment="server_python" if record.get("server_python") else "python")
+    found = classify_server_log(supervisor, log_offset, exit_status if exit_status is not None else 1)
     if exit_status is None:
         answered = "the vLLM server stopped answering /health (%s)" % unhealthy
         found["explain"] = answered + (": " + found["explain"] if found["rule"] else "")
     if found["kind"] == "unknown":
         found["advice"] = "`inv logs --server` shows the server's traceback"
-    found["role"] = "server"
-    found["signature"] = classify.signature(found)
     supervisor.log_marker(found["explain"] + ("; ending the client" if ending_client else ""))
     return found
 
@@ -284,7 +288,20 @@ class ServerExtraction:
             sup.log_marker("%s exited with status %s" % (name, status))
             found = classify.classify(self.attempt_log(), status, host=sup.host(), subject=name)
             found["role"] = name
+            found = self.server_cause(found, "%s exited with status %s" % (name, status)) or found
         return status, found
+
+    def server_cause(self, found, what):
+        """The cause in the server's log when the client's own failure (`found`) names none: the client sees
+        only missing files and gives up, the server's log says why (a full disk under the connector)."""
+        if found.get("rule"):
+            return None
+        cause = classify_server_log(self.supervisor, self.offsets[self.server_log], 0)
+        if not cause["rule"]:
+            return None
+        cause["explain"] = "%s: %s" % (what, cause["explain"])
+        self.supervisor.log_marker(cause["explain"])
+        return cause
 
     # -- following the processes ---------------------------------------------------------------------
 
@@ -374,6 +391,12 @@ class ServerExtraction:
                            % (len(skipped), _indices(skipped)))
             return None
         if skipped and set(report["missing"]) <= set(skipped) and not bad:
+            # The client only says it gave up; why is in the server's log when the server could not serve
+            # them (a full disk under the connector's writes): that cause decides, retry or not.
+            cause = self.server_cause({}, "generate-offline-data skipped %d of %d samples"
+                                      % (len(skipped), report["expected"]))
+            if cause:
+                return cause
             return found_failure(
                 "samples-skipped", "generate-offline-data skipped %d of %d samples after their retries: %s"
                 % (len(skipped), report["expected"], _indices(skipped)),
