@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from support.lab import inv, launch_failing_run, wait_for
+from support.lab import inv, launch_failing_run, phase, wait_for
 from support.patchenv import as_lab_user, lab_home
 from support.paths import REPO
 from support.runnable_env import patch, private_clean_copy, remove_copy, runnable_env_or_skip
@@ -220,15 +220,6 @@ def test_dropping_the_ssh_connection_mid_run_does_not_stop_the_job(runnable, dat
     assert final["state"] == "succeeded", final
     assert len(final["attempts"]) == 1
     assert_every_sample_once(runnable, out, final["heartbeat"]["samples_total"])
-
-
-@contextlib.contextmanager
-def phase(name: str):
-    """Assertions of one phase of a scenario on one run: a failure says which phase it was."""
-    try:
-        yield
-    except AssertionError as failed:
-        raise AssertionError(f"phase {name!r} failed: {failed}") from failed
 
 
 def test_ctrl_c_detaches_stop_leaves_no_process_resume_completes_it_and_a_kill_9_of_the_driver_is_resumed(

@@ -9,7 +9,6 @@ first request (docs/server-mode.md §12).
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -23,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from run.server import outputs
-from support.lab import inv, inv_json
+from support.lab import inv, inv_json, phase
 from support.patchenv import as_lab_user
 from support.runnable_env import HOME, clean_venv_copy, private_inventory, runnable_env_or_skip  # noqa: F401 (runnable)
 from support.server_lab import CLIENT, LAYERS, TOLERANCE, run_files, states_against_transformers
@@ -110,15 +109,6 @@ def _processes_of(run_id: str) -> list[str]:
     """Processes on the machine started for the run: its code, its server, its client steps."""
     listing = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
     return [line for line in listing.splitlines() if run_id in line and "ps -eo" not in line]
-
-
-@contextlib.contextmanager
-def phase(name: str):
-    """Assertions of one phase of a scenario on one run: a failure says which phase it was."""
-    try:
-        yield
-    except AssertionError as failed:
-        raise AssertionError(f"phase {name!r} failed: {failed}") from failed
 
 
 def _processes_with_pid(pid: int) -> bool:

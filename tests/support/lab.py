@@ -2,6 +2,7 @@
 hosts.yaml entry, and real `inv` runs of this checkout."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -103,3 +104,12 @@ def wait_for(what, predicate, timeout=600, interval=1.0):
             return value
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+@contextlib.contextmanager
+def phase(name: str):
+    """Assertions of one phase of a scenario on one run: a failure says which phase it was."""
+    try:
+        yield
+    except AssertionError as failed:
+        raise AssertionError(f"phase {name!r} failed: {failed}") from failed
