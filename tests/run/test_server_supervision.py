@@ -13,6 +13,7 @@ from run import rundir
 from run.server import outputs
 from run.server.workload import LAYERS_FILE, ServerExtraction
 from run.supervision import Supervisor
+from support.paths import FIXTURES
 
 LAYERS, WIDTH = 4, 16
 
@@ -75,6 +76,20 @@ def test_skipped_samples_fail_the_run_naming_count_and_indices(tmp_path):
     assert failure["kind"] == "samples-skipped" and not failure["retryable"]
     assert "skipped 2 of 4 samples after their retries: 1, 3" in failure["explain"]
     assert "allow_skipped" in failure["advice"]
+
+
+def test_skipped_samples_take_the_cause_the_servers_log_names(tmp_path):
+    """The client only skips; a full disk under vLLM's connector is in the server's log (issue 17): that
+    decides, not retryable, and `inv resume` or allow_skipped are not what the advice says."""
+    files(tmp_path, good=[0, 2])
+    found = workload(tmp_path)
+    disk_full = (FIXTURES / "classify" / "lab_server032_connector_disk_full.log").read_text()
+    Path(found.server_log).write_text(disk_full)
+    failure = found.validate([0, 1, 2, 3], SKIPPED_LOG)
+    assert failure["kind"] == "disk-full" and failure["rule"] == "disk-full-connector", failure
+    assert failure["role"] == "server" and not failure["retryable"]
+    assert failure["explain"].startswith("generate-offline-data skipped 2 of 4 samples: vLLM's connector")
+    assert "allow_skipped" not in failure["advice"]
 
 
 def test_skipped_samples_allowed_succeed_and_are_listed(tmp_path):

@@ -196,7 +196,8 @@ class ServerExtraction:
         self.jobs = Jobs(supervisor)
         self.heartbeat = Heartbeat(supervisor.run.file("heartbeat.json"))
         self.client_log, self.server_log = supervisor.run.file("driver.log"), supervisor.run.file("server.log")
-        self.offsets = {}
+        # Where this attempt's part of each log starts (prepare() sets them): the whole log until then.
+        self.offsets = {self.client_log: 0, self.server_log: 0}
         self.server = None
         # Kept over attempts: a restart's output check does not read again what an attempt found ok.
         self.checked = outputs.CheckedFiles()
