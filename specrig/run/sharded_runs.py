@@ -190,7 +190,7 @@ def identity_problems(outcomes: Sequence[HostOutcome]) -> list[str]:
     for key, what in IDENTITY.items():
         by_value: dict[str, list[str]] = {}
         for outcome in outcomes:
-            identity = (outcome.result or {}).get("identity") if outcome.result is not None else None
+            identity = (outcome.result or {}).get("identity")
             if identity and identity.get(key) is not None:
                 by_value.setdefault(json.dumps(identity[key], sort_keys=True), []).append(outcome.host)
         if len(by_value) > 1:

@@ -317,8 +317,8 @@ class CheckedFiles:
 
     def check(self, index, path, **checks):
         """check_file(path, **checks), or ok without reading `path` when it is known ok as it is now."""
-        stat = self._unknown(index, path)
-        if stat is True:
+        known, stat = self._known(index, path)
+        if known:
             return {"status": OK, "detail": ""}
         report = check_file(path, **checks)
         self._record(index, path, stat, report)
@@ -330,8 +330,8 @@ class CheckedFiles:
         one core scans them. A file whose check was cancelled or failed stays unknown."""
         pending = {}
         for index, path in files:
-            stat = self._unknown(index, path)
-            if stat is not True:
+            known, stat = self._known(index, path)
+            if not known:
                 pending[pool.submit(check_file, path, **checks)] = (index, path, stat)
         for future in concurrent.futures.as_completed(pending):
             try:
@@ -340,13 +340,13 @@ class CheckedFiles:
                 continue
             self._record(*pending[future], report)
 
-    def _unknown(self, index, path):
-        """True when `path` is known ok as it is now; else its stat (forgetting what was known)."""
+    def _known(self, index, path):
+        """(whether `path` is known ok as it is now, its stat); what was known of another stat is forgotten."""
         stat = self.stat(path)
         if stat is not None and self.ok.get(index) == stat:
-            return True
+            return True, stat
         self.ok.pop(index, None)
-        return stat
+        return False, stat
 
     def _record(self, index, path, stat, report):
         if report["status"] == OK and stat is not None and stat == self.stat(path):

@@ -17,9 +17,8 @@ run.json "server") holds the three commands. An attempt:
 5. while generate-offline-data runs, checks each file of the share as it arrives (ArrivalCheck, a
    thread, reading on CHECK_WORKERS processes where the host has the cores); after the client's exit
    0, checks every file of the share (PHASE_VALIDATING), reading only those not yet found ok as they
-   are now: the attempt succeeds when each one is ok, or
-   when the only missing ones are those the client reported skipped and the run allows them; then
-   the server is stopped.
+   are now: the attempt succeeds when each one is ok, or when the only missing ones are those the
+   client reported skipped and the run allows them; then the server is stopped.
 
 HeadlessServer, a multi-node job's worker: its `--headless` server for one of the head's attempts,
 until the head's attempt is over (its node role, server/node_roles.py, says when), the server dies or
@@ -289,14 +288,14 @@ class ServerExtraction:
             sup.log_marker("%s exited with status %s" % (name, status))
             found = classify.classify(self.attempt_log(), status, host=sup.host(), subject=name)
             found["role"] = name
-            found = self.server_cause(found, "%s exited with status %s" % (name, status)) or found
+            if not found["rule"]:
+                found = self.server_cause("%s exited with status %s" % (name, status)) or found
         return status, found
 
-    def server_cause(self, found, what):
-        """The cause in the server's log when the client's own failure (`found`) names none: the client sees
-        only missing files and gives up, the server's log says why (a full disk under the connector)."""
-        if found.get("rule"):
-            return None
+    def server_cause(self, what):
+        """The cause the server's log names, for a client failure that names none (None when neither does):
+        the client sees only missing files and gives up, the server's log says why (a full disk under the
+        connector)."""
         cause = classify_server_log(self.supervisor, self.offsets[self.server_log], 0)
         if not cause["rule"]:
             return None
@@ -394,7 +393,7 @@ class ServerExtraction:
         if skipped and set(report["missing"]) <= set(skipped) and not bad:
             # The client only says it gave up; why is in the server's log when the server could not serve
             # them (a full disk under the connector's writes): that cause decides, retry or not.
-            cause = self.server_cause({}, "generate-offline-data skipped %d of %d samples"
+            cause = self.server_cause("generate-offline-data skipped %d of %d samples"
                                       % (len(skipped), report["expected"]))
             if cause:
                 return cause
