@@ -36,6 +36,9 @@ def test_the_command_line_wins_and_is_converted(make_inventory):
     ({"model": "/m", "data": "/d", "out": "/o", "stall_restart": "yes"}, {}, "stall_restart 'yes': expected true or false"),
     ({"model": "/m", "data": "/d"}, {}, "no --out given and hosts.yaml has no hosts.h.extract.out"),
     ({"model": "/m", "data": "/d", "out": "/o"}, {"batch_size": "-1"}, "--batch-size '-1': expected a positive number"),
+    ({"model": "/m", "data": "/d", "out": "/o"}, {"writer_threads": "0"}, "--writer-threads '0': expected a positive number"),
+    ({"model": "/m", "data": "/d", "out": "/o", "max_num_batched_tokens": "lots"}, {},
+     "hosts.h.extract.max_num_batched_tokens 'lots': expected int"),
 ])
 def test_bad_settings_name_where_they_came_from(make_inventory, extract, given, message):
     host = load_inventory(make_inventory({"hosts": {"h": {"extract": extract}}})).host("h")
@@ -54,6 +57,7 @@ def test_bad_layers_are_refused(text):
     ({"port": 8001}, {}, "in-process", "hosts.yaml: hosts.h.extract.port: port applies to server mode "
                                        "(speculators >= 0.8), and h takes speculators <= 0.4's in-process extraction"),
     ({}, {"allow_skipped": True}, "in-process", "--allow-skipped: allow_skipped applies to server mode"),
+    ({}, {"writer_threads": "8"}, "in-process", "--writer-threads: writer_threads applies to server mode"),
     ({}, {"batch_size": "4"}, "server", "--batch-size: batch_size applies to speculators <= 0.4's in-process "
                                         "extraction, and h takes server mode (speculators >= 0.8)"),
 ])
