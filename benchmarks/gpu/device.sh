@@ -18,6 +18,15 @@ if [ ! -f "$SG/site/.installed" ]; then
 fi
 export PYTHONPATH=$SG/site${PYTHONPATH:+:$PYTHONPATH}
 export PATH=$SG/site/bin:$PATH
+# A tmpfs for the arms that take the disk out of the measurement (device_run.py's RAM): one of its own
+# where the machine lets root mount it, else a directory in /dev/shm.
+if [ -z "${RAM:-}" ]; then
+    RAM=/var/tmp/ram
+    mkdir -p "$RAM"
+    mountpoint -q "$RAM" || mount -t tmpfs -o size=64g tmpfs "$RAM" 2>/dev/null || RAM=/dev/shm/sg
+fi
+export RAM
+mkdir -p "$RAM" && df -h "$RAM" | tail -1
 # vLLM's sampler imports flashinfer unless told not to; flashinfer is left out of the wheels (issue 19).
 export VLLM_USE_FLASHINFER_SAMPLER=0
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1

@@ -13,12 +13,15 @@ cut short still brings back what it did):
     stop            inv extract, then inv stop mid-run: clean, seconds, GPU memory after
     arm:NAME[:C[:K=V,...]]
                     one arm of the measurement over N_MEASURE samples: specrig (inv extract, concurrency
-                    C, and its options K=V: writer_threads=16, staging=/dev/shm/x, ...), hand (the server, prepare-data, generate-offline-data as speculators' docs say),
+                    C, and its options K=V: writer_threads=16, staging=ram, ...; out=DIR puts its
+                    --out under DIR; `ram` is a directory on the tmpfs $RAM), hand (the server,
+                    prepare-data, generate-offline-data as speculators' docs say),
                     bare (the same server without the speculative config, max_tokens=1: the ceiling)
     smoke           inv smoke on a DeepSeek-V3-shaped config (MLA, MoE), shrunk, dummy weights
 
 Environment: SG (default /var/tmp/sg: model, data, outputs), OUT (what comes back), SHAPE, N_EXTRACT
-(256), N_MEASURE (768), N_DATA (1024), KILL_AT (samples done before the kill, 64), PORT (8000).
+(256), N_MEASURE (768), N_DATA (1024), KILL_AT (samples done before the kill, 64), PORT (8000), RAM
+(/dev/shm/sg).
 """
 import glob
 import json
@@ -44,6 +47,8 @@ N_MEASURE = int(os.environ.get("N_MEASURE", "768"))
 N_DATA = int(os.environ.get("N_DATA", "1024"))
 KILL_AT = int(os.environ.get("KILL_AT", "64"))
 PORT = int(os.environ.get("PORT", "8000"))
+#: A tmpfs for the arms that take the disk out (device.sh mounts one there, or falls back to /dev/shm).
+RAM = os.environ.get("RAM", "/dev/shm/sg")
 MODEL = os.path.join(SG, "models", SHAPE)
 DATA = os.path.join(SG, "data", "chat-%s.jsonl" % SHAPE)  # one per shape: each model's build writes its own
 #: The model every result is about; other shapes' arms carry their shape in their names.
@@ -499,7 +504,12 @@ def end_group(proc, grace=30):
 
 
 def arm_specrig(name, concurrency, settings):
-    out = os.path.join(SG, "out", "arm-" + name)
+    """`settings` are more of inv extract's options, except `out`: the directory the arm's --out goes under
+    instead of $SG/out. The value `ram` (for `out` or `staging`) is a directory under $RAM, a tmpfs, which
+    takes the disk out of the measurement."""
+    settings = {key: os.path.join(RAM, key) if value == "ram" else value for key, value in settings.items()}
+    out_root = settings.pop("out", os.path.join(SG, "out"))
+    out = os.path.join(out_root, "arm-" + name)
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
     first = FirstFile(out)
@@ -514,7 +524,7 @@ def arm_specrig(name, concurrency, settings):
     started = time.time()
     launched = inv(*extract_args(out, N_MEASURE, concurrency, settings=settings), timeout=600)
     info = launched["json"] or {}
-    arm = {"way": "specrig extract", "concurrency": concurrency or 32, "settings": settings,
+    arm = {"way": "specrig extract", "concurrency": concurrency or 32, "settings": settings, "out_root": out_root,
            "launch_exit": launched["exit"]}
     if not info.get("launched"):
         failed = [check["name"] for check in info.get("preflight") or [] if not check.get("ok")]
