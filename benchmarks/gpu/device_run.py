@@ -551,35 +551,29 @@ def arm_specrig(name, concurrency, settings):
     return arm
 
 
-def latest_plan():
-    runs = sorted(glob.glob(os.path.expanduser("~/specrig/runs/*/run.json")), key=os.path.getmtime)
-    for path in reversed(runs):
-        plan = (read_json(path, {}) or {}).get("server")
-        if plan:
-            return plan
-    return None
+def docs_server_argv(staging):
+    """The server command of speculators' docs (scripts/launch_vllm.py, its defaults) for this arm's model:
+    built by specrig's reading of that script (remote/run/server/launch.py), so that the layer ids follow
+    the shape (another shape's ids pass vLLM 0.26.0's start-up and kill its EngineCore at the first request)."""
+    sys.path.insert(0, os.path.join(TREE, "remote", "run", "server"))
+    import launch  # standard library only, like all of remote/
+    return launch.server_argv({"model": MODEL, "model_config": launch.read_model_config(MODEL),
+                               "hidden_states_path": staging, "port": PORT, "host": "127.0.0.1",
+                               "python": sys.executable})
 
 
 def arm_by_hand(name, concurrency, bare=False):
     """The by-hand flow of speculators' docs (or, bare, the same server without the speculative and KV
     transfer configs and a plain max_tokens=1 client), on the same prompts."""
-    plan = latest_plan()
-    if not plan:
-        return {"error": "no specrig run's plan to take the server command from"}
     work = os.path.join(SG, "out", "arm-" + name)
     shutil.rmtree(work, ignore_errors=True)
     staging, hs_dir, prepared = (os.path.join(work, d) for d in ("staging", "hs", "prepared"))
     os.makedirs(hs_dir)
-    argv = list(plan["server_argv"])
+    argv = docs_server_argv(staging)
     if bare:
         for flag in ("--speculative_config", "--kv_transfer_config"):
             i = argv.index(flag)
             del argv[i:i + 2]
-    else:
-        i = argv.index("--kv_transfer_config")
-        config = json.loads(argv[i + 1])
-        config["kv_connector_extra_config"]["shared_storage_path"] = staging
-        argv[i + 1] = json.dumps(config)
     python = argv[0]
     arm = {"way": "bare prefill (no extraction, max_tokens=1)" if bare else "by hand (speculators' docs)",
            "concurrency": concurrency, "server_argv": argv}
