@@ -102,7 +102,8 @@ NODE_OPTIONS = {
 
 @task(help={"host": HOST_HELP + "; several hosts split the dataset, one shard each (docs/runs.md, 'Fleet runs')",
             **task_help("model", "data", "out", "tp", "layers", "batch_size", "max_len", "max_samples", "port",
-                        "concurrency", "allow_skipped", "staging", "writer_threads", "max_num_batched_tokens"),
+                        "concurrency", "allow_skipped", "staging", "writer_threads", "max_num_batched_tokens",
+                        "storage"),
             **NODE_OPTIONS,
             "skip_preflight": "launch without the preflight checks (drift, GPUs, model, disk, batch hazard)",
             "detach": "launch and return at once instead of showing the live view",
@@ -110,8 +111,8 @@ NODE_OPTIONS = {
 @guarded
 def extract(c, host, model=None, data=None, out=None, tp=None, layers=None, batch_size=None, max_len=None,
             max_samples=None, port=None, concurrency=None, allow_skipped=False, staging=None, writer_threads=None,
-            max_num_batched_tokens=None, nodes=None, pp=None, dp_local=None, rendezvous_port=None, watch_port=None,
-            skip_preflight=False, detach=False, json=False):
+            max_num_batched_tokens=None, storage=None, nodes=None, pp=None, dp_local=None, rendezvous_port=None,
+            watch_port=None, skip_preflight=False, detach=False, json=False):
     """Preflight, launch the supervised extraction on a host, and show it live (Ctrl-C detaches; the run goes on).
 
     The host's speculators picks the mode: <= 0.4 drives vLLM in-process; >= 0.8 runs a vLLM server and
@@ -134,7 +135,7 @@ def extract(c, host, model=None, data=None, out=None, tp=None, layers=None, batc
     given = {"model": model, "data": data, "out": out, "tp": tp, "layers": layers, "batch_size": batch_size,
              "max_len": max_len, "max_samples": max_samples, "port": port, "concurrency": concurrency,
              "allow_skipped": allow_skipped or None, "staging": staging, "writer_threads": writer_threads,
-             "max_num_batched_tokens": max_num_batched_tokens}
+             "max_num_batched_tokens": max_num_batched_tokens, "storage": storage}
     sizes = {"pp": whole_number(pp, option="--pp", default=None),
              "dp_local": whole_number(dp_local, option="--dp-local", default=None),
              "rendezvous_port": whole_number(rendezvous_port, option="--rendezvous-port", default=None),
@@ -260,15 +261,16 @@ for _task in (extract, status, logs, stop, resume, gather):
                           "model": "model directory on the host, or a Hugging Face repo id in the host's cache "
                                    "(default: hosts.yaml extract.model)",
                           "samples": "conversations to extract, at least 3 (default 6: three generate() calls)",
-                          "json": JSON_HELP})
+                          **task_help("storage"), "json": JSON_HELP})
 @guarded
-def smoke_task(c, host, model=None, samples=None, json=False):
+def smoke_task(c, host, model=None, samples=None, storage=None, json=False):
     """Run the extraction driver on the target's config shrunk (few layers, small dims, dummy weights): drift in a minute."""
     from specrig.run.smoke import smoke
     from specrig.run.view import SMOKE
 
     count = whole_number(samples, option="--samples", default=6)
-    return run_task(host, lambda target: smoke(target, model=model, samples=count), SMOKE, as_json=json)
+    return run_task(host, lambda target: smoke(target, model=model, samples=count, storage=storage), SMOKE,
+                    as_json=json)
 
 
 namespace.add_task(smoke_task)
