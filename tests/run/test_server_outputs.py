@@ -478,3 +478,22 @@ def test_files_written_by_the_fp8_connector(lab, tmp_path):  # `lab`: its server
         8 + contract.stored_bytes_per_token("fp8", values_per_token=3 * 32, model_dtype_bytes=2))
     bad = outputs.check_file(str(tmp_path / "bad_fp8.safetensors"), storage="fp8")
     assert bad["status"] == "non-finite" and "first at token 5" in bad["detail"], bad
+
+
+def test_the_preflight_refuses_an_output_of_the_other_storage_type(tmp_path):
+    """The start of an attempt deletes every file that is not ok, and a file of the other storage type is not:
+    the server preflight refuses such an output by name instead (remote/run/server/preflight.py output_free)."""
+    from run import preflight
+    from run.server import preflight as server_preflight
+
+    out = tmp_path / "out"
+    out.mkdir()
+    fp8_file(out / "hs_0.safetensors")
+    hs_file(out / "hs_1.safetensors")  # the first file decides: hs_0
+    refused = server_preflight.output_free(preflight, str(tmp_path / "work"), str(out), "bf16")
+    assert not refused["ok"] and refused["detail"] == (
+        "%s holds 2 file(s) of fp8 storage (hs_0.safetensors), and the run stores bf16: it would delete them as "
+        "invalid" % out), refused
+    assert refused["advice"] == "choose another --out, or --storage fp8"
+    kept = server_preflight.output_free(preflight, str(tmp_path / "work"), str(out), "fp8")
+    assert kept["ok"] and kept["detail"].endswith("(holds 2 sample file(s): the valid ones are kept)"), kept
