@@ -278,19 +278,32 @@ namespace.add_task(smoke_task)
 
 # ---- drift: verify-signatures, check-compat (issue 3) -------------------------------------------
 
+STORAGE_CHECK_HELP = ("server mode: check for runs of this storage type (bf16, fp8): its points are drift, not notes "
+                      "(docs/server-mode.md, 'fp8 storage')")
+
+
+def storage_option(value: str | None) -> str | None:
+    """--storage of the drift tasks, checked as `inv extract` checks it."""
+    from specrig.run.settings import SETTINGS, coerce
+
+    return None if value is None else coerce(SETTINGS["storage"], value, "--storage")
+
+
 @task(name="verify-signatures",
       help={"host": HOST_HELP,
             "model": "model directory on the host, or a Hugging Face repo id in the host's cache: also check its "
                      "class and custom code",
+            "storage": STORAGE_CHECK_HELP,
             "json": JSON_HELP, "show_source": "print the provider's source lines each finding points at"})
 @guarded
-def verify_signatures(c, host, model=None, json=False, show_source=False):
+def verify_signatures(c, host, model=None, json=False, show_source=False, storage=None):
     """Find where the host's speculators drifted from its vLLM, statically (exit 1: drift, 2: could not check)."""
     from specrig.drift.verify import verify
     from specrig.drift.view import verify_view
 
-    return run_task(host, lambda target: verify(target, model=model), verify_view(show_source=show_source),
-                    as_json=json)
+    storage = storage_option(storage)
+    return run_task(host, lambda target: verify(target, model=model, storage=storage),
+                    verify_view(show_source=show_source), as_json=json)
 
 
 @task(name="check-compat",
@@ -298,19 +311,22 @@ def verify_signatures(c, host, model=None, json=False, show_source=False):
             "vllm": "vLLM version(s); with --matrix a comma-separated list",
             "model_config": "a model's config.json: also check its class and custom code",
             "matrix": "a table of drift counts over every speculators x vLLM pair",
+            "storage": STORAGE_CHECK_HELP,
             "json": JSON_HELP, "show_source": "print the provider's source lines each finding points at"})
 @guarded
-def check_compat(c, speculators, vllm, model_config=None, matrix=False, json=False, show_source=False):
+def check_compat(c, speculators, vllm, model_config=None, matrix=False, json=False, show_source=False,
+                 storage=None):
     """Drift between released wheels (downloaded once, .py only), no host (exit 1: drift, 2: could not check)."""
     from specrig.drift import compat
     from specrig.drift.view import show, show_matrix
 
+    storage = storage_option(storage)
     if matrix:
         result = compat.matrix(compat.split_versions(speculators, "speculators"), compat.split_versions(vllm, "vllm"),
-                               model_config=model_config)
+                               model_config=model_config, storage=storage)
         show_matrix(result, as_json=json)
         return 1 if any(n for row in result["cells"].values() for n in row.values()) else 0
-    report = compat.check_compat(speculators, vllm, model_config=model_config)
+    report = compat.check_compat(speculators, vllm, model_config=model_config, storage=storage)
     show(report, as_json=json, show_source=show_source)
     return report.exit_status
 

@@ -68,8 +68,8 @@ def verify_host(remote: Remote, *, model: str | None = None, storage: str | None
     return Report(data=data, source=remote.host.name)
 
 
-def verify(host: Host, *, model: str | None = None) -> Report:
+def verify(host: Host, *, model: str | None = None, storage: str | None = None) -> Report:
     """`inv verify-signatures`: one connection, one remote call."""
     with connect(host) as remote:
-        return verify_host(remote, model=model)
+        return verify_host(remote, model=model, storage=storage)
 

@@ -16,7 +16,7 @@ import yaml
 from specrig.contract import extraction_mode
 from specrig.drift import compat
 from support.drift_wheels import KIMI_CONFIG, ids, root
-from support.lab import inv
+from support.lab import inv, inv_json
 from support.paths import REPO
 
 P = "server-contract:"
@@ -248,6 +248,16 @@ def test_fp8_write_tensors_per_release(vllm):
         noted = fp8_point(storage_report(vllm, None))
         assert noted[0] == "note" and [f["severity"] for f in noted[1]] == ["note"]
     assert fp8_point(storage_report(vllm, "bf16")) == ("skipped", [])
+
+
+def test_check_compat_for_fp8_storage():
+    """`inv check-compat --storage fp8` asks for an fp8 run: the point is drift there, a note without it."""
+    code, data = inv_json("check-compat", "--speculators", "0.9.0", "--vllm", "0.20.0", "--storage", "fp8", timeout=300)
+    assert code == 1 and FP8_MISSING in drift(data), data["findings"]
+    code, data = inv_json("check-compat", "--speculators", "0.9.0", "--vllm", "0.20.0", timeout=300)
+    assert FP8_MISSING in notes(data) and FP8_MISSING not in drift(data)
+    refused = inv("check-compat", "--speculators", "0.9.0", "--vllm", "0.20.0", "--storage", "fp9")
+    assert refused.returncode == 2 and "--storage 'fp9': expected one of bf16, fp8" in refused.stderr, refused.stderr
 
 
 def test_fp8_write_tensors_needs_hs_connectors_0_9():
