@@ -377,7 +377,9 @@ def show_smoke(result: dict, *, host: Host, as_json: bool) -> None:
     console.print(f"[bold green]smoke passed[/] on {host.name}{mode}: {result['samples']} samples of "
                   f"{markup(', '.join(result.get('architectures') or ['?']))} ({markup(result['resolved'])}) "
                   f"shrunk to {result['shrunk']}, "
-                  f"layers {result['layer_ids']}, {result['elapsed_s']} s "
+                  f"layers {result['layer_ids']}"
+                  + (f", {result['storage']} storage by {markup(result['connector'])}" if result.get("storage") else "")
+                  + f", {result['elapsed_s']} s "
                   f"(speculators {versions.get('speculators')}, vllm {versions.get('vllm')})")
 
 
