@@ -74,7 +74,26 @@ SERVER_DEFAULTS = {
     "staging": None,          # the connector's staging directory; None: <out>/.specrig-staging/<run-id>
     "writer_threads": None,   # the connector's file writers (num_writer_threads); None: its own (8 on 0.26-0.32)
     "max_num_batched_tokens": None,  # vLLM's per-step token budget; None: vLLM's own default
+    "storage": "bf16",        # how the files hold the hidden states: a storage type of STORAGES
 }
+
+# -- how server mode stores the hidden states (docs/server-mode.md, "fp8 storage") ------------------
+#: "bf16": vLLM's ExampleHiddenStatesConnector writes the states in the model's own dtype (bf16 for
+#: the targets specrig serves). "fp8": hs-connectors >= 0.9.0's FP8HiddenStatesConnector writes them
+#: as float8_e4m3fn with one float32 scale per token (hs_connectors==0.9.0 fp8_utils.py:88-110).
+BF16, FP8 = "bf16", "fp8"
+STORAGES = (BF16, FP8)
+#: Bytes of one stored hidden value, by storage type; None: the model dtype's own (2 for bf16).
+STORAGE_VALUE_BYTES = {BF16: None, FP8: 1}
+#: fp8 storage's per-token overhead: `hidden_states_scales` [T, 1, 1], float32.
+FP8_SCALE_BYTES = 4
+
+
+def stored_bytes_per_token(storage, *, values_per_token, model_dtype_bytes):
+    """Bytes the hidden states of one token take on disk under `storage` (a storage type of STORAGES):
+    `values_per_token` (layers x hidden size) values, plus fp8's scale; token_ids not counted."""
+    value_bytes = STORAGE_VALUE_BYTES[storage] or model_dtype_bytes
+    return values_per_token * value_bytes + (FP8_SCALE_BYTES if storage == FP8 else 0)
 
 #: How long the supervisor (between attempts) and a stop wait for the GPUs to give back the memory of a
 #: run's ended processes: the driver frees a dead process's memory a moment after it is gone

@@ -2,7 +2,8 @@
 
 args, for an installed environment (located from package metadata, nothing imported):
     {"consumers": ["speculators"], "provider": "vllm", "model": "/path/to/model-dir" (optional; or a
-     Hugging Face repo id, read from its snapshot in this host's cache: remote/hfcache.py)}
+     Hugging Face repo id, read from its snapshot in this host's cache: remote/hfcache.py),
+     "storage": the storage type of the server-mode run checked for (optional: contract.STORAGES)}
 or, for unpacked wheels (check-compat):
     {"consumer_roots": [{"root": dir, "package": "speculators", "version": "0.3.0"}],
      "provider_root": {"root": dir, "package": "vllm", "version": "0.16.0"},
@@ -68,7 +69,7 @@ def run(args):
                 consumers.append(_installed(HS_CONNECTORS))
             except RemoteFailure:
                 pass  # optional: the file-backend check is skipped
-        return analyze_server(consumers, provider, model)
+        return analyze_server(consumers, provider, model, storage=args.get("storage"))
     # The analysis allocates hundreds of thousands of AST nodes and frees none of them until it ends;
     # the cyclic collector would scan them over and over (a third of the run) to find no garbage.
     gc.disable()

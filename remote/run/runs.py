@@ -185,10 +185,11 @@ def launch(args):
             "server": server, "server_python": server_python})
         pid = _start_supervisor(run)
     # The flags the server gets because this vLLM refuses a default setting with the connector (plan.py),
-    # and the stored layer ids beside the ones speculators' training takes by default.
+    # the stored layer ids beside the ones speculators' training takes by default, and the storage type.
     return {"run_id": run.run_id, "path": run.path, "supervisor_pid": pid,
             "startup_flags": server["startup_flags"] if server else [],
-            "layers": {"ids": server["layer_ids"], "training_default": server["training_layer_ids"]} if server else None}
+            "layers": {"ids": server["layer_ids"], "training_default": server["training_layer_ids"]} if server else None,
+            "storage": {"type": server["storage"], "connector": server["connector"]} if server else None}
 
 
 def resume(args):
@@ -421,7 +422,8 @@ def verify_output(args):
     result["identity"] = {"model": hfcache.fingerprint(model) if model else None}
     if run.record.get("server"):
         found = _server_output(run)
-        result["identity"].update(layer_ids=run.record["server"]["layer_ids"], dtype=found.pop("dtype"))
+        result["identity"].update(layer_ids=run.record["server"]["layer_ids"], dtype=found.pop("dtype"),
+                                  storage=_storage(run.record["server"]))
         return dict(result, missing_dir=False, **found)
     python = run.record.get("python") or sys.executable
     if not os.path.exists(python):
@@ -442,13 +444,18 @@ def verify_output(args):
     return dict(result, missing_dir=False, **found)
 
 
+def _storage(plan):
+    """A server-mode plan's storage type: runs planned before fp8 storage existed stored bf16."""
+    return plan.get("storage", contract.BF16)
+
+
 def _server_output(run):
     """verify_output.py's answer for a server-mode run's hs_{i}.safetensors, checked here (stdlib:
     run/server/outputs.py reads every header and scans the states for NaN/Inf)."""
     server = run.record["server"]
     present = outputs.existing_indices(server["out"])
     report = outputs.check_dataset(server["out"], None, indices=present, n_layers=len(server["layer_ids"]),
-                                   hidden_size=server["hidden_size"])
+                                   hidden_size=server["hidden_size"], storage=_storage(server))
     total = run.status.get("samples_total")
     fleet = run.record.get("fleet") or {}
     dtype = None

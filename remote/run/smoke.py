@@ -1,7 +1,8 @@
 """`inv smoke`: the extraction driver on a shrunk copy of the target, to show runtime drift in a minute.
 
 args: {"model": directory or Hugging Face repo id (required), "samples": int, "timeout_s": float, "keep": bool,
-       "server_python": path|null (server mode: the vLLM server's interpreter), "host": its name in hosts.yaml}
+       "server_python": path|null (server mode: the vLLM server's interpreter), "host": its name in hosts.yaml,
+       "storage": server mode's storage type (contract.STORAGES) or null: the default}
 
 speculators >= 0.8 takes server mode: run/server/smoke.py, the same differences on `inv extract`'s
 server run. Otherwise:
@@ -130,7 +131,7 @@ def run(args):
         if server_mode:
             result = server_smoke.run(sys.modules[__name__], model=model, config=config, samples=samples, work=work,
                                       timeout_s=timeout_s, server_python=args.get("server_python"),
-                                      host=args.get("host"))
+                                      host=args.get("host"), storage=args.get("storage"))
         else:
             result = _run_driver(model, config, samples, work, timeout_s)
         return dict(result, model_id=found.repo_id, resolved=hfcache.describe(found))

@@ -102,7 +102,8 @@ NODE_OPTIONS = {
 
 @task(help={"host": HOST_HELP + "; several hosts split the dataset, one shard each (docs/runs.md, 'Fleet runs')",
             **task_help("model", "data", "out", "tp", "layers", "batch_size", "max_len", "max_samples", "port",
-                        "concurrency", "allow_skipped", "staging", "writer_threads", "max_num_batched_tokens"),
+                        "concurrency", "allow_skipped", "staging", "writer_threads", "max_num_batched_tokens",
+                        "storage"),
             **NODE_OPTIONS,
             "skip_preflight": "launch without the preflight checks (drift, GPUs, model, disk, batch hazard)",
             "detach": "launch and return at once instead of showing the live view",
@@ -110,8 +111,8 @@ NODE_OPTIONS = {
 @guarded
 def extract(c, host, model=None, data=None, out=None, tp=None, layers=None, batch_size=None, max_len=None,
             max_samples=None, port=None, concurrency=None, allow_skipped=False, staging=None, writer_threads=None,
-            max_num_batched_tokens=None, nodes=None, pp=None, dp_local=None, rendezvous_port=None, watch_port=None,
-            skip_preflight=False, detach=False, json=False):
+            max_num_batched_tokens=None, storage=None, nodes=None, pp=None, dp_local=None, rendezvous_port=None,
+            watch_port=None, skip_preflight=False, detach=False, json=False):
     """Preflight, launch the supervised extraction on a host, and show it live (Ctrl-C detaches; the run goes on).
 
     The host's speculators picks the mode: <= 0.4 drives vLLM in-process; >= 0.8 runs a vLLM server and
@@ -134,7 +135,7 @@ def extract(c, host, model=None, data=None, out=None, tp=None, layers=None, batc
     given = {"model": model, "data": data, "out": out, "tp": tp, "layers": layers, "batch_size": batch_size,
              "max_len": max_len, "max_samples": max_samples, "port": port, "concurrency": concurrency,
              "allow_skipped": allow_skipped or None, "staging": staging, "writer_threads": writer_threads,
-             "max_num_batched_tokens": max_num_batched_tokens}
+             "max_num_batched_tokens": max_num_batched_tokens, "storage": storage}
     sizes = {"pp": whole_number(pp, option="--pp", default=None),
              "dp_local": whole_number(dp_local, option="--dp-local", default=None),
              "rendezvous_port": whole_number(rendezvous_port, option="--rendezvous-port", default=None),
@@ -260,15 +261,16 @@ for _task in (extract, status, logs, stop, resume, gather):
                           "model": "model directory on the host, or a Hugging Face repo id in the host's cache "
                                    "(default: hosts.yaml extract.model)",
                           "samples": "conversations to extract, at least 3 (default 6: three generate() calls)",
-                          "json": JSON_HELP})
+                          **task_help("storage"), "json": JSON_HELP})
 @guarded
-def smoke_task(c, host, model=None, samples=None, json=False):
+def smoke_task(c, host, model=None, samples=None, storage=None, json=False):
     """Run the extraction driver on the target's config shrunk (few layers, small dims, dummy weights): drift in a minute."""
     from specrig.run.smoke import smoke
     from specrig.run.view import SMOKE
 
     count = whole_number(samples, option="--samples", default=6)
-    return run_task(host, lambda target: smoke(target, model=model, samples=count), SMOKE, as_json=json)
+    return run_task(host, lambda target: smoke(target, model=model, samples=count, storage=storage), SMOKE,
+                    as_json=json)
 
 
 namespace.add_task(smoke_task)
@@ -276,19 +278,32 @@ namespace.add_task(smoke_task)
 
 # ---- drift: verify-signatures, check-compat (issue 3) -------------------------------------------
 
+STORAGE_CHECK_HELP = ("server mode: check for runs of this storage type (bf16, fp8): its points are drift, not notes "
+                      "(docs/server-mode.md, 'fp8 storage')")
+
+
+def storage_option(value: str | None) -> str | None:
+    """--storage of the drift tasks, checked as `inv extract` checks it."""
+    from specrig.run.settings import SETTINGS, coerce
+
+    return None if value is None else coerce(SETTINGS["storage"], value, "--storage")
+
+
 @task(name="verify-signatures",
       help={"host": HOST_HELP,
             "model": "model directory on the host, or a Hugging Face repo id in the host's cache: also check its "
                      "class and custom code",
+            "storage": STORAGE_CHECK_HELP,
             "json": JSON_HELP, "show_source": "print the provider's source lines each finding points at"})
 @guarded
-def verify_signatures(c, host, model=None, json=False, show_source=False):
+def verify_signatures(c, host, model=None, json=False, show_source=False, storage=None):
     """Find where the host's speculators drifted from its vLLM, statically (exit 1: drift, 2: could not check)."""
     from specrig.drift.verify import verify
     from specrig.drift.view import verify_view
 
-    return run_task(host, lambda target: verify(target, model=model), verify_view(show_source=show_source),
-                    as_json=json)
+    storage = storage_option(storage)
+    return run_task(host, lambda target: verify(target, model=model, storage=storage),
+                    verify_view(show_source=show_source), as_json=json)
 
 
 @task(name="check-compat",
@@ -296,19 +311,22 @@ def verify_signatures(c, host, model=None, json=False, show_source=False):
             "vllm": "vLLM version(s); with --matrix a comma-separated list",
             "model_config": "a model's config.json: also check its class and custom code",
             "matrix": "a table of drift counts over every speculators x vLLM pair",
+            "storage": STORAGE_CHECK_HELP,
             "json": JSON_HELP, "show_source": "print the provider's source lines each finding points at"})
 @guarded
-def check_compat(c, speculators, vllm, model_config=None, matrix=False, json=False, show_source=False):
+def check_compat(c, speculators, vllm, model_config=None, matrix=False, json=False, show_source=False,
+                 storage=None):
     """Drift between released wheels (downloaded once, .py only), no host (exit 1: drift, 2: could not check)."""
     from specrig.drift import compat
     from specrig.drift.view import show, show_matrix
 
+    storage = storage_option(storage)
     if matrix:
         result = compat.matrix(compat.split_versions(speculators, "speculators"), compat.split_versions(vllm, "vllm"),
-                               model_config=model_config)
+                               model_config=model_config, storage=storage)
         show_matrix(result, as_json=json)
         return 1 if any(n for row in result["cells"].values() for n in row.values()) else 0
-    report = compat.check_compat(speculators, vllm, model_config=model_config)
+    report = compat.check_compat(speculators, vllm, model_config=model_config, storage=storage)
     show(report, as_json=json, show_source=show_source)
     return report.exit_status
 

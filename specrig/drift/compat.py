@@ -110,12 +110,16 @@ def package_root(name: str, version: str, cache: Path = WHEEL_CACHE) -> dict:
     return {"name": name, "version": version, "root": str(root), "package": _normalized(name)}
 
 
-def analyze_roots(consumers: list[dict], provider: dict, *, model_config: str | None = None) -> dict:
+def analyze_roots(consumers: list[dict], provider: dict, *, model_config: str | None = None,
+                  storage: str | None = None) -> dict:
     """Run the analyzer on unpacked package roots with this machine's Python, through the same
-    primitive as on a host (`--host local`); a bad root or config is CouldNotCheck."""
+    primitive as on a host (`--host local`); a bad root or config is CouldNotCheck. `storage`: a
+    server-mode storage type whose points are then drift, not notes."""
     args = {"consumer_roots": consumers, "provider_root": provider}
     if model_config:
         args["model_config"] = model_config
+    if storage:
+        args["storage"] = storage
     with connect(Host(name=LOCAL, python=sys.executable)) as remote:
         try:
             return remote.call("verify", args, timeout=VERIFY_TIMEOUT_S)
@@ -154,14 +158,14 @@ def consumer_roots(speculators: str, cache: Path = WHEEL_CACHE) -> list[dict]:
     return [package_root(name, version, cache) for name, version, _ in consumer_releases(speculators, cache)]
 
 
-def check_compat(speculators: str, vllm: str, *, model_config: str | None = None,
+def check_compat(speculators: str, vllm: str, *, model_config: str | None = None, storage: str | None = None,
                  cache: Path = WHEEL_CACHE) -> Report:
     if model_config and not Path(model_config).expanduser().is_file():
         raise UsageError(f"--model-config {model_config!r} is not a file", hint="give a model's config.json")
     consumers = consumer_roots(speculators, cache)
     provider = package_root("vllm", vllm, cache)
     data = analyze_roots(consumers, provider,
-                         model_config=str(Path(model_config).expanduser()) if model_config else None)
+                         model_config=str(Path(model_config).expanduser()) if model_config else None, storage=storage)
     return Report(data=data, source="wheels")
 
 
@@ -173,14 +177,14 @@ def split_versions(text: str, name: str) -> list[str]:
 
 
 def matrix(speculators_versions: list[str], vllm_versions: list[str], *, model_config: str | None = None,
-           cache: Path = WHEEL_CACHE) -> dict:
+           storage: str | None = None, cache: Path = WHEEL_CACHE) -> dict:
     """{"rows": speculators versions, "columns": vLLM versions, "cells": {spec: {vllm: drift count}}, "ids"}."""
     cells: dict[str, dict[str, int]] = {}
     ids: dict[str, dict[str, list[str]]] = {}
     for spec in speculators_versions:
         cells[spec], ids[spec] = {}, {}
         for vllm in vllm_versions:
-            report = check_compat(spec, vllm, model_config=model_config, cache=cache)
+            report = check_compat(spec, vllm, model_config=model_config, storage=storage, cache=cache)
             cells[spec][vllm] = len(report.drift)
             ids[spec][vllm] = sorted(report.ids)
     return {"rows": speculators_versions, "columns": vllm_versions, "cells": cells, "ids": ids}

@@ -43,11 +43,14 @@ class Report:
         return ExitStatus.FINDINGS if self.drift else ExitStatus.OK
 
 
-def verify_host(remote: Remote, *, model: str | None = None) -> Report:
-    """Run the analysis on a connected host (one call on an open connection: apply-patches reuses it)."""
+def verify_host(remote: Remote, *, model: str | None = None, storage: str | None = None) -> Report:
+    """Run the analysis on a connected host (one call on an open connection: apply-patches reuses it);
+    `storage`, a server-mode run's storage type: the points of that storage type are drift, not notes."""
     args = {"consumers": ["speculators"], "provider": "vllm"}
     if model:
         args["model"] = model
+    if storage:
+        args["storage"] = storage
     if remote.host.two_environments:
         # vLLM lives in the server's environment (speculators >= 0.8): the host reads it from there.
         args["server_python"] = remote.host.server_interpreter
@@ -65,8 +68,8 @@ def verify_host(remote: Remote, *, model: str | None = None) -> Report:
     return Report(data=data, source=remote.host.name)
 
 
-def verify(host: Host, *, model: str | None = None) -> Report:
+def verify(host: Host, *, model: str | None = None, storage: str | None = None) -> Report:
     """`inv verify-signatures`: one connection, one remote call."""
     with connect(host) as remote:
-        return verify_host(remote, model=model)
+        return verify_host(remote, model=model, storage=storage)
 

@@ -109,7 +109,7 @@ def node_preflight(host: Host, request: Request, record: dict) -> dict:
                             options=request.options, env=request.env, sources=request.sources)
             checks = preflight(remote, host, share)
         else:
-            checks = [verify_check(remote, host, request.driver_args.get("model"))]
+            checks = [verify_check(remote, host, request.driver_args.get("model"), request.driver_args.get("storage"))]
     names = {check["name"] for check in checks}
     checks += [check for check in facts["checks"] if check["name"] not in names]
     patches = patch_status(host)["patches"]

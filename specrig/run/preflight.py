@@ -15,15 +15,16 @@ def preflight(remote: Remote, host: Host, request: Request) -> list[dict]:
     result = remote.call("preflight", {"workdir": host.workdir, "driver_args": request.driver_args,
                                        "server_python": host.server_python},
                          timeout=PREFLIGHT_TIMEOUT_S)
-    return [verify_check(remote, host, request.driver_args.get("model"))] + result["checks"]
+    return [verify_check(remote, host, request.driver_args.get("model"), request.driver_args.get("storage"))] \
+        + result["checks"]
 
 
-def verify_check(remote: Remote, host: Host, model: str | None) -> dict:
-    """verify-signatures as a preflight check: any finding of severity `drift` fails it."""
+def verify_check(remote: Remote, host: Host, model: str | None, storage: str | None = None) -> dict:
+    """verify-signatures as a preflight check, for the run's storage type: any finding of severity `drift` fails it."""
     advice = (f"`inv verify-signatures --host {host.name}` lists it; "
               f"`inv apply-patches --host {host.name}` fixes the known drift")
     try:
-        report = verify_host(remote, model=model)
+        report = verify_host(remote, model=model, storage=storage)
     except CouldNotCheck as exc:
         return {"name": "verify-signatures", "ok": False, "detail": f"could not check: {exc.one_line()}",
                 "advice": f"`inv doctor --host {host.name}` shows the host's packages"}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from specrig.contract import DRIVER_DEFAULTS, SERVER_DEFAULTS, SUPERVISOR_DEFAULTS
+from specrig.contract import DRIVER_DEFAULTS, SERVER_DEFAULTS, STORAGES, SUPERVISOR_DEFAULTS
 from specrig.errors import UsageError
 from specrig.inventory import Host
 
@@ -26,6 +26,8 @@ class Setting:
     fallback: str | None = None
     #: The one extraction mode it applies to ("in-process": speculators <= 0.4, "server": >= 0.8), or None.
     mode: str | None = None
+    #: The values it takes, when only some of its kind's are.
+    choices: tuple | None = None
 
     @property
     def task_help(self) -> str:
@@ -61,6 +63,9 @@ SETTINGS = {s.name: s for s in (
             "the connector's own", mode="server"),
     Setting("max_num_batched_tokens", "max_num_batched_tokens", int, "server mode: vLLM's tokens per "
             "scheduler step", "vLLM's own", mode="server"),
+    Setting("storage", "storage", str, "server mode: how the files hold the hidden states: bf16 (the model's "
+            "dtype) or fp8 (hs-connectors' FP8HiddenStatesConnector, about half the bytes; train with "
+            "--hidden-states-backend fp8)", mode="server", choices=STORAGES),
 )}
 #: What each extraction mode is called where a setting is refused.
 MODE_NAMES = {"in-process": "speculators <= 0.4's in-process extraction", "server": "server mode (speculators >= 0.8)"}
@@ -84,6 +89,22 @@ def parse_layers(text: str | list) -> list[int]:
     if not layers or any(layer < 0 for layer in layers):
         raise UsageError(f"--layers {text!r}: give non-negative layer ids, e.g. 2,30,58,60")
     return layers
+
+
+def coerce(setting: Setting, value, where: str):
+    """`value` of `setting` as its kind, from `where` (`--port`, `hosts.yaml: ...`); a bad one is a UsageError."""
+    coerced = _coerce(setting.name, value, setting.kind, where)
+    if setting.choices and coerced not in setting.choices:
+        raise UsageError(f"{where} {value!r}: expected one of {', '.join(setting.choices)}")
+    return coerced
+
+
+def refuse_other_mode(setting: Setting, where: str, value, mode: str | None, host: Host) -> None:
+    """A UsageError when `setting` (given `value` at `where`) belongs to the other extraction mode than `mode`."""
+    if setting.mode and mode and setting.mode != mode:
+        raise UsageError(f"{where} {value!r}: {setting.name} applies to {MODE_NAMES[setting.mode]}, and "
+                         f"{host.name} takes {MODE_NAMES[mode]}",
+                         hint="drop it; `inv extract --help` marks what each mode takes")
 
 
 def _coerce(name: str, value, kind: type, where: str):
@@ -116,9 +137,7 @@ class Request:
         """This request in the host's extraction mode: a setting of the other mode is refused."""
         for name, setting in SETTINGS.items():
             if setting.driver_key in self.driver_args and setting.mode and mode and setting.mode != mode:
-                raise UsageError(f"{self.sources[name]}: {name} applies to {MODE_NAMES[setting.mode]}, and "
-                                 f"{host.name} takes {MODE_NAMES[mode]}",
-                                 hint="drop it; `inv extract --help` marks what each mode takes")
+                refuse_other_mode(setting, self.sources[name], self.driver_args[setting.driver_key], mode, host)
         return self
 
 
@@ -135,7 +154,7 @@ def build_request(host: Host, given: dict) -> Request:
         if value is None:
             value, where = defaults.get(name), f"hosts.yaml: hosts.{host.name}.extract.{name}"
         if value is not None:
-            driver_args[setting.driver_key] = _coerce(name, value, setting.kind, where)
+            driver_args[setting.driver_key] = coerce(setting, value, where)
             sources[name] = where
     for name, kind in OPTIONS.items():
         if name in defaults:

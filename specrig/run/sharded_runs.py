@@ -59,7 +59,8 @@ def shard_requests(hosts: Sequence[Host], given: dict) -> dict[str, Request]:
         request = build_request(host, given)
         driver_args = dict(request.driver_args, shard_index=index, shard_count=len(hosts))
         driver_args["output_dir"] = driver_args["output_dir"].replace(HOST_FIELD, host.name)
-        requests[host.name] = Request(driver_args=driver_args, options=request.options, env=request.env)
+        requests[host.name] = Request(driver_args=driver_args, options=request.options, env=request.env,
+                                      sources=request.sources)
     return requests
 
 
@@ -180,8 +181,10 @@ def union(outcomes: Sequence[HostOutcome]) -> dict:
 
 
 #: What every shard must share to be merged into one dataset, as the hosts report it (runs.verify-output's
-#: `identity`): training reads axis 1 of the states as the layer ids, in one dtype, of one model.
-IDENTITY = {"layer_ids": "layer ids", "dtype": "storage dtype", "model": "model (snapshot, config.json)"}
+#: `identity`): training reads axis 1 of the states as the layer ids, in one dtype and one storage type (fp8
+#: files need --hidden-states-backend fp8, bf16 files the file backend), of one model.
+IDENTITY = {"layer_ids": "layer ids", "dtype": "storage dtype", "storage": "storage type (--storage)",
+            "model": "model (snapshot, config.json)"}
 
 
 def identity_problems(outcomes: Sequence[HostOutcome]) -> list[str]:

@@ -13,14 +13,16 @@ from __future__ import annotations
 from specrig.doctor import check_extraction_mode
 from specrig.errors import Findings, UsageError
 from specrig.inventory import Host
+from specrig.run.settings import SETTINGS, coerce, refuse_other_mode
 from specrig.transport import connect
 
 #: Seconds the host gives the driver; the call's own deadline is a little longer.
 DRIVER_TIMEOUT_S = 540
 
 
-def smoke(host: Host, *, model: str | None = None, samples: int = 6) -> dict:
-    """The host's smoke result dict, or Findings naming what broke (its payload: the classified failure)."""
+def smoke(host: Host, *, model: str | None = None, samples: int = 6, storage: str | None = None) -> dict:
+    """The host's smoke result dict, or Findings naming what broke (its payload: the classified failure).
+    `storage`: server mode's storage type (else hosts.yaml's extract.storage, else the host's default)."""
     model = model or host.extract.get("model")
     if not model:
         raise UsageError(f"inv smoke: no model for host {host.name!r}",
@@ -28,11 +30,18 @@ def smoke(host: Host, *, model: str | None = None, samples: int = 6) -> dict:
                               f"hosts.{host.name}.extract.model in hosts.yaml")
     if samples < 3:
         raise UsageError(f"--samples {samples!r}: give 3 or more (the driver must call generate() twice)")
+    where = "--storage" if storage is not None else f"hosts.yaml: hosts.{host.name}.extract.storage"
+    storage = storage if storage is not None else host.extract.get("storage")
+    if storage is not None:
+        storage = coerce(SETTINGS["storage"], storage, where)
     with connect(host) as remote:
-        check_extraction_mode(remote, host, "smoke")  # speculators 0.5-0.7: exit 2
+        mode = check_extraction_mode(remote, host, "smoke")["mode"]  # speculators 0.5-0.7: exit 2
+        if storage is not None:
+            refuse_other_mode(SETTINGS["storage"], where, storage, mode, host)
         try:
             return remote.call("smoke", {"model": model, "samples": samples, "timeout_s": DRIVER_TIMEOUT_S,
-                                         "server_python": host.server_python, "host": host.name},
+                                         "server_python": host.server_python, "host": host.name,
+                                         "storage": storage},
                                timeout=DRIVER_TIMEOUT_S + 60)
         except Findings as failed:
             raise Findings(f"{host.name}: smoke failed: {failed.error.get('message')}", payload=failed.payload,

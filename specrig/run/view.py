@@ -199,9 +199,9 @@ def show_extract(result: dict, *, host: Host, as_json: bool, follow: Callable[[H
         return None
     if result["preflight"]:
         show_checks(result["preflight"])
-    note = layers_note(result.get("layers"), result.get("layers_source"))
-    if note:
-        console.print(note)
+    for note in (layers_note(result.get("layers"), result.get("layers_source")), storage_note(result.get("storage"))):
+        if note:
+            console.print(note)
     console.print(f"launched run [bold]{markup(result['run_id'])}[/] on {host.name} ({markup(result['path'])})")
     for entry in result.get("startup_flags") or []:
         console.print(f"the server gets {markup(entry['flag'])}: {markup(entry['because'])}")
@@ -219,6 +219,14 @@ def layers_note(layers: dict | None, source: str | None) -> str | None:
                 f"train with these ids (specrig-layers.json beside the files records them)")
     return (f"[yellow]warning:[/] layers {ids} ({markup(source or 'the run')}) differ from speculators' training "
             f"default {default}, which training assumes: pass --layers to choose them, or drop that setting")
+
+
+def storage_note(storage: dict | None) -> str | None:
+    """One line when a server-mode run stores fp8: which connector writes, and how training reads the files."""
+    if not storage or storage["type"] != "fp8":
+        return None
+    return (f"fp8 storage: {markup(storage['connector'])} writes the files (hidden_states F8_E4M3 with per-token "
+            f"scales); speculators' training reads them with --hidden-states-backend fp8")
 
 
 def show_preflight_failed(found, *, host: Host, as_json: bool) -> None:
@@ -369,7 +377,9 @@ def show_smoke(result: dict, *, host: Host, as_json: bool) -> None:
     console.print(f"[bold green]smoke passed[/] on {host.name}{mode}: {result['samples']} samples of "
                   f"{markup(', '.join(result.get('architectures') or ['?']))} ({markup(result['resolved'])}) "
                   f"shrunk to {result['shrunk']}, "
-                  f"layers {result['layer_ids']}, {result['elapsed_s']} s "
+                  f"layers {result['layer_ids']}"
+                  + (f", {result['storage']} storage by {markup(result['connector'])}" if result.get("storage") else "")
+                  + f", {result['elapsed_s']} s "
                   f"(speculators {versions.get('speculators')}, vllm {versions.get('vllm')})")
 
 

@@ -16,13 +16,19 @@ import yaml
 from specrig.contract import extraction_mode
 from specrig.drift import compat
 from support.drift_wheels import KIMI_CONFIG, ids, root
-from support.lab import inv
+from support.lab import inv, inv_json
 from support.paths import REPO
 
 P = "server-contract:"
 CONNECTOR = P + "connector-registered:ExampleHiddenStatesConnector"
 RENDER_0_17 = {P + "render-request:truncation_side", P + "render-answer:token_ids"}
 CPU_0_32 = {P + "cpu-pin-memory:pin_memory", P + "cpu-event-query:event.query"}
+FP8_MISSING = P + "fp8-write-tensors:missing"
+CONNECTOR_FILE = "vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py"
+#: Releases whose ExampleHiddenStatesConnector saves each file itself (no _write_tensors), and releases that write
+#: through `_write_tensors(tensors, event, filename, lock_fd)`, a staticmethod, as FP8HiddenStatesConnector overrides it.
+NO_WRITE_TENSORS = ["0.17.0", "0.17.1", "0.18.1", "0.19.1", "0.20.2", "0.21.0"]
+WRITE_TENSORS = ["0.22.0", "0.23.0", "0.24.0", "0.25.1", "0.28.0", "0.31.0", "0.32.0", "0.33.0", "cpu-0.32.0"]
 PIP_WHEELS = Path("~/.cache/specrig/pip-wheels").expanduser()
 
 
@@ -112,7 +118,8 @@ def test_vllm_0_16_lacks_the_method_the_connector_and_the_render_answer():
 def test_vllm_0_17_render_drift_and_notes():
     data = report("0.17.0")
     assert drift(data) == RENDER_0_17
-    assert notes(data) == {P + "rank-zero-writes", P + "last-layer:LlamaForCausalLM"}
+    # fp8 storage's point is a note where the analysis is not for an fp8 run (test_fp8_write_tensors_per_release)
+    assert notes(data) == {P + "rank-zero-writes", P + "last-layer:LlamaForCausalLM", FP8_MISSING}
     answer = next(f for f in data["findings"] if f["id"] == P + "render-answer:token_ids")
     assert answer["provider"]["file"] == "vllm/entrypoints/openai/chat_completion/api_router.py"
     assert "response_model=list" in answer["provider"]["text"]
@@ -205,6 +212,110 @@ def test_what_the_launch_sends_is_what_is_checked(monkeypatch):
     settings = next(f for f in data["findings"] if f["id"] == P + "engine-settings:num_speculative_tokens")
     assert settings["provider"]["file"] == "vllm/v1/spec_decode/extract_hidden_states.py"
     assert settings["provider"]["text"].strip() == "assert self.num_speculative_tokens == 1"
+
+
+# ---- fp8 storage: the private method FP8HiddenStatesConnector overrides (C21) -------------------------
+
+@functools.cache
+def storage_report(vllm: str, storage: str | None, speculators: str = "0.9.0") -> dict:
+    from drift.server.points import analyze_server
+
+    return analyze_server(list(consumers(speculators)), provider(vllm), storage=storage)
+
+
+def fp8_point(data: dict) -> tuple[str, list[dict]]:
+    return status(data)["fp8-write-tensors"], [f for f in data["findings"] if f["id"].startswith(P + "fp8-write-tensors")]
+
+
+@pytest.mark.parametrize("vllm", NO_WRITE_TENSORS + WRITE_TENSORS)
+def test_fp8_write_tensors_per_release(vllm):
+    """hs-connectors 0.9.0's FP8HiddenStatesConnector overrides ExampleHiddenStatesConnector._write_tensors: on
+    0.17-0.21 the base saves each file itself, so the override is never called and the files stay bf16 (drift for
+    an fp8 run, a note otherwise); 0.22.0-0.33.0 have it with the override's signature. A bf16 run skips it."""
+    state, found = fp8_point(storage_report(vllm, "fp8"))
+    if vllm in WRITE_TENSORS:
+        assert (state, found) == ("ok", []), found
+    else:
+        assert state == "drift" and [f["id"] for f in found] == [FP8_MISSING], found
+        finding = found[0]
+        assert finding["severity"] == "drift" and finding["point"] == "C21"
+        assert finding["provider"]["file"] == CONNECTOR_FILE
+        assert finding["provider"]["text"].startswith("class ExampleHiddenStatesConnector(")
+        assert finding["consumer"]["file"] == "hs_connectors/fp8_hidden_states_connector.py"
+        assert finding["consumer"]["text"].strip() == "def _write_tensors("
+        assert "writes the model's dtype, not fp8" in finding["explanation"]
+        assert "0.22.0" in finding["fix"]["summary"]
+        noted = fp8_point(storage_report(vllm, None))
+        assert noted[0] == "note" and [f["severity"] for f in noted[1]] == ["note"]
+    assert fp8_point(storage_report(vllm, "bf16")) == ("skipped", [])
+
+
+def test_check_compat_for_fp8_storage():
+    """`inv check-compat --storage fp8` asks for an fp8 run: the point is drift there, a note without it."""
+    code, data = inv_json("check-compat", "--speculators", "0.9.0", "--vllm", "0.20.0", "--storage", "fp8", timeout=300)
+    assert code == 1 and FP8_MISSING in drift(data), data["findings"]
+    code, data = inv_json("check-compat", "--speculators", "0.9.0", "--vllm", "0.20.0", timeout=300)
+    assert FP8_MISSING in notes(data) and FP8_MISSING not in drift(data)
+    refused = inv("check-compat", "--speculators", "0.9.0", "--vllm", "0.20.0", "--storage", "fp9")
+    assert refused.returncode == 2 and "--storage 'fp9': expected one of bf16, fp8" in refused.stderr, refused.stderr
+
+
+def test_fp8_write_tensors_needs_hs_connectors_0_9():
+    """speculators 0.8.1 pins hs-connectors 0.8.1, which has no fp8 connector: the point does not arise."""
+    data = storage_report("0.32.0", "fp8", speculators="0.8.1")
+    assert fp8_point(data) == ("skipped", [])
+    assert "0.9.0 adds it" in next(c["reason"] for c in data["contract"] if c["id"] == "fp8-write-tensors")
+
+
+def test_fp8_backend_is_compared_with_what_the_launch_sends(monkeypatch):
+    """hs-connectors 0.9.0's FP8Backend builds the config specrig's launch sends for fp8: change the module path the
+    launch names, get a finding naming FP8Backend's line."""
+    import run.server.launch as launch
+
+    assert status(storage_report("0.32.0", "fp8"))["hs-connectors-file-backend"] == "ok"
+    monkeypatch.setattr(launch, "FP8_CONNECTOR_MODULE", "hs_connectors.fp8_connector_of_tomorrow")
+    from drift.server.points import analyze_server
+
+    data = analyze_server(list(consumers()), provider("0.32.0"), storage="fp8")
+    found = [f for f in data["findings"] if f["id"] == P + "hs-connectors-file-backend:FP8Backend"]
+    assert len(found) == 1 and "hs_connectors/transfer.py:305" in found[0]["explanation"], found
+    assert "'hs_connectors.fp8_connector_of_tomorrow'" in found[0]["explanation"]
+
+
+def connector_edited(tmp_path: Path, old: str, new: str) -> dict:
+    """vLLM 0.32.0 with one edit of its connector's source (the rest linked): a release of tomorrow."""
+    source = Path(root("vllm", "0.32.0")["root"])
+    edited = tmp_path / "root"
+    for directory, _, files in os.walk(source):
+        relative = Path(directory).relative_to(source)
+        (edited / relative).mkdir(parents=True, exist_ok=True)
+        for name in files:
+            (edited / relative / name).symlink_to(source / relative / name)
+    target = edited / CONNECTOR_FILE
+    text = (source / CONNECTOR_FILE).read_text()
+    assert text.count(old) == 1
+    target.unlink()
+    target.write_text(text.replace(old, new))
+    return dict(root("vllm", "0.32.0"), root=str(edited))
+
+
+@pytest.mark.parametrize("old, new, detail, said", [
+    ("        lock_fd: int | None,\n    ) -> None:\n        \"\"\"Thread worker",
+     "        lock_fd: int | None,\n        checksum: bool,\n    ) -> None:\n        \"\"\"Thread worker", "signature",
+     "takes a staticmethod (tensors, event, filename, lock_fd, checksum)"),
+    ("            self._write_tensors, tensors, copy_done, pending.filename, lock_fd",
+     "            save_file, tensors, pending.filename", "not-called", "never calls it through self"),
+])
+def test_fp8_write_tensors_signature_and_call_drift(tmp_path, old, new, detail, said):
+    """A vLLM whose _write_tensors takes another parameter, or that stops calling it: an fp8 run's drift, named."""
+    from drift.server.points import analyze_server
+
+    data = analyze_server(list(consumers()), connector_edited(tmp_path, old, new), storage="fp8")
+    state, found = fp8_point(data)
+    assert state == "drift" and [f["id"] for f in found] == [P + "fp8-write-tensors:" + detail], found
+    assert said in found[0]["explanation"], found[0]["explanation"]
+    assert found[0]["provider"]["file"] == CONNECTOR_FILE
+    assert found[0]["provider"]["text"].lstrip().startswith("@staticmethod")
 
 
 def test_repository_script_releases_get_one_finding(tmp_path):

@@ -236,8 +236,9 @@ def test_the_union_names_missing_duplicated_out_of_range_and_unloadable_indices(
     assert not unknown["complete"] and "sample count is unknown" in unknown["problems"][0]
 
 
-def test_shards_of_other_layers_dtypes_or_models_are_not_merged():
-    """gather refuses to call shards one dataset when their layer ids, storage dtype or model differ (issue 17)."""
+def test_shards_of_other_layers_dtypes_storage_or_models_are_not_merged():
+    """gather refuses to call shards one dataset when their layer ids, storage dtype, storage type or model differ
+    (issue 17)."""
     from specrig.group import HostOutcome
     from specrig.run.sharded_runs import union
 
@@ -258,6 +259,11 @@ def test_shards_of_other_layers_dtypes_or_models_are_not_merged():
         'the shards differ in model (snapshot, config.json), so they are not one dataset: a, b: '
         '{"config_sha256": "0123456789abcdef", "snapshot": null}; c: {"config_sha256": "fedcba9876543210", '
         '"snapshot": null}']
+    # fp8 and bf16 shards of one model and layers: the storage type is named (in-process shards report none).
+    stored = union([shard("a", [0, 1], storage="bf16"), shard("b", [2, 3], dtype="F8_E4M3", storage="fp8")])
+    assert not stored["complete"] and stored["problems"] == [
+        'the shards differ in storage dtype, so they are not one dataset: a: "BF16"; b: "F8_E4M3"',
+        'the shards differ in storage type (--storage), so they are not one dataset: a: "bf16"; b: "fp8"']
 
 
 def test_each_host_gets_its_shard_and_its_own_output_directory(make_inventory):

@@ -30,6 +30,14 @@ def test_the_command_line_wins_and_is_converted(make_inventory):
     assert request.options == {"max_restarts": 5, "stall_restart": True}
 
 
+def test_storage_comes_from_the_command_line_or_hosts_yaml(make_inventory):
+    host = load_inventory(make_inventory({"hosts": {"h": {"extract": {"model": "/m", "data": "/d", "out": "/o",
+                                                                      "storage": "fp8"}}}})).host("h")
+    assert build_request(host, {}).driver_args["storage"] == "fp8"
+    assert build_request(host, {"storage": "bf16"}).driver_args["storage"] == "bf16"
+    assert build_request(host, {"storage": "bf16"}).sources["storage"] == "--storage"
+
+
 @pytest.mark.parametrize("extract, given, message", [
     ({"model": "/m", "data": "/d", "out": "/o", "gpus_per_node": 8}, {}, "hosts.h.extract.gpus_per_node: unknown key"),
     ({"model": "/m", "data": "/d", "out": "/o", "tp": "eight"}, {}, "hosts.h.extract.tp 'eight': expected int"),
@@ -39,6 +47,9 @@ def test_the_command_line_wins_and_is_converted(make_inventory):
     ({"model": "/m", "data": "/d", "out": "/o"}, {"writer_threads": "0"}, "--writer-threads '0': expected a positive number"),
     ({"model": "/m", "data": "/d", "out": "/o", "max_num_batched_tokens": "lots"}, {},
      "hosts.h.extract.max_num_batched_tokens 'lots': expected int"),
+    ({"model": "/m", "data": "/d", "out": "/o"}, {"storage": "fp16"}, "--storage 'fp16': expected one of bf16, fp8"),
+    ({"model": "/m", "data": "/d", "out": "/o", "storage": "FP8"}, {},
+     "hosts.yaml: hosts.h.extract.storage 'FP8': expected one of bf16, fp8"),
 ])
 def test_bad_settings_name_where_they_came_from(make_inventory, extract, given, message):
     host = load_inventory(make_inventory({"hosts": {"h": {"extract": extract}}})).host("h")
@@ -54,11 +65,13 @@ def test_bad_layers_are_refused(text):
 
 
 @pytest.mark.parametrize("extract, given, mode, message", [
-    ({"port": 8001}, {}, "in-process", "hosts.yaml: hosts.h.extract.port: port applies to server mode "
+    ({"port": 8001}, {}, "in-process", "hosts.yaml: hosts.h.extract.port 8001: port applies to server mode "
                                        "(speculators >= 0.8), and h takes speculators <= 0.4's in-process extraction"),
-    ({}, {"allow_skipped": True}, "in-process", "--allow-skipped: allow_skipped applies to server mode"),
-    ({}, {"writer_threads": "8"}, "in-process", "--writer-threads: writer_threads applies to server mode"),
-    ({}, {"batch_size": "4"}, "server", "--batch-size: batch_size applies to speculators <= 0.4's in-process "
+    ({}, {"allow_skipped": True}, "in-process", "--allow-skipped True: allow_skipped applies to server mode"),
+    ({}, {"writer_threads": "8"}, "in-process", "--writer-threads 8: writer_threads applies to server mode"),
+    ({}, {"storage": "fp8"}, "in-process", "--storage 'fp8': storage applies to server mode (speculators >= 0.8), "
+                                           "and h takes speculators <= 0.4's in-process extraction"),
+    ({}, {"batch_size": "4"}, "server", "--batch-size 4: batch_size applies to speculators <= 0.4's in-process "
                                         "extraction, and h takes server mode (speculators >= 0.8)"),
 ])
 def test_a_setting_of_the_other_extraction_mode_is_refused_by_name(make_inventory, extract, given, mode, message):

@@ -92,6 +92,19 @@ def test_writer_threads_size_the_connectors_pool_only_when_given():
     assert extra(hidden_states_path="/s", writer_threads=16) == {"shared_storage_path": "/s", "num_writer_threads": 16}
 
 
+def test_fp8_storage_sends_hs_connectors_fp8_backends_config():
+    """--storage fp8: FP8HiddenStatesConnector by module path, as hs-connectors 0.9.0 FP8Backend builds it
+    (hs_connectors/transfer.py:303-312), with the same extra config (the drift check compares the two too)."""
+    argv = launch.server_argv({"model": "m", "num_hidden_layers": 8, "hidden_states_path": "/s", "storage": "fp8",
+                               "writer_threads": 4})
+    assert json.loads(argv[argv.index("--kv_transfer_config") + 1]) == {
+        "kv_connector": "FP8HiddenStatesConnector", "kv_role": "kv_producer",
+        "kv_connector_module_path": "hs_connectors.fp8_hidden_states_connector",
+        "kv_connector_extra_config": {"shared_storage_path": "/s", "num_writer_threads": 4}}
+    bf16 = launch.server_argv({"model": "m", "num_hidden_layers": 8, "hidden_states_path": "/s", "storage": "bf16"})
+    assert bf16 == launch.server_argv({"model": "m", "num_hidden_layers": 8, "hidden_states_path": "/s"})
+
+
 def test_text_config_layers():
     assert launch.num_hidden_layers(LLAVA) == 12
     assert launch.num_hidden_layers(TINY) == 8

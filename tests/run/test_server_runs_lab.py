@@ -5,7 +5,8 @@ does not reopen cached files on resume: there only specrig's own check regenerat
 
 lab-server's server environment is its own hard-linked copy of venv-cpu-0.32 (`inv lab.up --runnable`),
 which `inv apply-patches` changes alone: the two CPU-only fixes, without which the engine dies at the
-first request (docs/server-mode.md §12).
+first request (docs/server-mode.md §12). One run stores fp8 (hs-connectors 0.9.0's FP8HiddenStatesConnector,
+docs/server-mode.md "fp8 storage"), compared with transformers and, in bytes, with bf16.
 """
 from __future__ import annotations
 
@@ -21,11 +22,23 @@ from pathlib import Path
 
 import pytest
 
+import contract
 from run.server import outputs
+from specrig.inventory import load_inventory
+from specrig.run.runs import runs_call
+from specrig.transport import connect
 from support.lab import inv, inv_json, phase
 from support.patchenv import as_lab_user
 from support.runnable_env import HOME, clean_venv_copy, private_inventory, runnable_env_or_skip  # noqa: F401 (runnable)
-from support.server_lab import CLIENT, LAYERS, TOLERANCE, run_files, states_against_transformers
+from support.server_lab import (
+    CLIENT,
+    FP8_REL_L2,
+    LAYERS,
+    TOLERANCE,
+    reference_measures,
+    run_files,
+    states_against_transformers,
+)
 
 HOST = "lab-server"
 #: Server mode's client releases on the lab, by host: the venv each host's `python` is in.
@@ -248,3 +261,114 @@ def test_smoke_on_an_unpatched_server_names_the_cpu_drift(server_host, tmp_path)
     assert failure["role"] == "server" and failure["kind"] == "api-drift", failure
     assert "pin_memory=True requires a CUDA" in failure["exception"], failure
     assert "inv apply-patches --host lab-server" in failure["advice"], failure
+
+
+# ---- fp8 storage -------------------------------------------------------------------------------------------
+
+#: The fp8 run's samples: enough tokens for the comparison, one model load.
+FP8_SAMPLES = 32
+
+
+def test_extract_with_fp8_storage_matches_transformers_in_half_the_bytes(server_host):
+    """`inv extract --storage fp8`: hs-connectors' FP8HiddenStatesConnector writes the files, specrig's own check
+    reads their layout (F8_E4M3 states, F32 scales [T, 1, 1]), the dequantized states equal transformers' forward
+    within FP8_REL_L2 (and a pairing shifted by one token does not), and the hidden states take half the bytes
+    of bf16 files of the same samples (what vLLM's own connector writes for them, measured by the reference)."""
+    out = _out()
+    code, launched = inv_json("extract", "--host", HOST, "--out", str(out), "--port", str(_free_port()),
+                              "--concurrency", "4", "--max-samples", str(FP8_SAMPLES), "--storage", "fp8",
+                              "--detach", timeout=300)
+    assert code == 0 and launched["launched"], launched
+    run_id = launched["run_id"]
+    try:
+        with phase("the plan and the preflight"):
+            # verify-signatures ran for an fp8 run: the _write_tensors point (C21) held on this vLLM.
+            assert all(check["ok"] for check in launched["preflight"]), launched["preflight"]
+            command = next(check for check in launched["preflight"] if check["name"] == "server-command")
+            assert "fp8 storage by FP8HiddenStatesConnector" in command["detail"], command
+            assert launched["storage"] == {"type": "fp8", "connector": "FP8HiddenStatesConnector"}, launched
+            plan = json.loads((RUNS / run_id / "run.json").read_text())["server"]
+            assert (plan["storage"], plan["connector"]) == ("fp8", "FP8HiddenStatesConnector"), plan
+            sent = json.loads(plan["server_argv"][plan["server_argv"].index("--kv_transfer_config") + 1])
+            assert sent["kv_connector_module_path"] == "hs_connectors.fp8_hidden_states_connector", sent
+        with phase("the run"):
+            _wait(run_id, lambda r: r["state"] == "succeeded", "success")
+            run = _status(run_id)
+            assert run["result"] == {"samples": FP8_SAMPLES, "ok": FP8_SAMPLES, "skipped": [], "missing": [],
+                                     "bad": {}}, run
+    finally:
+        inv("stop", "--host", HOST, "--run", run_id, timeout=300)
+
+    with phase("specrig's check of the fp8 layout"):
+        report = outputs.check_dataset(str(out), FP8_SAMPLES, n_layers=len(LAYERS), hidden_size=HIDDEN, storage="fp8")
+        assert report["complete"] and not report["extra"], report
+        first = outputs.read_header(str(out / outputs.file_name(0)))["tensors"]
+        tokens = first["token_ids"]["shape"][0]
+        assert first["hidden_states"]["dtype"] == "F8_E4M3" and first["hidden_states"]["shape"] == [tokens, 4, HIDDEN]
+        assert (first["hidden_states_scales"]["dtype"], first["hidden_states_scales"]["shape"]) == ("F32",
+                                                                                                    [tokens, 1, 1])
+        as_bf16 = outputs.check_dataset(str(out), FP8_SAMPLES, n_layers=len(LAYERS), hidden_size=HIDDEN)
+        assert as_bf16["by_status"] == {"bad-shape": list(range(FP8_SAMPLES))}, as_bf16
+        assert as_bf16["files"][0]["detail"].startswith("a file of fp8 storage (hidden_states F8_E4M3, with "
+                                                        "hidden_states_scales), where the run stores bf16")
+        described = json.loads((out / "specrig-layers.json").read_text())
+        assert described["storage"] == "fp8" and described["layer_ids"] == LAYERS
+        with connect(load_inventory().host(HOST)) as remote:
+            shard = runs_call(remote, load_inventory().host(HOST), "verify-output", {"run": run_id}, timeout=300)
+        assert shard["identity"]["storage"] == "fp8" and shard["identity"]["dtype"] == "F8_E4M3", shard["identity"]
+        assert shard["indices"] == list(range(FP8_SAMPLES)) and shard["unloadable"] == [], shard
+
+    with phase("the dequantized states against transformers"):
+        measured = reference_measures(out, files=FP8_SAMPLES)
+        print(f"fp8 relative L2, worst sample per layer: {measured['max_rel_l2']}; shifted pairing, best: "
+              f"{measured['min_shifted_rel_l2']} (bound {FP8_REL_L2:.4f})")
+        for k in map(str, LAYERS):
+            assert measured["max_rel_l2"][k] <= FP8_REL_L2, measured
+            # The control: the same states one token off fail the bound, by far.
+            assert measured["min_shifted_rel_l2"][k] > 2 * FP8_REL_L2, measured
+        # fp8 is not bf16 relabelled: its error is above bf16's own (under 2^-7 on these files).
+        assert max(measured["max_rel_l2"].values()) > 2 ** -7, measured
+
+    with phase("bytes written against bf16"):
+        written = sum((out / outputs.file_name(i)).stat().st_size for i in range(FP8_SAMPLES))
+        total_tokens, bf16 = measured["tokens"], measured["bf16_bytes"]
+        values = len(LAYERS) * HIDDEN
+        states = total_tokens * contract.stored_bytes_per_token("fp8", values_per_token=values, model_dtype_bytes=2)
+        bf16_states = total_tokens * contract.stored_bytes_per_token("bf16", values_per_token=values,
+                                                                     model_dtype_bytes=2)
+        print(f"fp8: {written} bytes in {FP8_SAMPLES} files ({total_tokens} tokens); bf16 of the same samples: "
+              f"{bf16} bytes; ratio {written / bf16:.3f}")
+        # The files hold the states (and scales) at what the disk budget counts, plus token ids and headers.
+        assert written - states == total_tokens * 8 + sum(
+            outputs.read_header(str(out / outputs.file_name(i)))["data_start"] for i in range(FP8_SAMPLES))
+        assert bf16 - bf16_states >= total_tokens * 8
+        # One byte a value instead of two, plus a 4-byte scale a token: about half.
+        assert states * 2 == bf16_states + 2 * total_tokens * contract.FP8_SCALE_BYTES
+        assert 0.45 < written / bf16 < 0.55, (written, bf16)
+
+
+def test_fp8_storage_is_refused_before_launch_where_it_cannot_run(server_host, tmp_path):
+    """In-process mode (lab: speculators 0.3) and a server environment without hs-connectors (lab-cpu's venv as
+    lab-server's server_python) refuse `--storage fp8` in one line naming it and the fix; nothing is launched."""
+    refused = inv("extract", "--host", "lab", "--storage", "fp8", "--model", "~/venv", "--data", "sharegpt",
+                  "--out", "~/specrig-work/out/never")
+    assert refused.returncode == 2 and refused.stderr.strip().count("\n") == 0, refused.stderr
+    assert "--storage 'fp8': storage applies to server mode (speculators >= 0.8)" in refused.stderr
+    smoke = inv("smoke", "--host", "lab", "--storage", "fp8", "--model", "~/models/tiny-llama")
+    assert smoke.returncode == 2 and "--storage 'fp8': storage applies to server mode" in smoke.stderr, smoke.stderr
+    smoke = inv("smoke", "--host", HOST, "--storage", "fp16")
+    assert smoke.returncode == 2 and "--storage 'fp16': expected one of bf16, fp8" in smoke.stderr, smoke.stderr
+
+    inventory = private_inventory(tmp_path, HOST, server_python="~/venv-cpu/bin/python")
+    never = _out()
+    code, result = inv_json("extract", "--host", HOST, "--storage", "fp8", "--out", str(never),
+                            inventory=inventory, timeout=300)
+    assert code == 1 and not result["launched"], result
+    command = next(check for check in result["preflight"] if check["name"] == "server-command")
+    assert not command["ok"] and command["detail"].startswith(
+        "storage 'fp8': vLLM imports FP8HiddenStatesConnector from the server's environment (~/venv-cpu/bin/python), "
+        "which has no hs-connectors: install 'hs-connectors>=0.9.0' there, or use storage 'bf16'"), command
+    skipped = inv("extract", "--host", HOST, "--storage", "fp8", "--out", str(never), "--skip-preflight",
+                  "--detach", inventory=inventory, timeout=300)
+    assert skipped.returncode == 2 and "install 'hs-connectors>=0.9.0' there" in skipped.stderr, skipped.stderr
+    assert not never.exists()

@@ -1,13 +1,14 @@
 """The contract's points in the KV connector that writes the hidden states: registered (C4), reading the
 extra-config keys specrig sets and building what hs-connectors' file backend builds (C5), answering the
 file's path (C6), writing from one rank (C13), saving the tensors the client reads (C14), running on a
-CPU build (C20), accepting the model's attention (MLA).
+CPU build (C20), accepting the model's attention (MLA), and under fp8 storage the private method that
+hs-connectors' FP8HiddenStatesConnector overrides (C21).
 """
 import ast
 
 from drift import findings as F
-from drift.classes import instance_member
-from drift.refs import MissingRef
+from drift.classes import class_member, instance_member
+from drift.refs import FunctionRef, MissingRef
 from drift.server.context import CONNECTOR_FACTORY, CPU_SHM, Problem, Skip, own_function, string_constants
 
 
@@ -54,29 +55,44 @@ def check_extra_config_keys(ctx):
 
 
 def check_hs_connectors_file_backend(ctx):
-    """hs-connectors' file backend (what speculators' docs pair with the server) builds the same config."""
+    """hs-connectors' file backends (what speculators' docs pair with the server) build the same configs:
+    FileBackend what specrig sends for bf16 storage, FP8Backend (hs-connectors >= 0.9.0) for fp8."""
     module = ctx.consumer_module("hs_connectors", "hs_connectors.transfer", "hs-connectors is not installed")
-    expected = ctx.launch.kv_transfer_config("/x")
-    for node in ast.walk(module.tree):
-        if isinstance(node, ast.ClassDef) and node.name == "FileBackend":
-            for sub in ast.walk(node):
-                if isinstance(sub, ast.Dict) and "kv_connector" in [getattr(k, "value", None) for k in sub.keys]:
-                    built = dict(zip([getattr(k, "value", None) for k in sub.keys], sub.values))
-                    connector = getattr(built.get("kv_connector"), "value", None)
-                    role = getattr(built.get("kv_role"), "value", None)
-                    extra = built.get("kv_connector_extra_config")
-                    extra_keys = sorted(getattr(k, "value", None) for k in extra.keys) if isinstance(
-                        extra, ast.Dict) else None
-                    if (connector, role, extra_keys) == (expected["kv_connector"], expected["kv_role"],
-                                                         sorted(expected["kv_connector_extra_config"])):
-                        return []
-                    return [Problem("hs-connectors' FileBackend.build_kv_transfer_config (%s:%d) builds %r/%r with "
-                                    "extra keys %r; specrig's launch sends %r/%r with %r: the two have drifted."
-                                    % (module.relpath, sub.lineno, connector, role, extra_keys,
-                                       expected["kv_connector"], expected["kv_role"],
-                                       sorted(expected["kv_connector_extra_config"])),
-                                    callee="hs_connectors.transfer.FileBackend.build_kv_transfer_config")]
-    raise Skip("hs-connectors has no FileBackend to compare with")
+    backends = {node.name: node for node in ast.walk(module.tree) if isinstance(node, ast.ClassDef)}
+    if "FileBackend" not in backends:
+        raise Skip("hs-connectors has no FileBackend to compare with")
+    problems = []
+    for name, storage in (("FileBackend", "bf16"), ("FP8Backend", "fp8")):
+        if name in backends:
+            problems += _backend_drift(module, backends[name], ctx.launch.kv_transfer_config("/x", storage=storage))
+    return problems
+
+
+def _config_shape(built):
+    """(kv_connector, kv_role, kv_connector_module_path, sorted extra-config keys) of a config dict's literal
+    (`built`: {key: value node}) or of the config itself (values)."""
+    def value(key):
+        node = built.get(key)
+        return getattr(node, "value", node) if not isinstance(node, dict) else node
+    extra = built.get("kv_connector_extra_config")
+    keys = ([getattr(k, "value", None) for k in extra.keys] if isinstance(extra, ast.Dict)
+            else list(extra) if isinstance(extra, dict) else None)
+    return value("kv_connector"), value("kv_role"), value("kv_connector_module_path"), sorted(keys or [])
+
+
+def _backend_drift(module, backend, expected):
+    for sub in ast.walk(backend):
+        if isinstance(sub, ast.Dict) and "kv_connector" in [getattr(k, "value", None) for k in sub.keys]:
+            theirs = _config_shape(dict(zip([getattr(k, "value", None) for k in sub.keys], sub.values)))
+            ours = _config_shape(expected)
+            if theirs == ours:
+                return []
+            return [Problem("hs-connectors' %s.build_kv_transfer_config (%s:%d) builds connector %r, role %r, module "
+                            "%r, extra keys %r; specrig's launch sends %r, %r, %r, %r: the two have drifted."
+                            % ((backend.name, module.relpath, sub.lineno) + theirs + ours),
+                            callee="hs_connectors.transfer.%s.build_kv_transfer_config" % backend.name,
+                            detail=None if backend.name == "FileBackend" else backend.name)]
+    return []
 
 
 def check_response_path(ctx):
@@ -169,3 +185,99 @@ def check_mla_refused(ctx):
                             "(the hidden-states layer is not isolated in its own KV cache group)." % cls.node.name,
                             provider=F.Location.of(module, node), callee=cls.dotted, detail="MLA")]
     return []
+
+
+# ---- fp8 storage (C21): FP8HiddenStatesConnector overrides vLLM's private _write_tensors ----------------
+
+#: The method hs-connectors' fp8 connector overrides: vLLM's connector hands it each file's tensors
+#: (hs_connectors==0.9.0 fp8_hidden_states_connector.py:40-59; vllm==0.32.0
+#: distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py:328-346, called at :435-437).
+WRITE_TENSORS = "_write_tensors"
+
+
+def check_fp8_write_tensors(ctx):
+    """The base class FP8HiddenStatesConnector names, in this vLLM, has _write_tensors with the override's
+    parameters and calls it: else fp8 storage fails at start-up (no base), writes the model's dtype
+    unnoticed (no such method, or never called) or loses every file (other parameters). A note unless the
+    run stores fp8 (verify's `storage`); skipped when it stores bf16."""
+    if ctx.storage == "bf16":
+        raise Skip("the run stores bf16: vLLM's own connector writes the files")
+    module = ctx.consumer_module("hs_connectors", ctx.launch.FP8_CONNECTOR_MODULE,
+                                 "hs-connectors has no %s (0.9.0 adds it)" % ctx.launch.FP8_CONNECTOR)
+    fp8 = next((n for n in module.tree.body if isinstance(n, ast.ClassDef) and n.name == ctx.launch.FP8_CONNECTOR),
+               None)
+    override = next((n for n in fp8.body if isinstance(n, ast.FunctionDef) and n.name == WRITE_TENSORS), None) \
+        if fp8 is not None else None
+    if override is None:
+        raise Skip("%s defines no %s" % (ctx.launch.FP8_CONNECTOR, WRITE_TENSORS))
+    severity = "drift" if ctx.storage == "fp8" else "note"
+    consumer = F.Location(module, override.lineno)
+
+    def problem(message, provider, detail):
+        return [Problem(message, provider=provider, callee="%s.%s" % (ctx.launch.FP8_CONNECTOR, WRITE_TENSORS),
+                        detail=detail, severity=severity, consumer=consumer)]
+
+    base = _imported_base(module, fp8)
+    base_module = ctx.tree.module(base[0]) if base else None
+    cls = ctx.cls(base_module, base[1]) if base_module is not None and base_module.tree is not None else None
+    if cls is None:
+        return problem("%s subclasses %s, which this vLLM lacks: with --storage fp8 the server fails at start-up "
+                       "importing %s." % (ctx.launch.FP8_CONNECTOR, ".".join(base) if base else "its base",
+                                          ctx.launch.FP8_CONNECTOR_MODULE), None, "base")
+    found = class_member(ctx.index, cls, WRITE_TENSORS)
+    if isinstance(found, MissingRef):
+        return problem("%s has no %s (it saves each file itself): %s overrides that method, so with --storage fp8 "
+                       "the server writes the model's dtype, not fp8, and says nothing."
+                       % (cls.node.name, WRITE_TENSORS, ctx.launch.FP8_CONNECTOR),
+                       F.Location.of(cls.module, cls.node), "missing")
+    if not isinstance(found, FunctionRef):
+        raise Skip("%s.%s cannot be read: %s" % (cls.node.name, WRITE_TENSORS, getattr(found, "reason", found)))
+    theirs, ours = _parameters(found.node), _parameters(override)
+    if theirs != ours:
+        return problem("%s.%s takes %s, %s's override takes %s: vLLM's call fails in the writer thread and, with "
+                       "--storage fp8, no file is written ('Hidden-states write failed')."
+                       % (cls.node.name, WRITE_TENSORS, _shown(theirs), ctx.launch.FP8_CONNECTOR, _shown(ours)),
+                       F.Location.of(found.module, found.node), "signature")
+    calls = [n for n in ast.walk(cls.node) if isinstance(n, ast.Attribute) and n.attr == WRITE_TENSORS
+             and isinstance(n.value, ast.Name) and n.value.id == "self"]
+    if not calls:
+        return problem("%s defines %s but never calls it through self: %s's override is never used, and with "
+                       "--storage fp8 the server writes the model's dtype." % (
+                           cls.node.name, WRITE_TENSORS, ctx.launch.FP8_CONNECTOR),
+                       F.Location.of(found.module, found.node), "not-called")
+    return []
+
+
+def _imported_base(module, cls_node):
+    """(module, class name) of the first base of `cls_node` as `module` imports it (`alias.Class` of
+    `from package import module as alias` or `import module as alias`, or `Class` of `from module import
+    Class`); None for anything else."""
+    names = {}
+    for node in module.tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.update((a.asname or a.name, (node.module, a.name)) for a in node.names)
+        elif isinstance(node, ast.Import):
+            names.update((a.asname or a.name, (a.name, None)) for a in node.names)
+    base = cls_node.bases[0] if cls_node.bases else None
+    if isinstance(base, ast.Attribute) and isinstance(base.value, ast.Name) and base.value.id in names:
+        package, name = names[base.value.id]
+        return (package + "." + name if name else package), base.attr
+    if isinstance(base, ast.Name) and names.get(base.id, (None, None))[1]:
+        return names[base.id]
+    return None
+
+
+def _parameters(function):
+    """A def's parameters as (static or not, [(kind, name)]): what a caller binds its arguments to."""
+    args = function.args
+    static = any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in function.decorator_list)
+    listed = [("positional-only", a.arg) for a in args.posonlyargs] + [("positional", a.arg) for a in args.args]
+    listed += [("*", args.vararg.arg)] if args.vararg else []
+    listed += [("keyword-only", a.arg) for a in args.kwonlyargs]
+    listed += [("**", args.kwarg.arg)] if args.kwarg else []
+    return static, listed
+
+
+def _shown(parameters):
+    static, listed = parameters
+    return "%s(%s)" % ("a staticmethod " if static else "", ", ".join(name for _, name in listed))

@@ -62,12 +62,14 @@ class Context:
     """Both sides' source: the provider (vLLM) and its index, the consumers' trees (speculators,
     hs-connectors, specrig's launch), the model's config; what the checks found along the way."""
 
-    def __init__(self, consumers, provider, model):
+    def __init__(self, consumers, provider, model, storage=None):
         self.tree = SourceTree(provider["root"], [provider["package"]])
         self.index = Index(self.tree)
         self.package = provider["package"]
         self.distribution = "%s %s" % (provider.get("name") or "", provider.get("version") or "")
         self.model = model
+        #: The run's storage type ("bf16", "fp8"), or None when the analysis is not for one run (check-compat).
+        self.storage = storage
         self.consumer_trees = {}
         for entry in consumers:
             self.consumer_trees[entry["package"]] = SourceTree(entry["root"], [entry["package"]])

@@ -60,9 +60,10 @@ POINTS = [
     Point("connector-extra-config", "C5", "the connector reads the extra-config keys specrig sets",
           (LAUNCH, L, r'"shared_storage_path"'), connector.check_extra_config_keys, NEWER,
           requires=("connector-registered",)),
-    Point("hs-connectors-file-backend", "C5", "hs-connectors' file backend builds the config specrig sends",
+    Point("hs-connectors-file-backend", "C5", "hs-connectors' file backends build the configs specrig sends "
+          "(FileBackend: bf16 storage, FP8Backend: fp8)",
           (LAUNCH, L, r"def kv_transfer_config"), connector.check_hs_connectors_file_backend,
-          "make remote/run/server/launch.py's kv_transfer_config() build what FileBackend builds"),
+          "make remote/run/server/launch.py's kv_transfer_config() build what the backend builds"),
     Point("response-hidden-states-path", "C6", "the connector answers kv_transfer_params.hidden_states_path",
           ("speculators", VC, r'"hidden_states_path"'), connector.check_response_path, NEWER,
           requires=("connector-registered",)),
@@ -131,6 +132,12 @@ POINTS = [
           (LAUNCH, L, r"^METHOD = "), target.check_eagle3_interface,
           "use a vLLM whose model class implements SupportsEagle3, or another target",
           requires=("method-known",)),
+    Point("fp8-write-tensors", "C21", "fp8 storage: the connector's _write_tensors, which FP8HiddenStatesConnector "
+          "overrides, exists with its signature",
+          ("hs_connectors", "hs_connectors.fp8_hidden_states_connector", r"def _write_tensors"),
+          connector.check_fp8_write_tensors,
+          "use a vLLM whose connector writes through _write_tensors (0.22.0 to 0.33.0 do), or --storage bf16",
+          requires=("connector-registered",)),
 ]
 
 
@@ -164,10 +171,11 @@ def check_contract(ctx):
     return findings, contract
 
 
-def analyze_server(consumers, provider, model=None):
-    """The server mode's report, in analyze()'s shape (docs/findings.md), plus "mode" and "contract"."""
+def analyze_server(consumers, provider, model=None, storage=None):
+    """The server mode's report, in analyze()'s shape (docs/findings.md), plus "mode" and "contract";
+    `storage`, the run's storage type, decides the points of one storage type (None: noted, not drift)."""
     started = time.perf_counter()
-    ctx = Context(consumers, provider, model)
+    ctx = Context(consumers, provider, model, storage)
     findings, contract = check_contract(ctx)
     launch = {"name": "specrig", "version": "server launch", "root": ctx.consumer_trees["launch"].root,
               "package": "run"}

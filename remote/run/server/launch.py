@@ -39,6 +39,7 @@ Settings (dict):
     hidden_states_path    the connector's staging directory (`shared_storage_path`);
                           default "/tmp/hidden_states" (the script's default)
     writer_threads        the connector's `num_writer_threads`, when given
+    storage               "bf16" (default: vLLM's own connector) or "fp8" (hs-connectors' FP8 connector)
     tensor_parallel_size, data_parallel_size, port, host    optional, passed on when given
     enable_scale_out      bool, default False
     extra_args            list of words appended last (the script's "-- *VLLM_ARGS")
@@ -54,6 +55,12 @@ import os
 METHOD = "extract_hidden_states"
 CONNECTOR = "ExampleHiddenStatesConnector"
 KV_ROLE = "kv_producer"
+#: fp8 storage's connector: hs-connectors >= 0.9.0's subclass of CONNECTOR, which vLLM imports from
+#: the server's environment by module path, as hs-connectors' FP8Backend sends it
+#: (hs_connectors==0.9.0 transfer.py:303-312; vLLM's factory: vllm==0.32.0
+#: distributed/kv_transfer/kv_connector/factory.py:103-110).
+FP8_CONNECTOR = "FP8HiddenStatesConnector"
+FP8_CONNECTOR_MODULE = "hs_connectors.fp8_hidden_states_connector"
 #: scripts/launch_vllm.py's --hidden-states-path default (hs-connectors 0.9.0 transfer.py:180 too).
 DEFAULT_HIDDEN_STATES_PATH = "/tmp/hidden_states"
 
@@ -132,14 +139,18 @@ def speculative_config(layer_ids):
     }
 
 
-def kv_transfer_config(hidden_states_path=DEFAULT_HIDDEN_STATES_PATH, writer_threads=None):
+def kv_transfer_config(hidden_states_path=DEFAULT_HIDDEN_STATES_PATH, writer_threads=None, storage="bf16"):
     """The file backend's config: launch_vllm.py's _InlineFileBackend, equal to hs-connectors 0.9.0
-    FileBackend.build_kv_transfer_config (hs_connectors/transfer.py:197-205); `writer_threads`, when
-    given, sizes the connector's pool of file writers (vllm==0.32.0
-    distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py:216-219, default 8)."""
+    FileBackend.build_kv_transfer_config (hs_connectors/transfer.py:197-205), or with `storage` "fp8"
+    its FP8Backend's (transfer.py:303-312); `writer_threads`, when given, sizes the connector's pool of
+    file writers (vllm==0.32.0 distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py:
+    216-219, default 8; the fp8 connector inherits it)."""
     extra = {"shared_storage_path": hidden_states_path}
     if writer_threads:
         extra["num_writer_threads"] = writer_threads
+    if storage == "fp8":
+        return {"kv_connector": FP8_CONNECTOR, "kv_role": KV_ROLE, "kv_connector_module_path": FP8_CONNECTOR_MODULE,
+                "kv_connector_extra_config": extra}
     return {"kv_connector": CONNECTOR, "kv_role": KV_ROLE, "kv_connector_extra_config": extra}
 
 
@@ -204,7 +215,7 @@ def server_argv(settings):
         "--speculative_config", json.dumps(speculative_config(ids)),
         "--kv_transfer_config",
         json.dumps(kv_transfer_config(settings.get("hidden_states_path") or DEFAULT_HIDDEN_STATES_PATH,
-                                      settings.get("writer_threads"))),
+                                      settings.get("writer_threads"), settings.get("storage") or "bf16")),
     ]
     return argv + vllm_args(settings)
 

@@ -4,6 +4,9 @@ What the files hold (docs/server-mode.md, "The files"): vLLM's ExampleHiddenStat
 one safetensors file per request with two tensors, `token_ids` [T] (int64, the prompt's token ids)
 and `hidden_states` [T, n_layers, hidden] (the model dtype: BF16, F16 or F32); speculators'
 `generate-offline-data` moves it to `<output>/hs_{i}.safetensors`, i the sample's global index.
+Under fp8 storage (docs/server-mode.md, "fp8 storage") hs-connectors' FP8HiddenStatesConnector writes
+`hidden_states` as F8_E4M3 and a third tensor, `hidden_states_scales` [T, 1, 1] (F32): the stored
+states are hidden_states x scales. A file of the other storage type than the run's is bad-shape.
 
 The safetensors format (https://github.com/huggingface/safetensors, "Format"):
 
@@ -20,7 +23,7 @@ buffer shorter than the header's largest end: that is `truncated` here.
 
 Statuses, per index: ok, missing, truncated, bad-header (unreadable or inconsistent header, trailing
 bytes), bad-shape (tensor names, dtypes or shapes not as expected), non-finite (NaN or Inf in the
-hidden states).
+hidden states; under fp8, in the states after scaling).
 
 The NaN/Inf scan reads the hidden states once, in chunks, without converting a single value:
 a BF16 or F32 element is NaN/Inf exactly when its exponent bits are all ones, and those live in
@@ -30,12 +33,23 @@ element (0x7F, 0xFF, found with memchr) and checks the next byte down for those 
 only. F16's exponent lies entirely in its top byte: one byte test decides. About 1 GB/s of hidden
 states on one core (967 MB/s for a 64 MiB bf16 sample from the page cache on the 2-core dev machine
 under load; the slicing is the cost): tests/run/test_server_outputs.py, test_scan_speed.
+float8_e4m3fn has no Inf and one NaN per sign, S.1111.111 (0x7F, 0xFF): two byte values, found with
+memchr in the whole buffer. Its largest finite value is 448; a token's states stay finite after
+scaling when its scale is finite and 448 x scale is within float32's range (the scales are read
+whole: 4 bytes a token).
 """
 import concurrent.futures
 import json
 import os
 import re
 import struct
+import sys
+
+if __name__ == "__main__":
+    # Started by path, sys.path[0] is remote/run/server/: make it remote/, where contract.py is (as on a host).
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import contract  # noqa: E402
 
 #: Bytes per element of each safetensors dtype this module understands.
 DTYPE_SIZES = {
@@ -48,6 +62,18 @@ INTEGER_DTYPES = ("I64", "I32", "U32", "I16", "U16", "U8", "I8", "U64")
 #: The dtypes the connector can write for hidden states: vLLM 0.32's CacheOnlyAttentionBackend
 #: supports float16, bfloat16 and float32 (model_executor/models/extract_hidden_states.py:98-102).
 FLOAT_DTYPES = ("BF16", "F16", "F32")
+#: fp8 storage's scales of each token's states (hs_connectors==0.9.0 fp8_utils.py:74).
+SCALES = "hidden_states_scales"
+#: The dtypes of hidden_states, by storage type (contract.STORAGES): float8_e4m3fn is safetensors' F8_E4M3
+#: (hs_connectors==0.9.0 fp8_hidden_states_connector.py:33-38).
+STORED_DTYPES = {contract.BF16: FLOAT_DTYPES, contract.FP8: ("F8_E4M3",)}
+#: The tensors of each storage type's files.
+STORED_TENSORS = {contract.BF16: ("token_ids", "hidden_states"), contract.FP8: ("token_ids", "hidden_states", SCALES)}
+#: One-byte dtypes' non-finite encodings: float8_e4m3fn's NaN, S.1111.111 (it has no Inf).
+_NONFINITE_BYTES = {"F8_E4M3": b"\x7f\xff"}
+#: float8_e4m3fn's largest finite value, and float32's: a scale over F32_MAX / FP8_E4M3_MAX overflows.
+FP8_E4M3_MAX = 448.0
+F32_MAX = 3.4028234663852886e38
 #: safetensors refuses headers larger than this (safetensors' MAX_HEADER_SIZE).
 MAX_HEADER_SIZE = 100000000
 
@@ -157,7 +183,7 @@ _F16_NONFINITE_MARKERS = tuple(bytes((b,)) for b in _F16_NONFINITE_TOP)
 def count_nonfinite(path, begin, end, dtype, chunk_bytes=CHUNK_BYTES):
     """(count, first element index or None) of NaN/Inf elements of the `dtype` tensor stored at
     absolute file offsets [begin, end) of `path`, read in chunks of about `chunk_bytes`."""
-    if dtype not in FLOAT_DTYPES:
+    if dtype not in FLOAT_DTYPES and dtype not in _NONFINITE_BYTES:
         raise ValueError("no NaN/Inf scan for dtype %r" % dtype)
     size = DTYPE_SIZES[dtype]
     chunk_bytes = max(size, chunk_bytes - chunk_bytes % size)
@@ -181,6 +207,11 @@ def count_nonfinite(path, begin, end, dtype, chunk_bytes=CHUNK_BYTES):
 
 
 def _nonfinite_in_chunk(chunk, dtype, size):
+    if dtype in _NONFINITE_BYTES:
+        markers = _NONFINITE_BYTES[dtype]
+        if not any(bytes((marker,)) in chunk for marker in markers):  # memchr: near free
+            return 0, None
+        return len(chunk) - len(chunk.translate(None, markers)), _first_byte_in(chunk, markers)
     top = chunk[size - 1::size]  # the top byte of every element (the slicing is the main cost)
     if dtype == "F16":
         if not any(marker in top for marker in _F16_NONFINITE_MARKERS):  # memchr: near free
@@ -209,15 +240,37 @@ def _first_byte_in(data, values):
     return min(positions) if positions else None
 
 
+def unscalable_token(path, scales):
+    """(token, scale) of the first token whose scale (the F32 tensor `scales`, a read_header() entry) leaves
+    its dequantized states non-finite: a NaN or Inf scale, or one that 448 x overflows float32; None."""
+    with open(path, "rb") as f:
+        f.seek(scales["begin"])
+        raw = f.read(scales["end"] - scales["begin"])
+    if len(raw) != scales["end"] - scales["begin"]:
+        raise SafetensorsError(TRUNCATED, "file ended %d bytes early" % (scales["end"] - scales["begin"] - len(raw)))
+    for token, scale in enumerate(struct.unpack("<%df" % (len(raw) // 4), raw)):
+        if not abs(scale) * FP8_E4M3_MAX <= F32_MAX:  # NaN fails the comparison too
+            return token, scale
+    return None
+
+
+def storage_of(tensors):
+    """The storage type a file's tensors (read_header()'s) were written with: fp8 with scales or F8 states."""
+    hidden = tensors.get("hidden_states") or {}
+    fp8 = SCALES in tensors or hidden.get("dtype") in STORED_DTYPES[contract.FP8]
+    return contract.FP8 if fp8 else contract.BF16
+
+
 # -- one file, a dataset -----------------------------------------------------------------------------
 
 def check_file(path, n_layers=None, hidden_size=None, num_tokens=None, scan_values=True,
-               allow_extra_tensors=False, chunk_bytes=CHUNK_BYTES):
+               allow_extra_tensors=False, chunk_bytes=CHUNK_BYTES, storage=contract.BF16):
     """The status of one `hs_{i}.safetensors` file: {"status", "detail", "tokens", "layers",
-    "hidden", "dtype", "bytes"} (shape fields once the header could be read).
+    "hidden", "dtype", "storage", "bytes"} (shape fields once the header could be read).
 
     n_layers, hidden_size, num_tokens: expected sizes, checked when given. scan_values: read the
-    hidden states and look for NaN/Inf (the only part that reads more than the header).
+    hidden states and look for NaN/Inf (the only part that reads more than the header), and under fp8
+    the scales. storage: the run's storage type (contract.STORAGES), whose layout the file must have.
     """
     result = {"status": OK, "detail": ""}
     try:
@@ -230,7 +283,8 @@ def check_file(path, n_layers=None, hidden_size=None, num_tokens=None, scan_valu
         return result
     result["bytes"] = header["file_size"]
     tensors = header["tensors"]
-    problem = _shape_problem(tensors, n_layers, hidden_size, num_tokens, allow_extra_tensors)
+    result["storage"] = storage_of(tensors)
+    problem = _shape_problem(tensors, n_layers, hidden_size, num_tokens, allow_extra_tensors, storage)
     hidden = tensors.get("hidden_states")
     if hidden is not None and len(hidden["shape"]) == 3:
         result.update(tokens=hidden["shape"][0], layers=hidden["shape"][1], hidden=hidden["shape"][2],
@@ -241,6 +295,7 @@ def check_file(path, n_layers=None, hidden_size=None, num_tokens=None, scan_valu
     if scan_values:
         try:
             count, first = count_nonfinite(path, hidden["begin"], hidden["end"], hidden["dtype"], chunk_bytes)
+            unscalable = unscalable_token(path, tensors[SCALES]) if storage == contract.FP8 else None
         except SafetensorsError as e:  # shrank while being read
             result.update(status=e.kind, detail=e.detail)
             return result
@@ -250,14 +305,23 @@ def check_file(path, n_layers=None, hidden_size=None, num_tokens=None, scan_valu
             result.update(status=NON_FINITE,
                           detail="%d NaN/Inf values in hidden_states; first at token %d, layer slot %d"
                                  % (count, token, rest // width))
+        elif unscalable:
+            result.update(status=NON_FINITE, detail="hidden_states_scales: token %d has scale %r: its states are "
+                                                    "not finite after scaling" % unscalable)
     return result
 
 
-def _shape_problem(tensors, n_layers, hidden_size, num_tokens, allow_extra_tensors):
-    missing = [name for name in ("token_ids", "hidden_states") if name not in tensors]
+def _shape_problem(tensors, n_layers, hidden_size, num_tokens, allow_extra_tensors, storage):
+    found = storage_of(tensors)
+    if found != storage:
+        return "a file of %s storage (hidden_states %s%s), where the run stores %s" % (
+            found, (tensors.get("hidden_states") or {}).get("dtype"),
+            ", with hidden_states_scales" if SCALES in tensors else ", no hidden_states_scales", storage)
+    expected = STORED_TENSORS[storage]
+    missing = [name for name in expected if name not in tensors]
     if missing:
         return "missing tensors: %s (has %s)" % (", ".join(missing), ", ".join(sorted(tensors)) or "none")
-    extra = sorted(set(tensors) - {"token_ids", "hidden_states"})
+    extra = sorted(set(tensors) - set(expected))
     if extra and not allow_extra_tensors:
         return "unexpected tensors: %s" % ", ".join(extra)
     ids, hidden = tensors["token_ids"], tensors["hidden_states"]
@@ -265,8 +329,8 @@ def _shape_problem(tensors, n_layers, hidden_size, num_tokens, allow_extra_tenso
         return "token_ids has dtype %s, expected an integer type" % ids["dtype"]
     if len(ids["shape"]) != 1:
         return "token_ids has shape %s, expected [T]" % ids["shape"]
-    if hidden["dtype"] not in FLOAT_DTYPES:
-        return "hidden_states has dtype %s, expected one of %s" % (hidden["dtype"], ", ".join(FLOAT_DTYPES))
+    if hidden["dtype"] not in STORED_DTYPES[storage]:
+        return "hidden_states has dtype %s, expected %s" % (hidden["dtype"], " or ".join(STORED_DTYPES[storage]))
     if len(hidden["shape"]) != 3:
         return "hidden_states has shape %s, expected [T, n_layers, hidden]" % hidden["shape"]
     tokens, layers, width = hidden["shape"]
@@ -274,6 +338,10 @@ def _shape_problem(tensors, n_layers, hidden_size, num_tokens, allow_extra_tenso
         return "hidden_states has %d tokens, token_ids %d" % (tokens, ids["shape"][0])
     if tokens == 0:
         return "no tokens"
+    if storage == contract.FP8:
+        scales = tensors[SCALES]
+        if scales["dtype"] != "F32" or scales["shape"] != [tokens, 1, 1]:
+            return "hidden_states_scales is %s %s, expected F32 [%d, 1, 1]" % (scales["dtype"], scales["shape"], tokens)
     if num_tokens is not None and tokens != num_tokens:
         return "%d tokens, expected %d" % (tokens, num_tokens)
     if n_layers is not None and layers != n_layers:
@@ -354,7 +422,8 @@ class CheckedFiles:
 
 
 def check_dataset(directory, num_samples, indices=None, n_layers=None, hidden_size=None,
-                  scan_values=True, allow_extra_tensors=False, chunk_bytes=CHUNK_BYTES, checked=None):
+                  scan_values=True, allow_extra_tensors=False, chunk_bytes=CHUNK_BYTES, checked=None,
+                  storage=contract.BF16):
     """Every sample of a dataset of `num_samples` (or only `indices`, e.g. one rank's share).
 
     Returns {"expected", "counts": {status: n}, "by_status": {status: [indices]} (every status but
@@ -365,7 +434,7 @@ def check_dataset(directory, num_samples, indices=None, n_layers=None, hidden_si
     wanted = list(range(num_samples)) if indices is None else sorted(set(indices))
     present = set(existing_indices(directory))
     checks = dict(n_layers=n_layers, hidden_size=hidden_size, scan_values=scan_values,
-                  allow_extra_tensors=allow_extra_tensors, chunk_bytes=chunk_bytes)
+                  allow_extra_tensors=allow_extra_tensors, chunk_bytes=chunk_bytes, storage=storage)
     counts = dict((status, 0) for status in STATUSES)
     by_status = {}
     files = {}
@@ -394,17 +463,17 @@ def check_dataset(directory, num_samples, indices=None, n_layers=None, hidden_si
 
 
 def main(argv):
-    """`python outputs.py DIRECTORY NUM_SAMPLES [N_LAYERS HIDDEN_SIZE]`: the report as JSON; exit 1
+    """`python outputs.py DIRECTORY NUM_SAMPLES [N_LAYERS HIDDEN_SIZE [STORAGE]]`: the report as JSON; exit 1
     unless complete."""
     directory, num_samples = argv[0], int(argv[1])
     n_layers = int(argv[2]) if len(argv) > 2 else None
     hidden_size = int(argv[3]) if len(argv) > 3 else None
-    report = check_dataset(directory, num_samples, n_layers=n_layers, hidden_size=hidden_size)
+    storage = argv[4] if len(argv) > 4 else contract.BF16
+    report = check_dataset(directory, num_samples, n_layers=n_layers, hidden_size=hidden_size, storage=storage)
     report["files"] = dict((str(k), v) for k, v in report["files"].items())
     print(json.dumps(report, indent=1, sort_keys=True))
     return 0 if report["complete"] else 1
 
 
 if __name__ == "__main__":
-    import sys
     sys.exit(main(sys.argv[1:]))

@@ -41,20 +41,38 @@ def overridden(config, overrides):
     return merged
 
 
-def server_environment(server_python):
+def server_environment(server_python, storage=contract.BF16):
     """(distribution providing `import vllm`, its `vllm/` directory, its version) in the server's
-    environment."""
+    environment; with fp8 `storage`, that environment must hold hs-connectors' fp8 connector too (vLLM
+    imports it there)."""
+    wanted = ["vllm", contract.HS_CONNECTORS] if storage == contract.FP8 else ["vllm"]
     other = None
     if server_python:
         try:
-            other = pkgmeta.other_environment(server_python, ["vllm"], ENVIRONMENT_TIMEOUT_S)
+            other = pkgmeta.other_environment(server_python, wanted, ENVIRONMENT_TIMEOUT_S)
         except pkgmeta.EnvironmentUnreadable as exc:
             raise PlanError("server_python %s: %s" % (server_python, exc)) from None
-    found = (other["installed"] if other else {"vllm": pkgmeta.installed("vllm")})["vllm"]
+    installed = other["installed"] if other else dict((name, pkgmeta.installed(name)) for name in wanted)
+    where = server_python or "python"
+    found = installed["vllm"]
     if not found:
         raise PlanError("no vLLM in the server's environment (%s): install vLLM there, or set server_python in "
-                        "hosts.yaml to the environment that has it" % (server_python or "python"))
+                        "hosts.yaml to the environment that has it" % where)
+    if storage == contract.FP8:
+        fp8_connector(installed[contract.HS_CONNECTORS], where)
     return found["name"], os.path.join(found["root"], "vllm"), found["version"]
+
+
+def fp8_connector(hs_connectors, where):
+    """Refuse fp8 storage when the server's environment lacks hs-connectors' FP8HiddenStatesConnector
+    (`hs_connectors`: pkgmeta's record of hs-connectors there, or None)."""
+    module = launch.FP8_CONNECTOR_MODULE.replace(".", "/") + ".py"
+    if hs_connectors and os.path.isfile(os.path.join(hs_connectors["root"], module)):
+        return
+    has = "hs-connectors %s (without it)" % hs_connectors["version"] if hs_connectors else "no hs-connectors"
+    raise PlanError("storage %r: vLLM imports %s from the server's environment (%s), which has %s: install "
+                    "'hs-connectors>=0.9.0' there, or use storage 'bf16'"
+                    % (contract.FP8, launch.FP8_CONNECTOR, where, has))
 
 
 def settings_of(driver_args):
@@ -83,7 +101,10 @@ def make(run_path, run_id, driver_args, *, client_python, server_python=None, no
         layers, layer_ids = launch.resolve_layer_ids({"model_config": config, "layer_ids": settings["layer_ids"]})
     except (OSError, ValueError) as exc:
         raise PlanError("model %s: %s" % (model, exc)) from None
-    distribution, vllm_dir, vllm_version = server_environment(server_python)
+    storage = settings["storage"]
+    if storage not in contract.STORAGES:
+        raise PlanError("storage %r: expected one of %s" % (storage, ", ".join(contract.STORAGES)))
+    distribution, vllm_dir, vllm_version = server_environment(server_python, storage)
     staging = staging_dir(settings, nodes["job_id"] if nodes else run_id)
     prepared_dir = os.path.join(run_path, "prepared")
     extra = []
@@ -104,7 +125,8 @@ def make(run_path, run_id, driver_args, *, client_python, server_python=None, no
         "model": model, "python": os.path.expanduser(server_python or client_python),
         "distribution": distribution, "enable_scale_out": decided["enable_scale_out"],
         "num_hidden_layers": layers, "layer_ids": layer_ids, "hidden_states_path": staging,
-        "writer_threads": settings["writer_threads"], "tensor_parallel_size": settings["tensor_parallel_size"],
+        "writer_threads": settings["writer_threads"], "storage": storage,
+        "tensor_parallel_size": settings["tensor_parallel_size"],
         "port": settings["port"], "host": "127.0.0.1",
         "extra_args": extra})
     if nodes:
@@ -120,6 +142,9 @@ def make(run_path, run_id, driver_args, *, client_python, server_python=None, no
         # What speculators' training reads by default (launch_vllm.py's choice): other ids must be told to it.
         "training_layer_ids": launch.default_layer_ids(layers),
         "startup_flags": decided["startup_flags"],
+        # How the files hold the states, and the connector that writes them (docs/server-mode.md, "fp8 storage").
+        "storage": storage,
+        "connector": launch.kv_transfer_config(staging, storage=storage)["kv_connector"],
         "hidden_size": launch.text_config(config).get("hidden_size"),
         "max_samples": settings["max_samples"], "allow_skipped": bool(settings["allow_skipped"]),
         "world_size": settings["shard_count"] if sharded else 1, "rank": settings["shard_index"] if sharded else 0,

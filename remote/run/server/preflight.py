@@ -32,7 +32,8 @@ def checks(preflight, driver, *, workdir, server_python, samples, config):
     estimate = preflight.output_estimate(config, dict(driver, layer_ids=run_plan and run_plan["layer_ids"]), samples)
     found.append(preflight.disk(driver.get("output_dir"), estimate))
     found.append(staging_disk(preflight, driver, estimate, samples))
-    found.append(output_free(preflight, workdir, driver.get("output_dir")))
+    found.append(output_free(preflight, workdir, driver.get("output_dir"),
+                             driver.get("storage") or contract.SERVER_DEFAULTS["storage"]))
     return found, estimate
 
 
@@ -67,8 +68,9 @@ def planned(driver, server_python):
                       "advice": "fix the value it names (--layers, --model, server_python)"}
     flags = "".join("; passes %s: %s" % (entry["flag"], entry["because"]) for entry in made["startup_flags"])
     return made, {"name": "server-command", "ok": True, "advice": None,
-                  "detail": "layers %s of %d (%s)%s" % (made["layer_ids"], made["num_hidden_layers"],
-                                                        made["layer_convention"], flags)}
+                  "detail": "layers %s of %d (%s); %s storage by %s%s" % (
+                      made["layer_ids"], made["num_hidden_layers"], made["layer_convention"], made["storage"],
+                      made["connector"], flags)}
 
 
 def port_free(port):
@@ -110,11 +112,26 @@ def staging_disk(preflight, driver, estimate, samples):
                                                 "filesystem" % where}
 
 
-def output_free(preflight, workdir, out):
-    """No run writes the output; the files already there are kept when valid (checked at the start)."""
+def output_free(preflight, workdir, out, storage):
+    """No run writes the output; the files already there are kept when valid (checked at the start), and
+    are of the run's storage type (those of the other type would be deleted as invalid: a whole dataset)."""
     found = preflight.output_free(workdir, out)
     if found["ok"] and out:
         present = outputs.existing_indices(out)
         if present:
             found["detail"] = "%s (holds %d sample file(s): the valid ones are kept)" % (out, len(present))
+            stored = _stored_as(os.path.join(out, outputs.file_name(present[0])))
+            if stored not in (None, storage):
+                found.update(ok=False, detail="%s holds %d file(s) of %s storage (%s), and the run stores %s: "
+                                              "it would delete them as invalid" % (
+                                                  out, len(present), stored, outputs.file_name(present[0]), storage),
+                             advice="choose another --out, or --storage %s" % stored)
     return found
+
+
+def _stored_as(path):
+    """The storage type of the file at `path`, or None when its header does not read."""
+    try:
+        return outputs.storage_of(outputs.read_header(path)["tensors"])
+    except (outputs.SafetensorsError, OSError):
+        return None

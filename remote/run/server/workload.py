@@ -364,8 +364,9 @@ class ServerExtraction:
     # -- the outputs ---------------------------------------------------------------------------------
 
     def file_checks(self):
-        """What every file of the output must be: check_file's expected sizes."""
-        return {"n_layers": len(self.plan["layer_ids"]), "hidden_size": self.plan["hidden_size"]}
+        """What every file of the output must be: check_file's expected sizes and storage type."""
+        return {"n_layers": len(self.plan["layer_ids"]), "hidden_size": self.plan["hidden_size"],
+                "storage": self.plan["storage"]}
 
     def check(self, indices):
         """outputs.check_dataset of `indices` of the output, reading only what is not known ok."""
@@ -417,6 +418,7 @@ class ServerExtraction:
         atomic.write_json(os.path.join(out, LAYERS_FILE), {
             "layer_ids": self.plan["layer_ids"], "convention": self.plan["layer_convention"],
             "num_hidden_layers": self.plan["num_hidden_layers"], "hidden_size": self.plan["hidden_size"],
+            "storage": self.plan["storage"],
             "model": self.supervisor.record["driver_args"].get("model"), "run_id": self.supervisor.run.run_id})
         present = outputs.existing_indices(out)
         report = self.check(present)
