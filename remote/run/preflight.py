@@ -24,6 +24,7 @@ import telemetry
 from run import runs
 from run.server import launch
 from run.server import preflight as server_preflight
+from run.storage import existing_parent
 from units import human_bytes
 
 #: speculators' default EAGLE-3 choice captures four layers.
@@ -397,15 +398,6 @@ def output_estimate(config, driver, samples):
     per_token = layer_count * hidden * DTYPE_BYTES.get(dtype, 2)
     return {"bytes_per_token": per_token, "tokens": sum(samples), "samples": len(samples),
             "bytes": per_token * sum(samples), "layers": layer_count, "hidden_size": hidden, "dtype": dtype}
-
-
-def existing_parent(path):
-    while path and not os.path.exists(path):
-        parent = os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
-    return path
 
 
 def disk(output_dir, estimate):

@@ -3,8 +3,9 @@ when the host's speculators takes server mode.
 
 Beyond the checks both paths share (model, dataset, GPUs, torch's build, the output not in use):
 the two environments, the run's plan (the server command can be built: vLLM found, layer ids valid),
-a free port, and room for the states at the output and at the connector's staging directory, which
-should be on the output's filesystem (the client's move is then a rename, not a copy).
+a free port, room for the states at the output and at the connector's staging directory, which
+should be on the output's filesystem (the client's move is then a rename, not a copy), and flock working
+in the staging directory (run/storage.py).
 """
 import os
 import shutil
@@ -12,6 +13,7 @@ import socket
 
 import contract
 import pkgmeta
+from run import storage
 from run.server import outputs, plan
 from units import human_bytes
 
@@ -32,6 +34,8 @@ def checks(preflight, driver, *, workdir, server_python, samples, config):
     estimate = preflight.output_estimate(config, dict(driver, layer_ids=run_plan and run_plan["layer_ids"]), samples)
     found.append(preflight.disk(driver.get("output_dir"), estimate))
     found.append(staging_disk(preflight, driver, estimate, samples))
+    if driver.get("output_dir"):
+        found.append(storage.locks_check(staging_of(driver)))
     found.append(output_free(preflight, workdir, driver.get("output_dir")))
     return found, estimate
 
@@ -88,6 +92,11 @@ def _device(preflight, path):
     return os.stat(preflight.existing_parent(path)).st_dev
 
 
+def staging_of(driver):
+    """The staging directory's parent as the run will have it (the run id comes at launch)."""
+    return os.path.expanduser(driver.get("staging") or os.path.join(driver["output_dir"], ".specrig-staging"))
+
+
 def staging_disk(preflight, driver, estimate, samples):
     """The staging directory: on the output's filesystem (then only in-flight files stay there at once),
     or else with room for every sample too (then each file is copied, and a copy cut short is a
@@ -95,7 +104,7 @@ def staging_disk(preflight, driver, estimate, samples):
     out = driver.get("output_dir")
     if not out:
         return {"name": "staging", "ok": False, "detail": "no output directory given", "advice": "pass --out"}
-    staging = os.path.expanduser(driver.get("staging") or os.path.join(out, ".specrig-staging"))
+    staging = staging_of(driver)
     same = _device(preflight, staging) == _device(preflight, out)
     where = preflight.existing_parent(staging)
     free = shutil.disk_usage(where).free
