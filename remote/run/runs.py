@@ -45,7 +45,7 @@ import telemetry
 from contract import ACTIVE_STATES, GPU_RELEASE_S, STOPPED, SUCCEEDED, SUPERVISOR_DEFAULTS
 from rpc import RemoteFailure
 from run import rundir
-from run.server import outputs, plan
+from run.server import client, outputs, plan
 
 #: The bundle's remote/ (this file is remote/run/runs.py): what a run copies into its code/.
 REMOTE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -447,10 +447,14 @@ def _server_output(run):
     run/server/outputs.py reads every header and scans the states for NaN/Inf)."""
     server = run.record["server"]
     present = outputs.existing_indices(server["out"])
-    report = outputs.check_dataset(server["out"], None, indices=present, n_layers=len(server["layer_ids"]),
-                                   hidden_size=server["hidden_size"])
     total = run.status.get("samples_total")
     fleet = run.record.get("fleet") or {}
+    if fleet.get("shared_out") and total is not None:
+        # One directory holds every shard (`inv extract --shared-out`): this shard is its own indices there.
+        own = set(client.shard_indices(total, server["max_samples"], fleet["shard_count"], fleet["shard_index"]))
+        present = [index for index in present if index in own]
+    report = outputs.check_dataset(server["out"], None, indices=present, n_layers=len(server["layer_ids"]),
+                                   hidden_size=server["hidden_size"])
     dtype = None
     for index in present:  # the states' dtype, from the first file whose header reads
         try:

@@ -191,3 +191,27 @@ NOT_SEEN = {"missing": "no such file there: the directory is this host's own, no
 def why_not_seen(seen):
     return NOT_SEEN.get(seen) or ("cannot read it (%s)" % seen.split(":", 1)[-1].replace("-", " ")
                                   if seen.startswith("unreadable:") else seen)
+
+
+def write_token(args):
+    """`shared-token.write` {directory, token}: the token written in `directory`, or its nearest existing
+    parent (an output directory not made yet): {path}. One host writes, the others read (read_token)."""
+    directory = existing_parent(os.path.abspath(os.path.expanduser(args["directory"])))
+    path = os.path.join(directory, "%s-%s" % (TOKEN_FILE, args["token"]))
+    with open(path, "w") as handle:
+        handle.write(args["token"])
+    return {"path": path}
+
+
+def read_token(args):
+    """`shared-token.read` {path, token}: {seen}, token_seen()'s word for this host."""
+    return {"seen": token_seen(args["path"], args["token"])}
+
+
+def remove_token(args):
+    """`shared-token.remove` {path}: the writer takes its token away, whatever the readers saw."""
+    try:
+        os.unlink(args["path"])
+    except FileNotFoundError:
+        pass
+    return {"removed": args["path"]}
