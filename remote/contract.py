@@ -76,6 +76,11 @@ SERVER_DEFAULTS = {
     "max_num_batched_tokens": None,  # vLLM's per-step token budget; None: vLLM's own default
 }
 
+#: Bytes per stored value of a server-mode run's hidden states, by the run's `storage` (the disk budget's
+#: one definition: run/preflight.py). bf16 is what the connector writes today; fp8 halves it.
+STORAGE_BYTES_PER_VALUE = {"bf16": 2, "fp8": 1}
+DEFAULT_STORAGE = "bf16"
+
 #: How long the supervisor (between attempts) and a stop wait for the GPUs to give back the memory of a
 #: run's ended processes: the driver frees a dead process's memory a moment after it is gone
 #: (docs/gpu-check.md).

@@ -22,7 +22,7 @@ import pkgmeta
 import procs
 import telemetry
 from run import runs
-from run.server import launch
+from run.server import client, launch
 from run.server import preflight as server_preflight
 from run.storage import existing_parent
 from units import human_bytes
@@ -65,7 +65,7 @@ def run(args):
         return {"checks": checks + found, "estimate": estimate}
     checks.append(gpus(driver.get("tensor_parallel_size")))
     checks.append(torch_arch(driver.get("tensor_parallel_size")))
-    estimate = output_estimate(config, driver, samples)
+    estimate = output_estimate(config, driver, share(samples, driver, server=False))
     checks.append(disk(driver.get("output_dir"), estimate))
     checks.append(reorder_hazard(batch_size, max_len))
     checks.append(output_free(workdir, driver.get("output_dir")))
@@ -387,17 +387,38 @@ def torch_arch_check(build, caps, rows):
                                            % _indices([g["index"] for g in through_ptx]) if through_ptx else ""))
 
 
-def output_estimate(config, driver, samples):
-    """Bytes the hidden states take: layers x tokens x hidden size x dtype bytes."""
+def output_estimate(config, driver, samples, bytes_per_value=None):
+    """Bytes the hidden states of `samples` (their tokens: this host's share) take: layers x tokens x hidden
+    size x bytes per value (`bytes_per_value`, else the model dtype's: the in-process driver stores that)."""
     if config is None:
         return None
     text = launch.text_config(config)
     hidden = text.get("hidden_size") or 0
     dtype = _dtype(config)
     layer_count = len(driver.get("layer_ids") or []) or DEFAULT_LAYER_COUNT
-    per_token = layer_count * hidden * DTYPE_BYTES.get(dtype, 2)
+    per_token = layer_count * hidden * (bytes_per_value or DTYPE_BYTES.get(dtype, 2))
     return {"bytes_per_token": per_token, "tokens": sum(samples), "samples": len(samples),
-            "bytes": per_token * sum(samples), "layers": layer_count, "hidden_size": hidden, "dtype": dtype}
+            "bytes": per_token * sum(samples), "layers": layer_count, "hidden_size": hidden, "dtype": dtype,
+            "share": share_words(driver)}
+
+
+def share(samples, driver, *, server):
+    """The samples (their token counts, in dataset order) this host extracts: all of them, or its shard's:
+    in process the indices i % n == k, in server mode speculators' contiguous chunk of rank k
+    (run/server/client.py shard_indices). Server mode counts rows, one per assistant turn, where the
+    dataset check counted conversations: the share is the same fraction of either."""
+    count, index = driver.get("shard_count"), driver.get("shard_index")
+    if not count:
+        return samples
+    if not server:
+        return samples[index::count]
+    return [samples[i] for i in client.shard_indices(len(samples), None, count, index)]
+
+
+def share_words(driver):
+    """'shard 2 of 3' or 'the whole dataset', for the disk check's message."""
+    count = driver.get("shard_count")
+    return "shard %d of %d" % (driver["shard_index"] + 1, count) if count else "the whole dataset"
 
 
 def disk(output_dir, estimate):
@@ -410,9 +431,11 @@ def disk(output_dir, estimate):
     if not estimate or not estimate["tokens"]:
         return check("disk", True, "%s free at %s (output size unknown)" % (human_bytes(free), where))
     need = estimate["bytes"] * DISK_MARGIN
-    return check("disk", free >= need, "%s free at %s; the output needs about %s (%d B/token x %d tokens)"
-                 % (human_bytes(free), where, human_bytes(estimate["bytes"]), estimate["bytes_per_token"], estimate["tokens"]),
-                 "free space or choose another --out; or lower --max-samples")
+    return check("disk", free >= need, "%s free at %s; %s needs about %s (%d samples, %d B/token x %d tokens)"
+                 % (human_bytes(free), where, estimate["share"], human_bytes(estimate["bytes"]), estimate["samples"],
+                    estimate["bytes_per_token"], estimate["tokens"]),
+                 "free %s at %s, or choose an --out with room for it; or lower --max-samples, or split the dataset "
+                 "over more hosts (a group in --host)" % (human_bytes(need - free), where))
 
 
 def reorder_hazard(batch_size, max_length):

@@ -75,3 +75,22 @@ def test_a_full_disk_under_the_connector_fails_once_named_from_the_servers_log(l
     assert present, "no file was written before the disk filled"
     report = outputs.check_dataset(str(out), None, indices=present, n_layers=4, hidden_size=128)
     assert report["complete"], report["files"]
+
+
+def test_the_preflight_refuses_an_output_too_small_for_the_share_naming_need_and_free(lab, tiny_output: Path):
+    """The same 2 MiB output without --skip-preflight: refused before anything starts, need against free
+    named with the fix; every file already there intact."""
+    out = tiny_output / "out"
+    as_lab_user("mkdir", "-p", str(out))
+    as_lab_user("sh", "-c", f"echo 'an earlier run' > {out}/kept.txt")
+    before = sorted(p.name for p in RUNS.iterdir())
+    code, found = inv_json("extract", "--host", HOST, "--out", str(out), "--port", str(_free_port()),
+                           "--max-samples", "24", timeout=300)
+    assert code == 1 and found.get("launched") is not True, found
+    disk = next(c for c in found["preflight"] if c["name"] == "disk")
+    assert not disk["ok"], found["preflight"]
+    assert disk["detail"].startswith(f"2.0 MiB free at {out}; the whole dataset needs about "), disk
+    assert "(24 samples, 1024 B/token x " in disk["detail"], disk  # 4 layers x hidden 128 x bf16's 2 bytes
+    assert disk["advice"].startswith("free ") and f"at {out}, or choose an --out with room for it" in disk["advice"]
+    assert sorted(p.name for p in RUNS.iterdir()) == before  # nothing launched
+    assert sorted(p.name for p in out.iterdir()) == ["kept.txt"] and (out / "kept.txt").read_text() == "an earlier run\n"

@@ -31,9 +31,13 @@ def checks(preflight, driver, *, workdir, server_python, samples, config):
     found.append(preflight.torch_arch(driver.get("tensor_parallel_size"),
                                       python=pkgmeta.interpreter(server_python) if server_python else None))
     found.append(port_free(driver.get("port") or contract.SERVER_DEFAULTS["port"]))
-    estimate = preflight.output_estimate(config, dict(driver, layer_ids=run_plan and run_plan["layer_ids"]), samples)
+    # The disk budget is this host's share, in the run's storage (one definition of its bytes per value).
+    storage_type = driver.get("storage") or contract.DEFAULT_STORAGE
+    share = preflight.share(samples, driver, server=True)
+    estimate = preflight.output_estimate(config, dict(driver, layer_ids=run_plan and run_plan["layer_ids"]), share,
+                                         bytes_per_value=contract.STORAGE_BYTES_PER_VALUE[storage_type])
     found.append(preflight.disk(driver.get("output_dir"), estimate))
-    found.append(staging_disk(preflight, driver, estimate, samples))
+    found.append(staging_disk(preflight, driver, estimate, share))
     if driver.get("output_dir"):
         found.append(storage.locks_check(staging_of(driver)))
     found.append(output_free(preflight, workdir, driver.get("output_dir")))
