@@ -154,6 +154,10 @@ def test_a_staging_directory_one_node_does_not_share_is_refused_by_name_and_noth
     assert code == 1 and found["launched"] is False, found
     nodes = {host: item["result"]["checks"] for host, item in found["preflight"].items()}
     assert all(c["ok"] for checks in nodes.values() for c in checks), nodes  # each node alone passes
+    # flock works in each node's own staging directory: the worker's is its private tmpfs.
+    locks = {host: next(c for c in checks if c["name"] == "staging-locks") for host, checks in nodes.items()}
+    assert "flock exclusive, then shared, each at once; enforced" in locks["lab-1"]["detail"], locks
+    assert f"on tmpfs (specrig-private on {out}): flock exclusive" in locks[worker]["detail"], locks
     job = {c["name"]: c for c in found["job"]}
     assert [name for name, c in job.items() if not c["ok"]] == ["staging-shared"], job
     staging = out / ".specrig-staging"

@@ -92,5 +92,8 @@ def test_the_preflight_refuses_an_output_too_small_for_the_share_naming_need_and
     assert disk["detail"].startswith(f"2.0 MiB free at {out}; the whole dataset needs about "), disk
     assert "(24 samples, 1024 B/token x " in disk["detail"], disk  # 4 layers x hidden 128 x bf16's 2 bytes
     assert disk["advice"].startswith("free ") and f"at {out}, or choose an --out with room for it" in disk["advice"]
+    locks = next(c for c in found["preflight"] if c["name"] == "staging-locks")
+    assert locks["ok"] and locks["detail"] == (f"{out}/.specrig-staging on tmpfs (tmpfs on {tiny_output}): flock "
+                                               "exclusive, then shared, each at once; enforced"), locks
     assert sorted(p.name for p in RUNS.iterdir()) == before  # nothing launched
     assert sorted(p.name for p in out.iterdir()) == ["kept.txt"] and (out / "kept.txt").read_text() == "an earlier run\n"
