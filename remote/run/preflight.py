@@ -21,7 +21,7 @@ import hfcache
 import pkgmeta
 import procs
 import telemetry
-from run import runs
+from run import budget, runs
 from run.server import client, launch
 from run.server import preflight as server_preflight
 from run.storage import existing_parent
@@ -32,7 +32,6 @@ DEFAULT_LAYER_COUNT = 4
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float8_e4m3fn": 1}
 #: Characters per token, for estimating the dataset's tokens without a tokenizer.
 CHARS_PER_TOKEN = 4
-DISK_MARGIN = 1.1
 HUB_DATASETS = ("sharegpt", "ultrachat")
 #: The helper that reads torch's build in a process of its own (remote/run/torch_arch.py).
 TORCH_ARCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_arch.py")
@@ -425,17 +424,16 @@ def disk(output_dir, estimate):
     if not output_dir:
         return check("disk", False, "no output directory given", "pass --out or set extract.out in hosts.yaml")
     where = existing_parent(output_dir)
-    free = shutil.disk_usage(where).free
     if not os.access(where, os.W_OK):
         return check("disk", False, "%s is not writable" % where, "choose an --out this user can write")
     if not estimate or not estimate["tokens"]:
-        return check("disk", True, "%s free at %s (output size unknown)" % (human_bytes(free), where))
-    need = estimate["bytes"] * DISK_MARGIN
-    return check("disk", free >= need, "%s free at %s; %s needs about %s (%d samples, %d B/token x %d tokens)"
-                 % (human_bytes(free), where, estimate["share"], human_bytes(estimate["bytes"]), estimate["samples"],
-                    estimate["bytes_per_token"], estimate["tokens"]),
-                 "free %s at %s, or choose an --out with room for it; or lower --max-samples, or split the dataset "
-                 "over more hosts (a group in --host)" % (human_bytes(need - free), where))
+        return check("disk", True, "%s free at %s (output size unknown)" % (human_bytes(shutil.disk_usage(
+            where).free), where))
+    found = budget.room(output_dir, need=estimate["bytes"], what="%s (%d samples, %d B/token x %d tokens)" % (
+        estimate["share"], estimate["samples"], estimate["bytes_per_token"], estimate["tokens"]),
+        fix="or choose an --out with room for it; or lower --max-samples, or split the dataset over more hosts "
+            "(a group in --host)")
+    return check("disk", found["ok"], found["detail"], found["advice"])
 
 
 def reorder_hazard(batch_size, max_length):

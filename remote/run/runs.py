@@ -44,7 +44,7 @@ import procs
 import telemetry
 from contract import ACTIVE_STATES, GPU_RELEASE_S, STOPPED, SUCCEEDED, SUPERVISOR_DEFAULTS
 from rpc import RemoteFailure
-from run import rundir
+from run import budget, rundir
 from run.server import client, outputs, plan
 
 #: The bundle's remote/ (this file is remote/run/runs.py): what a run copies into its code/.
@@ -208,6 +208,13 @@ def resume(args):
         busy = writers_of(workdir, run.record["out"], excluding=run.run_id)
         if busy:
             raise RemoteFailure("output-busy", "run %s is writing %s now" % (busy[0].run_id, run.record["out"]))
+        if run.record.get("server"):
+            # A resume into a disk that cannot hold the share's missing files would fail as the run did.
+            found = budget.resume_room(run.record["server"], fix="then resume again; or start a new run with an "
+                                                                 "--out that has room (the files here are kept)")
+            if found and not found["ok"]:
+                raise RemoteFailure("no-room", "run %s: %s" % (run.run_id, found["detail"]), advice=found["advice"],
+                                    need=found["need"], free=found["free"], where=found["where"])
         # A lost run's driver (or server and client) may outlive its supervisor; two must not share the output.
         _terminate(_jobs(run), run.record["options"]["grace_s"])
         # The run's files its user's alone, where an older specrig left them readable to everyone.

@@ -13,7 +13,7 @@ import socket
 
 import contract
 import pkgmeta
-from run import storage
+from run import budget, storage
 from run.server import outputs, plan
 from units import human_bytes
 
@@ -32,10 +32,9 @@ def checks(preflight, driver, *, workdir, server_python, samples, config):
                                       python=pkgmeta.interpreter(server_python) if server_python else None))
     found.append(port_free(driver.get("port") or contract.SERVER_DEFAULTS["port"]))
     # The disk budget is this host's share, in the run's storage (one definition of its bytes per value).
-    storage_type = driver.get("storage") or contract.DEFAULT_STORAGE
     share = preflight.share(samples, driver, server=True)
     estimate = preflight.output_estimate(config, dict(driver, layer_ids=run_plan and run_plan["layer_ids"]), share,
-                                         bytes_per_value=contract.STORAGE_BYTES_PER_VALUE[storage_type])
+                                         bytes_per_value=budget.bytes_per_value(driver.get("storage")))
     found.append(preflight.disk(driver.get("output_dir"), estimate))
     found.append(staging_disk(preflight, driver, estimate, share))
     if driver.get("output_dir"):
