@@ -195,12 +195,16 @@ def why_not_seen(seen):
 
 def write_token(args):
     """`shared-token.write` {directory, token}: the token written in `directory`, or its nearest existing
-    parent (an output directory not made yet): {path}. One host writes, the others read (read_token)."""
+    parent (an output directory not made yet): {path, directory, error}. One host writes, the others read
+    (read_token)."""
     directory = existing_parent(os.path.abspath(os.path.expanduser(args["directory"])))
     path = os.path.join(directory, "%s-%s" % (TOKEN_FILE, args["token"]))
-    with open(path, "w") as handle:
-        handle.write(args["token"])
-    return {"path": path}
+    try:
+        with open(path, "w") as handle:
+            handle.write(args["token"])
+    except OSError as exc:
+        return {"path": None, "directory": directory, "error": exc.strerror or str(exc)}
+    return {"path": path, "directory": directory, "error": None}
 
 
 def read_token(args):

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 
 from specrig.contract import ACTIVE_STATES, load_host_module
 from specrig.doctor import check_extraction_mode
-from specrig.errors import Findings, UsageError
+from specrig.errors import AuthFailed, ConnectionFailed, Findings, HostKeyError, UsageError
 from specrig.exit_status import ExitStatus
 from specrig.group import GroupResult, HostOutcome, run_each, run_group
 from specrig.inventory import Host
@@ -75,6 +75,7 @@ def shard_requests(hosts: Sequence[Host], given: dict, *, shared_out: bool = Fal
 #: remote/run/storage.py: the words for what a host that misses another's token saw.
 storage = load_host_module("run/storage")
 SHARED_CHECK = "out-shared"
+UNREACHABLE = (ConnectionFailed, AuthFailed, HostKeyError)
 
 
 def shared_output(hosts: Sequence[Host], requests: dict[str, Request], *, shared_out: bool) -> dict[str, dict]:
@@ -96,14 +97,23 @@ def shared_output(hosts: Sequence[Host], requests: dict[str, Request], *, shared
 def token_proof(out: str, hosts: Sequence[Host], *, shared_out: bool) -> dict[str, dict]:
     """One path's proof (shared_output()): host → its check."""
     writer, readers, token = hosts[0], hosts[1:], uuid.uuid4().hex
-    with connect(writer) as remote:
-        path = remote.call("shared-token.write", {"directory": out, "token": token})["path"]
-        try:
-            outcomes = run_each(readers, lambda host: _read_token(host, path, token), parallel=len(readers))
-            seen = {outcome.host: outcome.result["seen"] if outcome.result else "unreadable:" + outcome.error.one_line()
-                    for outcome in outcomes}
-        finally:
-            remote.call("shared-token.remove", {"path": path})
+    try:
+        with connect(writer) as remote:
+            written = remote.call("shared-token.write", {"directory": out, "token": token})
+            if written["error"]:
+                return {host.name: check(False, f"{writer.name} could not write a token in {written['directory']} "
+                                                f"to see which hosts share {out}: {written['error']}",
+                                         "choose an --out this user can write on every host")
+                        for host in hosts}
+            path = written["path"]
+            try:
+                outcomes = run_each(readers, lambda host: _read_token(host, path, token), parallel=len(readers))
+                seen = {outcome.host: outcome.result["seen"] if outcome.result
+                        else "not reached (" + outcome.error.one_line() + ")" for outcome in outcomes}
+            finally:
+                remote.call("shared-token.remove", {"path": path})
+    except UNREACHABLE:
+        return {}  # the writer's own preflight says it is not reached, and nothing launches
     shared = [name for name, word in seen.items() if word == "shared"]
     own = [name for name in seen if name not in shared]
     where = f"{os.path.dirname(path)} ({out} on {len(hosts)} hosts)"

@@ -69,3 +69,15 @@ def test_a_probe_that_fails_is_named_with_the_advice():
     assert not found["ok"] and found["detail"] == (
         "/proc/out on proc (proc on /proc): cannot create a file there: ENOENT: No such file or directory")
     assert found["advice"] == storage.LOCK_ADVICE["local"]
+
+
+def test_a_token_is_written_in_the_nearest_existing_directory_read_and_taken_away(tmp_path):
+    written = storage.write_token({"directory": str(tmp_path / "out" / "not-made"), "token": "t0k3n"})
+    assert written == {"path": str(tmp_path / ".specrig-shared-token-t0k3n"), "directory": str(tmp_path),
+                       "error": None}
+    assert storage.read_token({"path": written["path"], "token": "t0k3n"}) == {"seen": "shared"}
+    assert storage.read_token({"path": written["path"], "token": "other"}) == {"seen": "another-token"}
+    storage.remove_token({"path": written["path"]})
+    assert storage.read_token({"path": written["path"], "token": "t0k3n"}) == {"seen": "missing"}
+    assert os.listdir(tmp_path) == []
+    assert storage.write_token({"directory": "/proc/out", "token": "t"})["error"] == "No such file or directory"
