@@ -358,3 +358,24 @@ def test_the_arrival_check_leaves_nothing_to_read_at_the_end(tmp_path, workers):
     with workload.ArrivalCheck(Output, wanted={0, 1, 2, 3}, workers=workers) as arrivals:
         arrivals.finish()
     assert set(Output.checked.ok) == {0, 1, 2, 3}
+
+
+def test_a_shard_of_a_shared_output_counts_only_its_own_files(tmp_path):
+    """Three shards wrote one directory (--shared-out): verify-output on rank 1 names its chunk alone."""
+    from run import runs as host_runs
+
+    out = tmp_path / "shared"
+    out.mkdir()
+    for index in range(7):
+        hs_file(out / f"hs_{index}.safetensors", layers=4, width=16)
+    run = tmp_path / "work" / "runs" / "r1"
+    run.mkdir(parents=True)
+    fleet = {"fleet_run_id": "fleet-x", "hosts": ["a", "b", "c"], "shard_index": 1, "shard_count": 3}
+    record = {"run_id": "r1", "out": str(out), "driver_args": {},
+              "server": {"out": str(out), "layer_ids": [2, 4, 5, 8], "hidden_size": 16, "max_samples": None}}
+    (run / "status.json").write_text(json.dumps({"state": "succeeded", "samples_total": 7}))
+    (run / "exit.json").write_text(json.dumps({"state": "succeeded"}))
+    for shared_out, indices in ((True, [3, 4]), (False, list(range(7)))):
+        (run / "run.json").write_text(json.dumps(dict(record, fleet=dict(fleet, shared_out=shared_out))))
+        found = host_runs.verify_output({"workdir": str(tmp_path / "work"), "run": "r1"})
+        assert found["indices"] == indices and found["unloadable"] == [], found
