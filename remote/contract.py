@@ -89,9 +89,10 @@ STORAGE_VALUE_BYTES = {BF16: None, FP8: 1}
 FP8_SCALE_BYTES = 4
 
 
-def stored_bytes_per_token(storage, *, values_per_token, model_dtype_bytes):
+def stored_bytes_per_token(storage, values_per_token, model_dtype_bytes):
     """Bytes the hidden states of one token take on disk under `storage` (a storage type of STORAGES):
-    `values_per_token` (layers x hidden size) values, plus fp8's scale; token_ids not counted."""
+    `values_per_token` (layers x hidden size) values, plus fp8's scale; token_ids not counted.
+    (Positional parameters: this module stays in syntax any Python parses, see entry.py.)"""
     value_bytes = STORAGE_VALUE_BYTES[storage] or model_dtype_bytes
     return values_per_token * value_bytes + (FP8_SCALE_BYTES if storage == FP8 else 0)
 

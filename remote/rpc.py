@@ -28,6 +28,9 @@ COMMANDS = {
     "preflight": "run.preflight:run",                       # run: the checks before a launch
     "node-preflight.facts": "run.server.node_preflight:facts",            # run: one node's facts
     "node-preflight.rendezvous": "run.server.node_preflight:rendezvous",  # run: the nodes reach each other
+    "shared-token.write": "run.storage:write_token",     # run: is a path one storage for several hosts
+    "shared-token.read": "run.storage:read_token",
+    "shared-token.remove": "run.storage:remove_token",
     "smoke": "run.smoke:run",                               # run: the driver on a shrunk model
     "runs.launch": "run.runs:launch",                       # run: start a supervised run
     "runs.status": "run.runs:status",

@@ -21,9 +21,10 @@ import hfcache
 import pkgmeta
 import procs
 import telemetry
-from run import runs
-from run.server import launch
+from run import budget, runs
+from run.server import client, launch
 from run.server import preflight as server_preflight
+from run.storage import existing_parent
 from units import human_bytes
 
 #: speculators' default EAGLE-3 choice captures four layers.
@@ -31,7 +32,6 @@ DEFAULT_LAYER_COUNT = 4
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "half": 2, "float32": 4, "float": 4, "float8_e4m3fn": 1}
 #: Characters per token, for estimating the dataset's tokens without a tokenizer.
 CHARS_PER_TOKEN = 4
-DISK_MARGIN = 1.1
 HUB_DATASETS = ("sharegpt", "ultrachat")
 #: The helper that reads torch's build in a process of its own (remote/run/torch_arch.py).
 TORCH_ARCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_arch.py")
@@ -64,7 +64,7 @@ def run(args):
         return {"checks": checks + found, "estimate": estimate}
     checks.append(gpus(driver.get("tensor_parallel_size")))
     checks.append(torch_arch(driver.get("tensor_parallel_size")))
-    estimate = output_estimate(config, driver, samples)
+    estimate = output_estimate(config, driver, share(samples, driver, server=False))
     checks.append(disk(driver.get("output_dir"), estimate))
     checks.append(reorder_hazard(batch_size, max_len))
     checks.append(output_free(workdir, driver.get("output_dir")))
@@ -386,41 +386,56 @@ def torch_arch_check(build, caps, rows):
                                            % _indices([g["index"] for g in through_ptx]) if through_ptx else ""))
 
 
-def output_estimate(config, driver, samples):
-    """Bytes the hidden states take: layers x tokens x hidden size x dtype bytes."""
+def output_estimate(config, driver, samples, storage=contract.BF16):
+    """Bytes the hidden states of `samples` (their tokens: this host's share) take: tokens x the bytes a token
+    takes in `storage` (contract.stored_bytes_per_token: layers x hidden size values; bf16 is the model
+    dtype's own, which the in-process driver stores)."""
     if config is None:
         return None
     text = launch.text_config(config)
     hidden = text.get("hidden_size") or 0
     dtype = _dtype(config)
     layer_count = len(driver.get("layer_ids") or []) or DEFAULT_LAYER_COUNT
-    per_token = layer_count * hidden * DTYPE_BYTES.get(dtype, 2)
+    per_token = contract.stored_bytes_per_token(storage, values_per_token=layer_count * hidden,
+                                                model_dtype_bytes=DTYPE_BYTES.get(dtype, 2))
     return {"bytes_per_token": per_token, "tokens": sum(samples), "samples": len(samples),
-            "bytes": per_token * sum(samples), "layers": layer_count, "hidden_size": hidden, "dtype": dtype}
+            "bytes": per_token * sum(samples), "layers": layer_count, "hidden_size": hidden, "dtype": dtype,
+            "share": share_words(driver)}
 
 
-def existing_parent(path):
-    while path and not os.path.exists(path):
-        parent = os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
-    return path
+def share(samples, driver, *, server):
+    """The samples (their token counts, in dataset order) this host extracts: all of them, or its shard's:
+    in process the indices i % n == k, in server mode speculators' contiguous chunk of rank k
+    (run/server/client.py shard_indices). Server mode counts rows, one per assistant turn, where the
+    dataset check counted conversations: the share is the same fraction of either."""
+    count, index = driver.get("shard_count"), driver.get("shard_index")
+    if not count:
+        return samples
+    if not server:
+        return samples[index::count]
+    return [samples[i] for i in client.shard_indices(len(samples), None, count, index)]
+
+
+def share_words(driver):
+    """'shard 2 of 3' or 'the whole dataset', for the disk check's message."""
+    count = driver.get("shard_count")
+    return "shard %d of %d" % (driver["shard_index"] + 1, count) if count else "the whole dataset"
 
 
 def disk(output_dir, estimate):
     if not output_dir:
         return check("disk", False, "no output directory given", "pass --out or set extract.out in hosts.yaml")
     where = existing_parent(output_dir)
-    free = shutil.disk_usage(where).free
     if not os.access(where, os.W_OK):
         return check("disk", False, "%s is not writable" % where, "choose an --out this user can write")
     if not estimate or not estimate["tokens"]:
-        return check("disk", True, "%s free at %s (output size unknown)" % (human_bytes(free), where))
-    need = estimate["bytes"] * DISK_MARGIN
-    return check("disk", free >= need, "%s free at %s; the output needs about %s (%d B/token x %d tokens)"
-                 % (human_bytes(free), where, human_bytes(estimate["bytes"]), estimate["bytes_per_token"], estimate["tokens"]),
-                 "free space or choose another --out; or lower --max-samples")
+        return check("disk", True, "%s free at %s (output size unknown)" % (human_bytes(shutil.disk_usage(
+            where).free), where))
+    found = budget.room(output_dir, need=estimate["bytes"], what="%s (%d samples, %d B/token x %d tokens)" % (
+        estimate["share"], estimate["samples"], estimate["bytes_per_token"], estimate["tokens"]),
+        fix="or choose an --out with room for it; or lower --max-samples, or split the dataset over more hosts "
+            "(a group in --host)")
+    return check("disk", found["ok"], found["detail"], found["advice"])
 
 
 def reorder_hazard(batch_size, max_length):

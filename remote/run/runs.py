@@ -44,8 +44,8 @@ import procs
 import telemetry
 from contract import ACTIVE_STATES, GPU_RELEASE_S, STOPPED, SUCCEEDED, SUPERVISOR_DEFAULTS
 from rpc import RemoteFailure
-from run import rundir
-from run.server import outputs, plan
+from run import budget, rundir
+from run.server import client, outputs, plan
 
 #: The bundle's remote/ (this file is remote/run/runs.py): what a run copies into its code/.
 REMOTE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -209,6 +209,13 @@ def resume(args):
         busy = writers_of(workdir, run.record["out"], excluding=run.run_id)
         if busy:
             raise RemoteFailure("output-busy", "run %s is writing %s now" % (busy[0].run_id, run.record["out"]))
+        if run.record.get("server"):
+            # A resume into a disk that cannot hold the share's missing files would fail as the run did.
+            found = budget.resume_room(run.record["server"], fix="then resume again; or start a new run with an "
+                                                                 "--out that has room (the files here are kept)")
+            if found and not found["ok"]:
+                raise RemoteFailure("no-room", "run %s: %s" % (run.run_id, found["detail"]), advice=found["advice"],
+                                    need=found["need"], free=found["free"], where=found["where"])
         # A lost run's driver (or server and client) may outlive its supervisor; two must not share the output.
         _terminate(_jobs(run), run.record["options"]["grace_s"])
         # The run's files its user's alone, where an older specrig left them readable to everyone.
@@ -454,10 +461,14 @@ def _server_output(run):
     run/server/outputs.py reads every header and scans the states for NaN/Inf)."""
     server = run.record["server"]
     present = outputs.existing_indices(server["out"])
-    report = outputs.check_dataset(server["out"], None, indices=present, n_layers=len(server["layer_ids"]),
-                                   hidden_size=server["hidden_size"], storage=_storage(server))
     total = run.status.get("samples_total")
     fleet = run.record.get("fleet") or {}
+    if fleet.get("shared_out") and total is not None:
+        # One directory holds every shard (`inv extract --shared-out`): this shard is its own indices there.
+        own = set(client.shard_indices(total, server["max_samples"], fleet["shard_count"], fleet["shard_index"]))
+        present = [index for index in present if index in own]
+    report = outputs.check_dataset(server["out"], None, indices=present, n_layers=len(server["layer_ids"]),
+                                   hidden_size=server["hidden_size"], storage=_storage(server))
     dtype = None
     for index in present:  # the states' dtype, from the first file whose header reads
         try:

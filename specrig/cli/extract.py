@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from specrig.cli.runner import run_on_group, run_on_host
 from specrig.contract import SERVER
+from specrig.errors import UsageError
 from specrig.exit_status import ExitStatus, most_serious
 from specrig.inventory import Host
 from specrig.run import live, node_runs, runs, sharded_runs, view
@@ -21,23 +22,28 @@ def extract_on_host(host: Host, given: dict, *, skip_preflight: bool, attach: bo
                        view.extract_view(live.follow if attach else None), as_json=as_json)
 
 
-def extract_sharded(spec: str, hosts: Sequence[Host], given: dict, *, skip_preflight: bool, attach: bool,
-                    as_json: bool) -> ExitStatus:
+def extract_sharded(spec: str, hosts: Sequence[Host], given: dict, *, shared_out: bool, skip_preflight: bool,
+                    attach: bool, as_json: bool) -> ExitStatus:
     """Preflight every host in parallel; launch on each only when every one passed; then follow them all
     on one board (or return at once with attach False)."""
-    requests = sharded_runs.shard_requests(hosts, given)
-    preflight, modes = sharded_runs.preflight_shards(hosts, requests, skip_preflight=skip_preflight)
+    requests = sharded_runs.shard_requests(hosts, given, shared_out=shared_out)
+    preflight, modes = sharded_runs.preflight_shards(hosts, requests, skip_preflight=skip_preflight,
+                                                     shared_out=shared_out)
     view.show_shards_preflight(preflight, as_json=as_json)
     if preflight.failed:
         return preflight.exit_status
     mode = sharded_runs.one_mode(modes)
+    if shared_out and mode != SERVER:
+        raise UsageError("--shared-out: these hosts extract in process (speculators <= 0.4), where each shard "
+                         "writes its own data_config.json into its output", hint="put {host} in --out; nothing "
+                         "was launched")
     sharded_run_id = sharded_runs.new_group_run_id(sharded_runs.SHARDED_PREFIX)
     names = [host.name for host in hosts]
     board = live.RunsBoard(names) if attach else None
 
     def launch(host: Host) -> dict:
         return sharded_runs.launch_shard(host, requests[host.name], sharded_run_id=sharded_run_id, names=names,
-                                         on_update=(lambda run: board.update(host.name, run)) if board else None)
+                                         shared_out=shared_out, on_update=(lambda run: board.update(host.name, run)) if board else None)
 
     if not as_json:
         view.show_sharded_run(sharded_run_id, names, server=mode == SERVER)

@@ -105,6 +105,8 @@ NODE_OPTIONS = {
                         "concurrency", "allow_skipped", "staging", "writer_threads", "max_num_batched_tokens",
                         "storage"),
             **NODE_OPTIONS,
+            "shared_out": "several hosts, server mode: every shard writes one --out on storage they all mount "
+                          "(the preflight proves it is one)",
             "skip_preflight": "launch without the preflight checks (drift, GPUs, model, disk, batch hazard)",
             "detach": "launch and return at once instead of showing the live view",
             "json": JSON_HELP})
@@ -112,7 +114,7 @@ NODE_OPTIONS = {
 def extract(c, host, model=None, data=None, out=None, tp=None, layers=None, batch_size=None, max_len=None,
             max_samples=None, port=None, concurrency=None, allow_skipped=False, staging=None, writer_threads=None,
             max_num_batched_tokens=None, storage=None, nodes=None, pp=None, dp_local=None, rendezvous_port=None,
-            watch_port=None, skip_preflight=False, detach=False, json=False):
+            watch_port=None, shared_out=False, skip_preflight=False, detach=False, json=False):
     """Preflight, launch the supervised extraction on a host, and show it live (Ctrl-C detaches; the run goes on).
 
     The host's speculators picks the mode: <= 0.4 drives vLLM in-process; >= 0.8 runs a vLLM server and
@@ -151,8 +153,11 @@ def extract(c, host, model=None, data=None, out=None, tp=None, layers=None, batc
         raise UsageError(f"--{given_alone[0].replace('_', '-')} applies to a multi-node job",
                          hint="add --nodes dp or --nodes tp-pp (docs/runs.md, 'Multi-node')")
     if targets and len(targets) > 1:
-        return extraction.extract_sharded(host, targets, given, skip_preflight=skip_preflight, attach=attach,
-                                          as_json=json)
+        return extraction.extract_sharded(host, targets, given, shared_out=shared_out, skip_preflight=skip_preflight,
+                                          attach=attach, as_json=json)
+    if shared_out:
+        raise UsageError(f"--shared-out: {host!r} is one host; one shared directory is for the shards of several",
+                         hint="name a group or a comma list in --host, or drop --shared-out")
     return extraction.extract_on_host(targets[0] if targets else inventory.host(host), given,
                                       skip_preflight=skip_preflight, attach=attach, as_json=json)
 

@@ -51,6 +51,8 @@ FLEET_PORT = 2222
 #: `--hosts` goes up to FLEET_MAX; the addresses above it are left to tests' private hosts.
 FLEET_MAX = 199
 FLEET_GROUP = "lab-fleet"
+#: The size of each tmpfs of a private view (start_fleet_host(private=...)): a test's files, not a dataset.
+PRIVATE_VIEW_SIZE = "64m"
 #: How many fleet hosts hosts.yaml names (lab-1 ... lab-3, group lab-fleet): `inv lab.up --hosts 3`.
 FLEET_SHIPPED = 3
 
@@ -239,7 +241,8 @@ def _sshd_pid(state: Path = STATE) -> int | None:
     return running_pid(state / "sshd.pid")
 
 
-def _ensure_sshd(port: int, log, *, address: str = "127.0.0.1", state: Path = STATE) -> None:
+def _ensure_sshd(port: int, log, *, address: str = "127.0.0.1", state: Path = STATE,
+                 private: tuple[Path, ...] = ()) -> None:
     _ensure_key(state / "ssh_host_ed25519_key", comment="specrig-lab-host")
     config = state / "sshd_config"
     wanted = _sshd_config(port, address=address, state=state)
@@ -251,9 +254,23 @@ def _ensure_sshd(port: int, log, *, address: str = "127.0.0.1", state: Path = ST
     if pid and changed:
         os.kill(pid, signal.SIGHUP)  # re-read the config
     if not pid:
-        _sh(SSHD, "-f", str(config), "-E", str(state / "sshd.log"))
-        log(f"started sshd on {address}:{port}")
+        _sh(*_private_view(private), SSHD, "-f", str(config), "-E", str(state / "sshd.log"))
+        log(f"started sshd on {address}:{port}" + (f", {', '.join(map(str, private))} its own" if private else ""))
     _wait_listening(port, address=address, state=state)
+
+
+def _private_view(paths: tuple[Path, ...]) -> tuple[str, ...]:
+    """The words that start a daemon in a mount namespace of its own where each of `paths` (existing
+    directories) is an empty tmpfs owned as the directory is: what the daemon and every login through it
+    write there stays in that namespace, unseen by the machine and its other hosts. Propagation is
+    private, so nothing mounted here leaks out; the namespace, and its tmpfs, end with its last process.
+    Nothing (empty `paths`): the machine's own view."""
+    if not paths:
+        return ()
+    mounts = [f"mount -t tmpfs -o size={PRIVATE_VIEW_SIZE},mode=0755,uid={os.stat(path).st_uid},"
+              f"gid={os.stat(path).st_gid} specrig-private \"${index}\"" for index, path in enumerate(paths, 1)]
+    script = " && ".join([*mounts, f"shift {len(paths)}", 'exec "$@"'])
+    return ("unshare", "--mount", "--propagation", "private", "sh", "-c", script, "private-view", *map(str, paths))
 
 
 def _wait_listening(port: int, timeout: float = 10, *, address: str = "127.0.0.1", state: Path = STATE) -> None:
@@ -419,14 +436,21 @@ def up_fleet(count: int, *, log=print) -> None:
         + ("" if count == FLEET_SHIPPED else f", with SPECRIG_HOSTS={fleet_inventory()}") + ")")
 
 
-def start_fleet_host(number: int, *, log=print) -> None:
-    """Fleet host `number`'s sshd, started if it is not running (its key made if it has none)."""
+def start_fleet_host(number: int, *, private: tuple[Path, ...] = (), log=print) -> None:
+    """Fleet host `number`'s sshd, started if it is not running (its key made if it has none). With
+    `private` (directories), a host that does not share them: its sshd starts in a mount namespace of its
+    own where each is an empty tmpfs (_private_view), as a node whose disk those paths are on would be; it
+    stops as any other (stop_fleet_host), and the view goes with it. For private hosts of a test (above
+    FLEET_MAX), never the shared fleet's: its other users expect lab-1 ... lab-N to share this machine."""
     if not 1 <= number <= 254:
         raise UsageError(f"lab fleet host {number}: numbers go from 1 to 254 (127.0.1.1 ... 127.0.1.254)")
+    if private and (number <= FLEET_MAX or fleet_host_running(number)):
+        raise UsageError(f"lab fleet host {number}: a private view is for a test's own stopped host, above "
+                         f"{FLEET_MAX} (a running sshd keeps the view it started with)")
     state = fleet_state(number)
     state.mkdir(parents=True, exist_ok=True)
     os.chmod(state, 0o755)
-    _ensure_sshd(FLEET_PORT, log, address=fleet_address(number), state=state)
+    _ensure_sshd(FLEET_PORT, log, address=fleet_address(number), state=state, private=tuple(private))
 
 
 def stop_fleet_host(number: int, *, log=print) -> None:

@@ -38,6 +38,8 @@ RENDEZVOUS_TIMEOUT_S = 20
 
 #: remote/run/server/nodes.py, the one definition of a job's shape and records (it imports nothing).
 layout = load_host_module("run/server/nodes")
+#: remote/run/storage.py: what a host that misses another's token saw, in words.
+storage = load_host_module("run/storage")
 MODES: tuple[str, ...] = layout.MODES
 
 
@@ -162,6 +164,14 @@ def cross_checks(record: dict, found: dict[str, dict]) -> list[dict]:
     ]
 
 
+def not_shared(worker: str, head: str, result: dict) -> str:
+    """Why `worker` failed staging-shared, from its rendezvous result: the path it read and what it found."""
+    if result["staging"] is None:
+        return f"{worker}: not checked (it never reached the head)"
+    return (f"{worker} does not see the token {head} (the head) wrote in {result['staging_path']}: "
+            f"{storage.why_not_seen(result['staging'])}")
+
+
 def rendezvous(hosts: Sequence[Host], request: Request, records: dict[str, dict]) -> list[dict]:
     """Every node at once: the workers reach the head's rendezvous port, the head each worker's watch port,
     and each worker reads the token the head wrote into the staging directory."""
@@ -193,7 +203,7 @@ def rendezvous(hosts: Sequence[Host], request: Request, records: dict[str, dict]
         if met["reached"].get(rank) is not True:
             problems.append(f"{head} cannot reach {host.name}'s watch port: {met['reached'].get(rank)}")
         if result["staging"] != "shared":
-            staging.append(f"{host.name}: {result['staging'] or 'not checked'}")
+            staging.append(not_shared(host.name, head, result))
     return [check("rendezvous", not problems,
                   "; ".join(problems) or f"{len(hosts) - 1} worker(s) reached {where}; the head reached their watch "
                                          f"port {record['watch_port']}",

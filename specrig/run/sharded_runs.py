@@ -13,15 +13,17 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import random
 import string
+import uuid
 from collections.abc import Callable, Sequence
 
-from specrig.contract import ACTIVE_STATES
+from specrig.contract import ACTIVE_STATES, load_host_module
 from specrig.doctor import check_extraction_mode
-from specrig.errors import Findings, UsageError
+from specrig.errors import AuthFailed, ConnectionFailed, Findings, HostKeyError, UsageError
 from specrig.exit_status import ExitStatus
-from specrig.group import GroupResult, HostOutcome, run_group
+from specrig.group import GroupResult, HostOutcome, run_each, run_group
 from specrig.inventory import Host
 from specrig.run.preflight import preflight
 from specrig.run.runs import launch_args, runs_call, watch_run
@@ -50,10 +52,10 @@ def is_group_run_id(run_id: str | None) -> bool:
     return bool(run_id) and run_id.startswith((SHARDED_PREFIX, JOB_PREFIX))
 
 
-def shard_requests(hosts: Sequence[Host], given: dict) -> dict[str, Request]:
+def shard_requests(hosts: Sequence[Host], given: dict, *, shared_out: bool = False) -> dict[str, Request]:
     """Each host's launch: its settings (command line over its own hosts.yaml `extract:`), its
     output directory with {host} filled in, and its shard. Every bad value raises before any host
-    is reached."""
+    is reached; with `shared_out` (one directory for every shard), an output that is not one path."""
     requests = {}
     for index, host in enumerate(hosts):
         request = build_request(host, given)
@@ -61,19 +63,107 @@ def shard_requests(hosts: Sequence[Host], given: dict) -> dict[str, Request]:
         driver_args["output_dir"] = driver_args["output_dir"].replace(HOST_FIELD, host.name)
         requests[host.name] = Request(driver_args=driver_args, options=request.options, env=request.env,
                                       sources=request.sources)
+    outs = {request.driver_args["output_dir"] for request in requests.values()}
+    if shared_out and len(outs) > 1:
+        raise UsageError(f"--shared-out: the shards' output directories differ ({', '.join(sorted(outs))}); one "
+                         f"shared directory is one path on every host",
+                         hint="give one --out without {host}, on storage every host mounts at that path")
     return requests
 
 
-def preflight_shards(hosts: Sequence[Host], requests: dict[str, Request], *,
-                     skip_preflight: bool) -> tuple[GroupResult, dict[str, str | None]]:
-    """Every host's preflight, in parallel (each result its checks; a failed check is Findings whose
-    payload they are), and the extraction mode each host's speculators takes."""
+# ---- one output directory for several shards -----------------------------------------------------
+
+#: remote/run/storage.py: the words for what a host that misses another's token saw.
+storage = load_host_module("run/storage")
+SHARED_CHECK = "out-shared"
+UNREACHABLE = (ConnectionFailed, AuthFailed, HostKeyError)
+
+
+def shared_output(hosts: Sequence[Host], requests: dict[str, Request], *, shared_out: bool) -> dict[str, dict]:
+    """The `out-shared` check of each host whose shard writes the same output path as another host's:
+    the first of them writes a token at that path (or its nearest existing parent), each other reads it.
+    With `shared_out` every reader must see it (one storage, as asked); without, none may (the same
+    path on several hosts is then each one's own disk: gather counts each host's files, and one shared
+    directory would hold every shard on every host). Host → check."""
+    by_path: dict[str, list[Host]] = {}
+    for host in hosts:
+        by_path.setdefault(requests[host.name].driver_args["output_dir"], []).append(host)
+    found = {}
+    for out, sharing in by_path.items():
+        if len(sharing) > 1:
+            found.update(token_proof(out, sharing, shared_out=shared_out))
+    return found
+
+
+def token_proof(out: str, hosts: Sequence[Host], *, shared_out: bool) -> dict[str, dict]:
+    """One path's proof (shared_output()): host → its check."""
+    writer, readers, token = hosts[0], hosts[1:], uuid.uuid4().hex
+    try:
+        with connect(writer) as remote:
+            written = remote.call("shared-token.write", {"directory": out, "token": token})
+            if written["error"]:
+                return {host.name: check(False, f"{writer.name} could not write a token in {written['directory']} "
+                                                f"to see which hosts share {out}: {written['error']}",
+                                         "choose an --out this user can write on every host")
+                        for host in hosts}
+            path = written["path"]
+            try:
+                outcomes = run_each(readers, lambda host: _read_token(host, path, token), parallel=len(readers))
+                seen = {outcome.host: outcome.result["seen"] if outcome.result
+                        else "not reached (" + outcome.error.one_line() + ")" for outcome in outcomes}
+            finally:
+                remote.call("shared-token.remove", {"path": path})
+    except UNREACHABLE:
+        return {}  # the writer's own preflight says it is not reached, and nothing launches
+    shared = [name for name, word in seen.items() if word == "shared"]
+    own = [name for name in seen if name not in shared]
+    where = f"{os.path.dirname(path)} ({out} on {len(hosts)} hosts)"
+    checks = {}
+    for name, word in seen.items():
+        if word == "shared" and shared_out:
+            checks[name] = check(True, f"{name} reads the token {writer.name} wrote in {where}: one storage")
+        elif word == "shared":
+            checks[name] = check(False, f"{out} is one directory for {writer.name} and {name} ({name} reads the token "
+                                        f"{writer.name} wrote in {os.path.dirname(path)}): gather would count every "
+                                        f"file there once per host",
+                                 "put {host} in --out (a directory per host), or pass --shared-out (server mode) to "
+                                 "write one shared directory on purpose")
+        elif shared_out:
+            checks[name] = check(False, f"{name} does not see the token {writer.name} wrote in {where}: "
+                                        f"{storage.why_not_seen(word)}",
+                                 f"mount {out} on every host from one storage, at that path; or drop --shared-out "
+                                 "and put {host} in --out (gather then checks each host's shard)")
+        else:
+            checks[name] = check(True, f"{out} is {name}'s own (it does not see {writer.name}'s token): its shard "
+                                       f"stays there, gather finds it")
+    checks[writer.name] = check(not (shared_out and own) and not (shared and not shared_out),
+                                f"wrote a token in {where}; read there by {', '.join(shared) or 'no other host'}",
+                                "see the other hosts' out-shared check")
+    return checks
+
+
+def _read_token(host: Host, path: str, token: str) -> dict:
+    with connect(host) as remote:
+        return remote.call("shared-token.read", {"path": path, "token": token})
+
+
+def check(ok: bool, detail: str, advice: str | None = None) -> dict:
+    return {"name": SHARED_CHECK, "ok": bool(ok), "detail": detail, "advice": None if ok else advice}
+
+
+def preflight_shards(hosts: Sequence[Host], requests: dict[str, Request], *, skip_preflight: bool,
+                     shared_out: bool = False) -> tuple[GroupResult, dict[str, str | None]]:
+    """Every host's preflight, in parallel (each result its checks, `out-shared` among them where hosts
+    write one path: shared_output(); a failed check is Findings whose payload they are), and the
+    extraction mode each host's speculators takes."""
     modes: dict[str, str | None] = {}
+    shared = {} if skip_preflight else shared_output(hosts, requests, shared_out=shared_out)
 
     def check(host: Host) -> list[dict]:
         with connect(host) as remote:
             mode = modes[host.name] = check_extraction_mode(remote, host, "extract")["mode"]  # 0.5-0.7: exit 2
             checks = [] if skip_preflight else preflight(remote, host, requests[host.name].for_mode(mode, host))
+            checks += [shared[host.name]] if host.name in shared else []
         failed = [item["name"] for item in checks if not item["ok"]]
         if failed:
             raise Findings(f"{host.name}: preflight failed: {', '.join(failed)}", payload=checks)
@@ -96,12 +186,12 @@ def one_mode(modes: dict[str, str | None]) -> str | None:
     return next(iter(by_mode), None)
 
 
-def launch_shard(host: Host, request: Request, *, sharded_run_id: str, names: Sequence[str],
+def launch_shard(host: Host, request: Request, *, sharded_run_id: str, names: Sequence[str], shared_out: bool = False,
                  on_update: Callable[[dict], None] | None = None) -> dict:
-    """Launch one host's shard: {run_id, ..., fleet_run_id, hosts, shard_index, shard_count, out}. With
-    on_update, its run is followed on the same connection until it ends (`final`: its last status)."""
+    """Launch one host's shard: {run_id, ..., fleet_run_id, hosts, shard_index, shard_count, shared_out, out}.
+    With on_update, its run is followed on the same connection until it ends (`final`: its last status)."""
     shard = {"fleet_run_id": sharded_run_id, "hosts": list(names), "shard_index": request.driver_args["shard_index"],
-             "shard_count": len(names)}
+             "shard_count": len(names), "shared_out": shared_out}
     with connect(host) as remote:
         launched = runs_call(remote, host, "launch", launch_args(host, request, fleet=shard))
         result = {**launched, **shard, "out": request.driver_args["output_dir"]}

@@ -66,6 +66,8 @@ FAILURE_KINDS: dict[str, FailureKind] = {
     "revert-refused": _PATCH_FINDINGS,
     "backup-missing": _PATCH_FINDINGS,
     "backup-corrupt": _PATCH_FINDINGS,
+    # A resume whose output cannot hold the files still missing (remote/run/budget.py): its advice says what.
+    "no-room": FailureKind(Findings),
     "smoke-failed": FailureKind(Findings, "`inv verify-signatures` names static drift, `inv apply-patches` fixes "
                                           "known drift; see docs/extraction-drift.md", payload="failure"),
     # -- someone else holds it -----------------------------------------------------------------
@@ -85,7 +87,8 @@ def error_for(host, command: str, error: dict) -> SpecrigError:
     message = error.get("message") or "unknown error"
     # An unexpected failure names the command that broke; an expected one speaks for itself.
     where = f"{host.name}: {command}" if entry.error is RemoteScriptError else host.name
-    options = {"hint": entry.hint.format(host=host.name) if entry.hint else None,
+    # The kind's own hint, else the host's advice where its record carries one (it knows the figures).
+    options = {"hint": entry.hint.format(host=host.name) if entry.hint else error.get("advice"),
                "detail": error.get("traceback"), "kind": kind, "error": error}
     if entry.error is Findings:
         payload = error.get(entry.payload) if entry.payload else None

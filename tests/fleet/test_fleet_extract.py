@@ -123,7 +123,8 @@ def test_a_fleet_run_one_host_killed_then_resumed_alone_gathers_every_sample_onc
     started = runs(fleet_run_id)
     for index, host in enumerate(HOSTS):
         record = started[host]["fleet"]
-        assert record == {"fleet_run_id": fleet_run_id, "hosts": HOSTS, "shard_index": index, "shard_count": 3}
+        assert record == {"fleet_run_id": fleet_run_id, "hosts": HOSTS, "shard_index": index, "shard_count": 3,
+                          "shared_out": False}
         assert started[host]["driver_args"]["shard_index"] == index
         assert started[host]["driver_args"]["output_dir"].endswith(f"/{host}/out/{out.rsplit('/', 1)[1]}")
 
@@ -275,6 +276,28 @@ def test_each_host_gets_its_shard_and_its_own_output_directory(make_inventory):
     requests = shard_requests([inventory.host("y"), inventory.host("x")], {"batch_size": 1})
     assert [(r.driver_args["shard_index"], r.driver_args["shard_count"], r.driver_args["output_dir"])
             for r in requests.values()] == [(0, 2, "/data/y/out"), (1, 2, "/data/x/out")]
+
+
+def test_shared_out_needs_one_path_on_every_host(make_inventory):
+    from specrig.errors import UsageError
+    from specrig.inventory import load_inventory
+    from specrig.run.sharded_runs import shard_requests
+
+    entry = {"hostname": "h", "extract": {"model": "/m", "data": "/d.jsonl", "out": "/data/{host}/out"}}
+    inventory = load_inventory(make_inventory({"hosts": {"x": entry, "y": entry}}))
+    hosts = [inventory.host("y"), inventory.host("x")]
+    with pytest.raises(UsageError, match=r"^--shared-out: the shards' output directories differ \(/data/x/out, "
+                                         r"/data/y/out\); one shared directory is one path on every host$"):
+        shard_requests(hosts, {}, shared_out=True)
+    assert {r.driver_args["output_dir"] for r in shard_requests(hosts, {"out": "/shared/out"},
+                                                                 shared_out=True).values()} == {"/shared/out"}
+
+
+def test_shared_out_on_one_host_is_refused_in_one_line():
+    done = inv("extract", "--host", "lab", "--shared-out")
+    assert done.returncode == 2 and done.stderr.strip() == (
+        "error: --shared-out: 'lab' is one host; one shared directory is for the shards of several (name a group "
+        "or a comma list in --host, or drop --shared-out)"), done.stderr
 
 
 def test_the_driver_takes_a_shard_by_global_index_and_refuses_half_a_shard(tmp_path):

@@ -252,6 +252,7 @@ def test_the_nodes_reach_each_other_and_share_the_staging_directory(tmp_path):
     worker.join()
     assert found["head"] == {"role": "head", "listen_error": None, "peers": {"1": "shared"}, "reached": {"1": True}}
     assert found["worker"] == {"role": "worker", "listen_error": None, "reached": True, "staging": "shared",
+                               "staging_path": str(tmp_path / "out" / ".specrig-staging" / "nodes-test"),
                                "head_came": True}
     assert not list((tmp_path / "out" / ".specrig-staging" / "nodes-test").iterdir())  # the token is gone
 

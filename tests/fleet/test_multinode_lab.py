@@ -4,7 +4,9 @@ with kill -9 restarts the whole job; `inv stop` on the group leaves no process o
 
 The lab's fleet hosts are one machine (127.0.1.1 and 127.0.1.2, one filesystem: the staging directory is
 shared as a multi-node job needs). They take lab-server's environments here, through an inventory of this
-test's own, as tests/fleet/test_fleet_server_lab.py does.
+test's own, as tests/fleet/test_fleet_server_lab.py does. The refusal of a staging directory that is not
+shared uses a host of the test's own whose sshd sees the job's output directory as an empty tmpfs of its
+own (support/lab.py host_of_its_own, a private mount namespace): a node with a disk of its own there.
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ import uuid
 import pytest
 
 from run.server import outputs
-from support.lab import inv, inv_json
+from specrig import lab as lab_module
+from support.lab import host_of_its_own, inv, inv_json, known_hosts_line
 from support.runnable_env import HOME, runnable_env_or_skip  # noqa: F401 (marks the module runnable)
 from support.server_lab import require_server_fleet, run_files, server_fleet_inventory
 
@@ -124,3 +127,46 @@ def test_the_in_process_path_is_refused_before_anything_runs(lab):
         "process, on one host by design (nothing was launched; without --nodes a group is a fleet run, one shard "
         "per host)"), done.stderr
     assert [sorted(os.listdir(path)) if path.exists() else [] for path in workdirs] == before
+
+
+def test_a_staging_directory_one_node_does_not_share_is_refused_by_name_and_nothing_launched(lab, tmp_path):
+    fleet = require_server_fleet(HOSTS)
+    out = HOME / "specrig-fleet" / "out" / f"private-{uuid.uuid4().hex[:8]}"
+    out.mkdir(parents=True)
+    shutil.chown(out, "specrig", "specrig")
+    (out / "kept.txt").write_text("a file of an earlier run\n")
+    try:
+        with host_of_its_own(private=(out,)) as (number, worker):
+            inventory = server_fleet_inventory(
+                tmp_path, {**fleet, worker: lab_module.fleet_entry(number)}, ["lab-1", worker],
+                env={"VLLM_CPU_KVCACHE_SPACE": 1}, extract=lambda _: {"port": free_port(), "out": str(out)})
+            with open(tmp_path / ".specrig" / "known_hosts", "a") as known:
+                known.write(known_hosts_line(number))
+            runs = [HOME / "specrig-fleet" / host / "runs" for host in ("lab-1", worker)]
+            before = [sorted(os.listdir(path)) if path.exists() else [] for path in runs]
+            code, found = inv_json("extract", "--host", "pair", "--nodes", "dp", "--rendezvous-port",
+                                   str(free_port()), "--watch-port", str(free_port()), inventory=inventory,
+                                   timeout=CALL_TIMEOUT_S)
+            after = [sorted(os.listdir(path)) if path.exists() else [] for path in runs]
+    finally:
+        left, kept = sorted(os.listdir(out)), (out / "kept.txt").read_text()
+        shutil.rmtree(out, ignore_errors=True)
+    assert code == 1 and found["launched"] is False, found
+    nodes = {host: item["result"]["checks"] for host, item in found["preflight"].items()}
+    assert all(c["ok"] for checks in nodes.values() for c in checks), nodes  # each node alone passes
+    # flock works in each node's own staging directory: the worker's is its private tmpfs.
+    locks = {host: next(c for c in checks if c["name"] == "staging-locks") for host, checks in nodes.items()}
+    assert "flock exclusive, then shared, each at once; enforced" in locks["lab-1"]["detail"], locks
+    assert f"on tmpfs (specrig-private on {out}): flock exclusive" in locks[worker]["detail"], locks
+    job = {c["name"]: c for c in found["job"]}
+    assert [name for name, c in job.items() if not c["ok"]] == ["staging-shared"], job
+    staging = out / ".specrig-staging"
+    assert job["staging-shared"]["detail"].startswith(
+        f"{worker} does not see the token lab-1 (the head) wrote in {staging}/nodes-"), job
+    assert job["staging-shared"]["detail"].endswith(
+        ": no such file there: the directory is this host's own, not the storage the others write"), job
+    assert "storage every node mounts at the same path" in job["staging-shared"]["advice"]
+    assert job["rendezvous"]["ok"], job  # the nodes reached each other: only the storage is not one
+    assert after == before  # no run on either node: no server was started
+    assert left == [".specrig-staging", "kept.txt"] and not list(staging.rglob("*token*"))
+    assert kept == "a file of an earlier run\n"

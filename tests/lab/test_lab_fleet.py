@@ -10,17 +10,20 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shutil
 import socket
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
 
+from run import storage
 from specrig import lab as lab_module
 from specrig.exit_status import ExitStatus
 from specrig.inventory import load_inventory
-from support.lab import inv, inv_json, lab_entry, require_lab
+from support.lab import claim_spare, host_of_its_own, inv, inv_json, known_hosts_line, lab_entry, quiet, require_lab
 from support.paths import REPO
 
 SHIPPED = [f"lab-{number}" for number in range(1, lab_module.FLEET_SHIPPED + 1)]
@@ -37,21 +40,12 @@ def fleet(lab):
     return lab
 
 
-def quiet(line: str) -> None:
-    pass
-
-
 def refused(address: str, port: int) -> bool:
     try:
         with socket.create_connection((address, port), timeout=2):
             return False
     except ConnectionRefusedError:
         return True
-
-
-def known_hosts_line(number: int) -> str:
-    key_type, key_b64 = (lab_module.fleet_state(number) / "ssh_host_ed25519_key.pub").read_text().split()[:2]
-    return f"[{lab_module.fleet_address(number)}]:{lab_module.FLEET_PORT} {key_type} {key_b64}\n"
 
 
 # ---- the shipped entries (no lab needed) ---------------------------------------------------------------
@@ -130,32 +124,6 @@ def test_up_again_changes_nothing(fleet):
 
 
 # ---- private hosts: one down, one re-keyed ---------------------------------------------------------------
-
-OWNER = "owner.pid"
-
-
-def claim_spare() -> int:
-    """A fleet number of our own above FLEET_MAX: its directory, made atomically, is the claim
-    (suites running side by side each get their own). Spares a killed suite left (their owner
-    process is gone) are removed first."""
-    lab_module.FLEET.mkdir(parents=True, exist_ok=True)
-    spares = range(lab_module.FLEET_MAX + 1, 255)
-    for number in spares:
-        try:
-            owner = int((lab_module.fleet_state(number) / OWNER).read_text())
-        except (OSError, ValueError):
-            continue
-        if not lab_module._running(owner):
-            lab_module.remove_fleet_host(number, log=quiet)
-    for number in spares:
-        try:
-            lab_module.fleet_state(number).mkdir()
-        except FileExistsError:
-            continue
-        (lab_module.fleet_state(number) / OWNER).write_text(f"{os.getpid()}\n")
-        return number
-    pytest.fail(f"no spare fleet address left under {lab_module.FLEET}: `inv lab.down` clears them")
-
 
 @pytest.fixture(scope="module")
 def spares(fleet, tmp_path_factory):
@@ -243,3 +211,25 @@ def test_a_removed_fleet_host_leaves_nothing(fleet, tmp_path):
     assert refused(lab_module.fleet_address(number), lab_module.FLEET_PORT)
     assert not lab_module.fleet_state(number).exists()
     assert known_hosts.read_text() == "other ssh-ed25519 AAAA\n"
+
+
+def test_a_host_of_its_own_sees_its_private_directory_empty_and_keeps_what_it_writes_there(fleet, tmp_path):
+    shared = tmp_path / "out"
+    shared.mkdir()
+    (shared / "mine").write_text("the machine's\n")
+    os.chown(shared, *[getattr(pwd.getpwnam(lab_module.MAIN_USER), f) for f in ("pw_uid", "pw_gid")])
+    with host_of_its_own(private=(shared,)) as (number, _):
+        sshd = lab_module.running_pid(lab_module.fleet_state(number) / "sshd.pid")
+
+        def inside(*argv: str) -> str:
+            return subprocess.run(["nsenter", "-t", str(sshd), "-m", *argv], capture_output=True, text=True,
+                                  check=True).stdout
+
+        assert inside("ls", "-A", str(shared)) == ""
+        assert inside("stat", "-c", "%U %F", str(shared)) == f"{lab_module.MAIN_USER} directory\n"
+        inside("touch", str(shared / "theirs"))
+        assert os.listdir(shared) == ["mine"]
+        found = storage.mount_of(str(shared), storage.parse_mountinfo(Path(f"/proc/{sshd}/mountinfo").read_text()))
+        assert (found["fstype"], found["source"]) == ("tmpfs", "specrig-private")
+        assert storage.mount_of(str(shared), storage.read_mounts())["mount_point"] != str(shared)
+    assert not lab_module._running(sshd) and os.listdir(shared) == ["mine"]

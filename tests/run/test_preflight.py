@@ -104,6 +104,33 @@ def test_output_size_is_layers_times_hidden_times_dtype_bytes_per_token():
     assert estimate["bytes"] == 57344 * 4000
 
 
+SAMPLES = [100, 200, 300, 400, 500, 600, 700]  # tokens of each sample, in dataset order
+
+
+@pytest.mark.parametrize("server, index, taken", [
+    (True, 0, [100, 200, 300]), (True, 1, [400, 500]), (True, 2, [600, 700]),  # speculators' chunks: 3, 2, 2
+    (False, 0, [100, 400, 700]), (False, 1, [200, 500]), (False, 2, [300, 600]),  # in process: i % 3 == k
+])
+def test_a_shard_is_sized_by_the_samples_it_takes(server, index, taken):
+    assert preflight.share(SAMPLES, {"shard_index": index, "shard_count": 3}, server=server) == taken
+    assert preflight.share(SAMPLES, {}, server=server) == SAMPLES
+
+
+def test_the_disk_budget_is_the_shares_tokens_in_the_storage_bytes_per_value(tmp_path):
+    import contract
+
+    tiny = {"hidden_size": 128, "num_hidden_layers": 8}
+    driver = {"layer_ids": [2, 4, 5, 8], "shard_index": 1, "shard_count": 3}
+    share = preflight.share(SAMPLES, driver, server=True)
+    bf16 = preflight.output_estimate(tiny, driver, share, storage=contract.BF16)
+    fp8 = preflight.output_estimate(tiny, driver, share, storage=contract.FP8)
+    assert (bf16["bytes"], fp8["bytes"]) == (4 * 128 * 2 * 900, (4 * 128 + contract.FP8_SCALE_BYTES) * 900)
+    found = preflight.disk(str(tmp_path / "out"), dict(bf16, bytes=10 ** 18))  # more than any disk
+    assert not found["ok"] and found["detail"].endswith(
+        f" free at {tmp_path}; shard 2 of 3 (2 samples, 1024 B/token x 900 tokens) needs about 977.0 PiB")
+    assert found["advice"].startswith("free ") and f"at {tmp_path}, or choose an --out with room" in found["advice"]
+
+
 @pytest.mark.parametrize("batch, length, ok", [(8, 1024, True), (4, 2048, True), (8, 2048, False), (1, 8192, True),
                                                (1, 16384, True), (2, 8192, False)])
 def test_reorder_hazard(batch, length, ok):

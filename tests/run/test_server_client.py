@@ -96,3 +96,25 @@ def test_rows_are_counted_from_arrow_files_that_datasets_wrote(tmp_path):
     assert len(prepared.data_files(tmp_path / "many")) > 1  # several shards, each counted
     assert prepared.rows(tmp_path / "many") == 37
     assert prepared.rows(tmp_path / "empty") == 0
+
+
+def test_token_counts_are_the_lengths_of_input_ids_in_row_order(tmp_path):
+    """As prepare-data writes them (input_ids int32 lists, loss_mask int64 lists, seq_len), over several
+    shards; and behind a string column, so that input_ids' buffers are found by the features before it."""
+    if not SPECULATORS_09.exists():
+        pytest.skip("the lab's speculators 0.9.0 environment (datasets, pyarrow) is not built")
+    program = ("import sys\nfrom datasets import Dataset, Features, List, Value\n"
+               "rows = [{'input_ids': list(range((i * 7) % 23 + 1)), 'loss_mask': [1] * ((i * 7) % 23 + 1),"
+               " 'seq_len': (i * 7) % 23 + 1} for i in range(37)]\n"
+               "features = Features({'input_ids': List(Value('int32')), 'loss_mask': List(Value('int64')),"
+               " 'seq_len': Value('int64')})\n"
+               "Dataset.from_list(rows, features=features).save_to_disk(sys.argv[1], max_shard_size=2000)\n"
+               "Dataset.from_list([{'text': 'x' * i, **row} for i, row in enumerate(rows)]).save_to_disk(sys.argv[2])\n")
+    subprocess.run([str(SPECULATORS_09), "-c", program, str(tmp_path / "prepared"), str(tmp_path / "text")],
+                   capture_output=True, check=True)
+    expected = [(i * 7) % 23 + 1 for i in range(37)]
+    assert len(prepared.data_files(tmp_path / "prepared")) > 1
+    assert prepared.token_counts(tmp_path / "prepared") == expected
+    assert prepared.token_counts(tmp_path / "text") == expected
+    with pytest.raises(prepared.PreparedDataError, match="prepare-data did not finish"):
+        prepared.token_counts(tmp_path / "nowhere")

@@ -497,3 +497,24 @@ def test_the_preflight_refuses_an_output_of_the_other_storage_type(tmp_path):
     assert refused["advice"] == "choose another --out, or --storage fp8"
     kept = server_preflight.output_free(preflight, str(tmp_path / "work"), str(out), "fp8")
     assert kept["ok"] and kept["detail"].endswith("(holds 2 sample file(s): the valid ones are kept)"), kept
+
+
+def test_a_shard_of_a_shared_output_counts_only_its_own_files(tmp_path):
+    """Three shards wrote one directory (--shared-out): verify-output on rank 1 names its chunk alone."""
+    from run import runs as host_runs
+
+    out = tmp_path / "shared"
+    out.mkdir()
+    for index in range(7):
+        hs_file(out / f"hs_{index}.safetensors", layers=4, width=16)
+    run = tmp_path / "work" / "runs" / "r1"
+    run.mkdir(parents=True)
+    fleet = {"fleet_run_id": "fleet-x", "hosts": ["a", "b", "c"], "shard_index": 1, "shard_count": 3}
+    record = {"run_id": "r1", "out": str(out), "driver_args": {},
+              "server": {"out": str(out), "layer_ids": [2, 4, 5, 8], "hidden_size": 16, "max_samples": None}}
+    (run / "status.json").write_text(json.dumps({"state": "succeeded", "samples_total": 7}))
+    (run / "exit.json").write_text(json.dumps({"state": "succeeded"}))
+    for shared_out, indices in ((True, [3, 4]), (False, list(range(7)))):
+        (run / "run.json").write_text(json.dumps(dict(record, fleet=dict(fleet, shared_out=shared_out))))
+        found = host_runs.verify_output({"workdir": str(tmp_path / "work"), "run": "r1"})
+        assert found["indices"] == indices and found["unloadable"] == [], found

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from specrig import lab as lab_module
 from support.paths import REPO
 
 LAB_READY = Path("/var/lib/specrig-lab/READY")
@@ -113,3 +114,56 @@ def phase(name: str):
         yield
     except AssertionError as failed:
         raise AssertionError(f"phase {name!r} failed: {failed}") from failed
+
+
+# ---- fleet hosts of a test's own (above lab.FLEET_MAX: the shared lab-1 ... lab-N are others' too) ------
+
+#: In a claimed host's directory: the pid of the test process that owns it.
+OWNER = "owner.pid"
+
+
+def quiet(line: str) -> None:
+    pass
+
+
+def claim_spare() -> int:
+    """A fleet number of our own above FLEET_MAX: its directory, made atomically, is the claim
+    (suites running side by side each get their own). Spares a killed suite left (their owner
+    process is gone) are removed first."""
+    lab_module.FLEET.mkdir(parents=True, exist_ok=True)
+    spares = range(lab_module.FLEET_MAX + 1, 255)
+    for number in spares:
+        try:
+            owner = int((lab_module.fleet_state(number) / OWNER).read_text())
+        except (OSError, ValueError):
+            continue
+        if not lab_module._running(owner):
+            lab_module.remove_fleet_host(number, log=quiet)
+    for number in spares:
+        try:
+            lab_module.fleet_state(number).mkdir()
+        except FileExistsError:
+            continue
+        (lab_module.fleet_state(number) / OWNER).write_text(f"{os.getpid()}\n")
+        return number
+    pytest.fail(f"no spare fleet address left under {lab_module.FLEET}: `inv lab.down` clears them")
+
+
+def known_hosts_line(number: int) -> str:
+    key_type, key_b64 = (lab_module.fleet_state(number) / "ssh_host_ed25519_key.pub").read_text().split()[:2]
+    return f"[{lab_module.fleet_address(number)}]:{lab_module.FLEET_PORT} {key_type} {key_b64}\n"
+
+
+@contextlib.contextmanager
+def host_of_its_own(*, private: tuple[Path, ...] = ()):
+    """A running fleet host of this test's own (claim_spare), with `private` directories only it sees,
+    each an empty tmpfs (lab.start_fleet_host): (its number, its name); an inventory naming it adds
+    known_hosts_line(number) to its known_hosts. Stopped and removed afterwards; its private view ends
+    with its sshd, so nothing it wrote there is left anywhere."""
+    require_lab(os.geteuid() == 0, "starting lab sshds needs root: run the suite as root")
+    number = claim_spare()
+    try:
+        lab_module.start_fleet_host(number, private=private, log=quiet)
+        yield number, lab_module.fleet_name(number)
+    finally:
+        lab_module.remove_fleet_host(number, log=quiet)

@@ -3,7 +3,8 @@ laptop compares the nodes' facts (specrig/run/node_runs.py).
 
     node-preflight.facts {"driver_args", "nodes", "server_python"}
         this node's server environment (versions), its model (a fingerprint), its GPUs, and the checks
-        it can make alone: packages, model, gpus (the node's share of the world), torch-arch, ports
+        it can make alone: packages, model, gpus (the node's share of the world), torch-arch, ports,
+        staging-locks (flock in its staging directory)
     node-preflight.rendezvous {"driver_args", "nodes", "token", "timeout_s"}
         run on every node at once: the head listens on the rendezvous port, writes `token` into the
         connector's staging directory and reaches each worker's watch port; a worker listens on its
@@ -23,14 +24,13 @@ import hfcache
 import pkgmeta
 import telemetry
 from rpc import RemoteFailure
-from run import preflight
+from run import preflight, storage
 from run.server import nodes as node_layout
 from run.server import plan
 from units import human_bytes
 
 #: The server environment's packages every node must hold in the same versions.
 PACKAGES = ("vllm", "torch", "transformers")
-TOKEN_FILE = ".specrig-nodes-token"
 REACH_EVERY_S = 0.5
 
 
@@ -53,6 +53,8 @@ def facts(args):
     if nodes["role"] == node_layout.HEAD:
         ports.append(("rendezvous port", nodes["master_addr"], nodes["rendezvous_port"]))
     checks += [port_check(*port) for port in ports]
+    # Each engine locks the files it writes on its own node (run/storage.py).
+    checks.append(storage.locks_check(plan.staging_dir(plan.settings_of(args["driver_args"]), nodes["job_id"])))
     return {"node_rank": nodes["node_rank"], "versions": versions, "model": model["fingerprint"],
             "gpus": gpu_count(telemetry.gpus(timeout=15), os.environ.get("CUDA_VISIBLE_DEVICES")), "checks": checks}
 
@@ -181,7 +183,7 @@ def rendezvous(args):
     nodes = args["nodes"]
     deadline = time.monotonic() + float(args.get("timeout_s") or 20)
     staging = plan.staging_dir(plan.settings_of(args["driver_args"]), nodes["job_id"])
-    token_path = os.path.join(staging, TOKEN_FILE)
+    token_path = os.path.join(staging, storage.TOKEN_FILE)
     if nodes["role"] == node_layout.HEAD:
         return _head(nodes, deadline, token_path, args["token"])
     return _worker(nodes, deadline, token_path, args["token"])
@@ -248,7 +250,7 @@ def _worker(nodes, deadline, token_path, token):
                 connection, reason = _connect(nodes["master_addr"], nodes["rendezvous_port"])
                 reached = reason or True
                 if connection:
-                    staging = _token_seen(token_path, token)
+                    staging = storage.token_seen(token_path, token)
                     with connection:
                         connection.sendall(("%d %s\n" % (nodes["node_rank"], staging)).encode())
                         connection.settimeout(5)
@@ -263,16 +265,5 @@ def _worker(nodes, deadline, token_path, token):
         if listener is not None:
             listener.close()
     return {"role": node_layout.WORKER, "listen_error": error, "reached": reached, "staging": staging,
-            "head_came": head_came}
-
-
-def _token_seen(path, token):
-    """'shared' when this node reads the head's token at `path`, else what it found instead (one word)."""
-    try:
-        with open(path) as handle:
-            return "shared" if handle.read() == token else "another-token"
-    except FileNotFoundError:
-        return "missing"
-    except OSError as exc:
-        return "unreadable:%s" % (exc.strerror or exc).replace(" ", "-")
+            "staging_path": os.path.dirname(token_path), "head_came": head_came}
 

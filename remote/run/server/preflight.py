@@ -3,8 +3,9 @@ when the host's speculators takes server mode.
 
 Beyond the checks both paths share (model, dataset, GPUs, torch's build, the output not in use):
 the two environments, the run's plan (the server command can be built: vLLM found, layer ids valid),
-a free port, and room for the states at the output and at the connector's staging directory, which
-should be on the output's filesystem (the client's move is then a rename, not a copy).
+a free port, room for the states at the output and at the connector's staging directory, which
+should be on the output's filesystem (the client's move is then a rename, not a copy), and flock working
+in the staging directory (run/storage.py).
 """
 import os
 import shutil
@@ -12,6 +13,7 @@ import socket
 
 import contract
 import pkgmeta
+from run import storage
 from run.server import outputs, plan
 from units import human_bytes
 
@@ -29,9 +31,14 @@ def checks(preflight, driver, *, workdir, server_python, samples, config):
     found.append(preflight.torch_arch(driver.get("tensor_parallel_size"),
                                       python=pkgmeta.interpreter(server_python) if server_python else None))
     found.append(port_free(driver.get("port") or contract.SERVER_DEFAULTS["port"]))
-    estimate = preflight.output_estimate(config, dict(driver, layer_ids=run_plan and run_plan["layer_ids"]), samples)
+    # The disk budget is this host's share, in the run's storage (contract.stored_bytes_per_token).
+    share = preflight.share(samples, driver, server=True)
+    estimate = preflight.output_estimate(config, dict(driver, layer_ids=run_plan and run_plan["layer_ids"]), share,
+                                         storage=driver.get("storage") or contract.SERVER_DEFAULTS["storage"])
     found.append(preflight.disk(driver.get("output_dir"), estimate))
-    found.append(staging_disk(preflight, driver, estimate, samples))
+    found.append(staging_disk(preflight, driver, estimate, share))
+    if driver.get("output_dir"):
+        found.append(storage.locks_check(staging_of(driver)))
     found.append(output_free(preflight, workdir, driver.get("output_dir"),
                              driver.get("storage") or contract.SERVER_DEFAULTS["storage"]))
     return found, estimate
@@ -90,6 +97,11 @@ def _device(preflight, path):
     return os.stat(preflight.existing_parent(path)).st_dev
 
 
+def staging_of(driver):
+    """The staging directory's parent as the run will have it (the run id comes at launch)."""
+    return os.path.expanduser(driver.get("staging") or os.path.join(driver["output_dir"], ".specrig-staging"))
+
+
 def staging_disk(preflight, driver, estimate, samples):
     """The staging directory: on the output's filesystem (then only in-flight files stay there at once),
     or else with room for every sample too (then each file is copied, and a copy cut short is a
@@ -97,7 +109,7 @@ def staging_disk(preflight, driver, estimate, samples):
     out = driver.get("output_dir")
     if not out:
         return {"name": "staging", "ok": False, "detail": "no output directory given", "advice": "pass --out"}
-    staging = os.path.expanduser(driver.get("staging") or os.path.join(out, ".specrig-staging"))
+    staging = staging_of(driver)
     same = _device(preflight, staging) == _device(preflight, out)
     where = preflight.existing_parent(staging)
     free = shutil.disk_usage(where).free

@@ -54,21 +54,101 @@ def rows(directory):
 
 def stream_rows(path):
     """The rows of one Arrow IPC stream file: the sum of its record batches' lengths."""
-    total = 0
+    return sum(_long_field(metadata, header, 0) or 0 for metadata, header, _ in _record_batches(path, None))
+
+
+def token_counts(directory):
+    """The tokens of each row of the prepared dataset in `directory`, in row order: the lengths of its
+    `input_ids` lists (what generate-offline-data sends as the prompt, and the connector stores one state
+    per token of), read from the list column's offsets. PreparedDataError when not complete, or when the
+    schema is not one this reader walks (dataset_info.json's features say where input_ids' buffers are)."""
+    if not complete(directory):
+        raise PreparedDataError("%s holds no state.json, or not every data file it lists: prepare-data did not "
+                                "finish" % directory)
+    column = _input_ids_buffers(directory)
+    counts = []
+    for name in data_files(directory):
+        path = os.path.join(directory, name)
+        for metadata, header, body in _record_batches(path, column):
+            counts += _list_lengths(metadata, header, body, column, path)
+    return counts
+
+
+def _record_batches(path, column):
+    """(metadata, RecordBatch header position, body or None) of each record batch of a stream file; the
+    body is read only when `column` (a column's buffers, _input_ids_buffers()) is wanted."""
     with open(path, "rb") as handle:
         while True:
             size = _read_int32(handle, path)
             if size == -1:  # the continuation marker: the size follows
                 size = _read_int32(handle, path)
             if size == 0:
-                return total
+                return
             metadata = handle.read(size)
             if len(metadata) != size:
                 raise PreparedDataError("%s: cut short in a message's metadata" % path)
             header_type, header, body_length = _message(metadata, path)
+            if header_type == RECORD_BATCH and column is not None:
+                body = handle.read(body_length)
+                if len(body) != body_length:
+                    raise PreparedDataError("%s: cut short in a record batch's body" % path)
+                yield metadata, header, body
+                continue
             if header_type == RECORD_BATCH:
-                total += _long_field(metadata, header, 0) or 0
+                yield metadata, header, None
             handle.seek(body_length, os.SEEK_CUR)
+
+
+#: Arrow buffers per datasets feature (the IPC format's layouts): a primitive value its validity and data,
+#: a string or binary value also its offsets, a list its validity and offsets before its child's.
+VALUE_BUFFERS = {"string": 3, "large_string": 3, "binary": 3, "large_binary": 3}
+LIST_TYPES = {"List": 4, "Sequence": 4, "LargeList": 8}  # the width of the offsets, in bytes
+
+
+def _buffer_count(feature):
+    if isinstance(feature, dict) and feature.get("_type") == "Value":
+        return VALUE_BUFFERS.get(feature.get("dtype"), 2)
+    if isinstance(feature, dict) and feature.get("_type") in LIST_TYPES:
+        return 2 + _buffer_count(feature.get("feature"))
+    raise PreparedDataError("a feature this reader does not walk: %r" % (feature,))
+
+
+def _input_ids_buffers(directory):
+    """(index of input_ids' offsets buffer in a record batch, the offsets' width): the features of
+    dataset_info.json, in column order, each taking its buffers."""
+    try:
+        with open(os.path.join(directory, "dataset_info.json")) as handle:
+            features = json.load(handle)["features"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise PreparedDataError("%s: no features in dataset_info.json (%s)" % (directory, exc)) from None
+    first = 0
+    for name, feature in features.items():
+        if name == "input_ids":
+            if feature.get("_type") not in LIST_TYPES:
+                raise PreparedDataError("%s: input_ids is %r, not a list" % (directory, feature.get("_type")))
+            return first + 1, LIST_TYPES[feature["_type"]]
+        first += _buffer_count(feature)
+    raise PreparedDataError("%s: no input_ids column (features: %s)" % (directory, ", ".join(features)))
+
+
+def _list_lengths(metadata, header, body, column, path):
+    """The lengths of the lists in one record batch: differences of the offsets buffer `column` names."""
+    index, width = column
+    rows = _long_field(metadata, header, 0) or 0
+    position, fields = _table(metadata, header)
+    if _field(fields, 3):
+        raise PreparedDataError("%s: a compressed record batch" % path)
+    at = position + _field(fields, 2)
+    vector = at + struct.unpack_from("<I", metadata, at)[0]
+    if index >= struct.unpack_from("<I", metadata, vector)[0]:
+        raise PreparedDataError("%s: a record batch with fewer buffers than its features name" % path)
+    offset, length = struct.unpack_from("<qq", metadata, vector + 4 + 16 * index)
+    if rows == 0:
+        return []
+    if length < (rows + 1) * width or offset + length > len(body):
+        raise PreparedDataError("%s: input_ids' offsets do not fit its record batch" % path)
+    offsets = struct.unpack_from("<%d%s" % (rows + 1, "i" if width == 4 else "q"), body, offset)
+    return [end - start for start, end in zip(offsets, offsets[1:])]
 
 
 def _read_int32(handle, path):
