@@ -11,7 +11,8 @@ import subprocess
 import time
 
 import procs
-from contract import PHASE_LOADING
+from contract import DISK_LOW, DRIVER_DEFAULTS, PHASE_LOADING
+from run.driver.output import remove_temporaries
 from run.supervision import POLL_S, NotStarted, Watch, child_env, log_since
 
 #: Seconds between counts of the output directory (a cheap second sign of progress).
@@ -34,6 +35,13 @@ class InProcessDriver:
 
     def status_fields(self, previous):
         return {}
+
+    def disk_use(self):
+        args = self.supervisor.record["driver_args"]
+        # A batch's samples are written after its generation, at most writes_in_flight at once.
+        in_flight = sum(args.get(key) or DRIVER_DEFAULTS[key] for key in ("batch_size", "writes_in_flight"))
+        return {"directories": [os.path.expanduser(self.supervisor.record["out"])], "file_bytes": None,
+                "in_flight": in_flight}
 
     def prepare(self, entry):
         self.log_offset = os.path.getsize(self.log)
@@ -100,6 +108,9 @@ class InProcessDriver:
         return log_since(self.log, self.log_offset)
 
     def finish(self, outcome):
+        if (outcome.get("failure") or {}).get("kind") == DISK_LOW:
+            # The driver was ended mid-write: its temporary files are no samples.
+            remove_temporaries(os.path.expanduser(self.supervisor.record["out"]))
         return outcome
 
 

@@ -123,6 +123,10 @@ def show_run(run: dict, *, log_tail: str | None = None) -> None:
         failure = attempt.get("failure")
         if failure:
             grid.add_row(f"  attempt {attempt['attempt']}", describe_failure(failure))
+    refused = run.get("last_failure")
+    if run["state"] == FAILED and refused and "attempt" not in refused:
+        # Its supervisor refused it before any attempt (the output cannot be written, or has no room).
+        grid.add_row("failure", describe_failure(refused))
     if run.get("stalled"):
         grid.add_row("stalled", f"no progress for {run.get('seconds_since_progress')} s")
     console.print(grid)
@@ -136,7 +140,11 @@ def describe_failure(failure: dict) -> str:
     """A classified failure as rich markup: kind and rule, why, where, the log line, advice, verdict.
     What came from the host is escaped: a log line's `[enforce fail at …]` is text, not markup."""
     rule = f" [dim]({markup(failure['rule'])})[/]" if failure.get("rule") else ""
-    text = f"[bold]{markup(failure['kind'])}[/]{rule}: {markup(failure['explain'])}"
+    head, explain = failure["kind"], failure["explain"]
+    if explain.lower().startswith(head.replace("-", " ") + ": "):
+        # The explanation names its kind in words ("disk low: …"): said once.
+        head, explain = explain.split(": ", 1)
+    text = f"[bold]{markup(head)}[/]{rule}: {markup(explain)}"
     for label, key in (("callee", "callee"), ("at", "caller"), ("log", "evidence")):
         if failure.get(key):
             text += f"\n    {label}: {markup(str(failure[key]))}"
