@@ -26,7 +26,7 @@ from specrig.exit_status import ExitStatus
 from specrig.group import GroupResult, HostOutcome
 from specrig.inventory import Host
 from specrig.ui import console, gpu_table, print_json
-from specrig.ui.group import outcomes_json, show_summary
+from specrig.ui.group import OUTPUT_LOCK, outcomes_json, show_summary
 from specrig.ui.task import TaskView
 from specrig.ui.terminal import markup, visible, visible_on, write_raw
 
@@ -207,9 +207,7 @@ def show_extract(result: dict, *, host: Host, as_json: bool, follow: Callable[[H
         return None
     if result["preflight"]:
         show_checks(result["preflight"])
-    note = layers_note(result.get("layers"), result.get("layers_source"))
-    if note:
-        console.print(note)
+    show_layers_note(result)
     console.print(f"launched run [bold]{markup(result['run_id'])}[/] on {host.name} ({markup(result['path'])})")
     for entry in result.get("startup_flags") or []:
         console.print(f"the server gets {markup(entry['flag'])}: {markup(entry['because'])}")
@@ -227,6 +225,15 @@ def layers_note(layers: dict | None, source: str | None) -> str | None:
                 f"train with these ids (specrig-layers.json beside the files records them)")
     return (f"[yellow]warning:[/] layers {ids} ({markup(source or 'the run')}) differ from speculators' training "
             f"default {default}, which training assumes: pass --layers to choose them, or drop that setting")
+
+
+def show_layers_note(launched: dict, *, host: str | None = None) -> None:
+    """layers_note's line for a launch (its `layers` and `layers_source`), if it has one; on a group
+    (a shard, a multi-node job) `host` says whose."""
+    note = layers_note(launched.get("layers"), launched.get("layers_source"))
+    if note:
+        with OUTPUT_LOCK:
+            console.print(f"[bold]{markup(host)}[/]: {note}" if host else note)
 
 
 def show_preflight_failed(found, *, host: Host, as_json: bool) -> None:
@@ -495,6 +502,7 @@ def show_job_launched(job_id: str, records: dict[str, dict], launched: dict[str,
     head, *workers = records
     console.print(f"multi-node job [bold]{job_id}[/]: {describe}; head {head} "
                   f"({records[head]['master_addr']}), workers {', '.join(workers)}")
+    show_layers_note(launched[head])  # the head's plan: its files are the job's
 
 
 def job_view(job_id: str) -> TaskView:
