@@ -3,7 +3,9 @@
 output in driver.log; the supervisor's loop (run/supervision.py) runs, watches and restarts it.
 
 The driver writes heartbeat.json (phase, samples); the watch counts a new phase or sample as
-progress, and failing that a new file in the output directory.
+progress, and failing that a new file in the output directory. The supervisor watches the output's
+free space (disk_use(), run/disk_watch.py): running low ends the driver before the disk fills, and
+finish() removes the samples it left half-written (their temporary names), every whole one kept.
 """
 import os
 import re
