@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -124,3 +125,17 @@ def test_the_in_process_path_is_refused_before_anything_runs(lab):
         "process, on one host by design (nothing was launched; without --nodes a group is a fleet run, one shard "
         "per host)"), done.stderr
     assert [sorted(os.listdir(path)) if path.exists() else [] for path in workdirs] == before
+
+
+def test_a_job_launch_says_once_that_its_layers_are_not_trainings_default(pair):
+    inventory, _ = pair
+    done = inv("extract", "--host", "pair", "--nodes", "dp", "--layers", "1,2,3", "--max-samples", "4",
+               "--skip-preflight", "--detach", inventory=inventory, env={"COLUMNS": "300"}, timeout=CALL_TIMEOUT_S)
+    job_id = next(iter(re.findall(r"\bnodes-\d{8}-\d{6}-\w{4}\b", done.stdout)), None)
+    try:
+        assert done.returncode == 0 and job_id, done.stdout + done.stderr
+        said = [line for line in done.stdout.splitlines() if "as --layers asks" in line]
+        assert len(said) == 1 and said[0].startswith("layers [1, 2, 3, 8], as --layers asks"), done.stdout
+    finally:
+        if job_id:
+            inv("stop", "--host", "pair", "--run", job_id, inventory=inventory, timeout=CALL_TIMEOUT_S)
