@@ -11,8 +11,9 @@ DISK_LOW, not retried. A resume meets the same look when its supervisor starts: 
 one line until there is room.
 
 The margin, defined here once: the largest sample file written so far (before the first one, the
-workload's guess of a file's size, when it has one) times the files that may be in flight at once,
-never less than FLOOR_BYTES.
+workload's guess of a file's size, when it has one) times the files that may be in flight at once (or
+those left to write, when fewer), never less than FLOOR_BYTES; nothing once no file is left to write (a
+run whose last files leave less than the floor has finished, not run low).
 """
 import os
 import time
@@ -35,10 +36,10 @@ def free_bytes(path):
     return stat.f_bavail * stat.f_frsize
 
 
-def margin(file_bytes, in_flight):
-    """The free space a run needs before its next files: `in_flight` files of `file_bytes` each (None:
-    not known yet), at least FLOOR_BYTES."""
-    return max(FLOOR_BYTES, (file_bytes or 0) * in_flight)
+def margin(file_bytes, files):
+    """The free space a run needs before its next `files` files of `file_bytes` each (None: not known
+    yet): at least FLOOR_BYTES, and nothing when no file is left to write."""
+    return max(FLOOR_BYTES, (file_bytes or 0) * files) if files else 0
 
 
 def low_line(path, free, need):
@@ -48,22 +49,25 @@ def low_line(path, free, need):
 
 class DiskWatch:
     """The directories a workload writes (`directories`), against the margin of its next files: those
-    matching `sample_file` in `out` tell their size, `file_bytes` guesses it before the first one."""
+    matching `sample_file` in `out` tell their size, `file_bytes` guesses it before the first one;
+    `remaining()` counts the files left to write (None: not known), asked only when the room is short."""
 
-    def __init__(self, *, directories, out, sample_file, file_bytes, in_flight):
+    def __init__(self, *, directories, out, sample_file, file_bytes, in_flight, remaining):
         # The output and the staging directory are one filesystem, or two to look at.
         self.directories = list(dict.fromkeys(directories))
         self.out, self.sample_file = out, sample_file
-        self.file_bytes, self.in_flight = file_bytes, in_flight
+        self.file_bytes, self.in_flight, self.remaining = file_bytes, in_flight, remaining
         self.largest, self.sized, self.sized_at = 0, set(), None
 
-    def need(self):
-        """The margin now (margin()), from the largest file so far."""
+    def need(self, files=None):
+        """The margin now (margin()) of `files` files (None: as many as may be in flight), from the
+        largest file so far."""
         now = time.monotonic()
         if self.sized_at is None or now - self.sized_at >= SIZES_EVERY_S:
             self.sized_at = now
             self.measure()
-        return margin(self.largest or self.file_bytes, self.in_flight)
+        return margin(self.largest or self.file_bytes, self.in_flight if files is None else min(files,
+                                                                                                self.in_flight))
 
     def measure(self):
         """The largest sample file so far; each file's size is read once (a run's output may hold
@@ -85,12 +89,16 @@ class DiskWatch:
     def low(self):
         """{"path", "free", "need", "line"} of the first directory with less free space than the
         margin, else None."""
-        need = self.need()
+        need, left = self.need(), None
         for path in self.directories:
             try:
                 free = free_bytes(path)
             except OSError:
                 continue  # not made yet: nothing written there either
+            if free < need and left is None:
+                # Short of room for a full flight of files: fewer may be left (counting them lists the output).
+                left = self.remaining()
+                need = self.need(left)
             if free < need:
                 return {"path": path, "free": free, "need": need, "line": low_line(path, free, need)}
         return None

@@ -13,7 +13,7 @@ import subprocess
 import time
 
 import procs
-from contract import DISK_LOW, DRIVER_DEFAULTS, PHASE_LOADING
+from contract import DISK_LOW, DRIVER_DEFAULTS, PHASE_DONE, PHASE_LOADING
 from run.driver.output import remove_temporaries
 from run.supervision import POLL_S, NotStarted, Watch, child_env, log_since
 
@@ -43,7 +43,16 @@ class InProcessDriver:
         # A batch's samples are written after its generation, at most writes_in_flight at once.
         in_flight = sum(args.get(key) or DRIVER_DEFAULTS[key] for key in ("batch_size", "writes_in_flight"))
         return {"directories": [os.path.expanduser(self.supervisor.record["out"])], "file_bytes": None,
-                "in_flight": in_flight}
+                "in_flight": in_flight, "remaining": self.remaining}
+
+    def remaining(self):
+        """Samples of the run's share not yet in the output (None before the driver says how many it has):
+        its files counted, which the heartbeat's count follows only every few seconds."""
+        beat = self.supervisor.run.heartbeat or {}
+        if beat.get("phase") == PHASE_DONE:
+            return 0
+        total = beat.get("samples_total")
+        return None if total is None else max(0, total - len(self.supervisor.sample_files()))
 
     def prepare(self, entry):
         self.log_offset = os.path.getsize(self.log)
@@ -77,13 +86,14 @@ class InProcessDriver:
         while True:
             exit_status = self.driver.poll()
             # Looking at the job's processes often lets it follow those that leave its session.
-            sup.look({m["pid"] for m in self.job.members()})
+            pids = {m["pid"] for m in self.job.members()}
             sup.status["job_seen"] = self.job.saved()
             if exit_status is not None:
                 sup.save(heartbeat=sup.run.heartbeat)
                 return exit_status, None
             if sup.stop_requested():
                 return None, None
+            sup.look(pids)  # after the exit: a driver that finished is not ended for the room it left
             beat = sup.run.heartbeat
             mark = beat and (beat.get("phase"), beat.get("samples_done"))
             if mark and mark != last_mark:

@@ -22,7 +22,8 @@ failure (classify.py), decide (below), back off, and at the end write the run's 
       finish(outcome)          its last words (files, the heartbeat's last phase); the outcome to record
       disk_use()               what it writes, for the free-space watch (disk_watch.py): {"directories",
                                "file_bytes" (a file's size guessed, or None), "in_flight" (files that may
-                               be written at once)}, or None: it writes no files of its own
+                               be written at once), "remaining" (a function: the files left to write, or
+                               None)}, or None: it writes no files of its own
 
 - The **node role** is what a node of a multi-node job adds (run/server/node_roles.py: the head, a
   worker); NodeRole below names where a role takes part, and as it is stands for a run on one host.

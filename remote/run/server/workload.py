@@ -217,7 +217,16 @@ class ServerExtraction:
         return {"directories": [self.plan["out"], self.plan["staging"]],
                 # The largest file a sample can make: max_len tokens of 16-bit states and int64 token ids.
                 "file_bytes": tokens * (len(self.plan["layer_ids"]) * (self.plan["hidden_size"] or 0) * 2 + 8),
-                "in_flight": (args.get("concurrency") or SERVER_DEFAULTS["concurrency"]) * STAGING_MARGIN}
+                "in_flight": (args.get("concurrency") or SERVER_DEFAULTS["concurrency"]) * STAGING_MARGIN,
+                "remaining": self.remaining}
+
+    def remaining(self):
+        """Files of the share not yet in the output (None before prepare-data counted the rows)."""
+        total = self.supervisor.status.get("samples_total")
+        if total is None:
+            return None
+        wanted = set(self.share(total))
+        return len(wanted) - self.count_done(wanted)
 
     def count_done(self, wanted):
         """Samples of the share with a file (cheap: names only; validation decides in the end)."""
