@@ -22,8 +22,9 @@ from units import human_bytes
 
 #: The least free space a run keeps, whatever the size of its files: room for what is written beside
 #: them (the run's logs and records where they share the disk, the connector's lock files, directory
-#: blocks) and a margin while no file has said yet how large the files are.
-FLOOR_BYTES = 64 * 2 ** 20
+#: blocks) and a margin while no file has said yet how large the files are. A model's files in flight
+#: ask for more (an 8B model's: 64 MiB each, 64 in flight at the default concurrency).
+FLOOR_BYTES = 16 * 2 ** 20
 #: Seconds between looks at the sizes of the files written; the free space is looked at every poll.
 SIZES_EVERY_S = 5.0
 ADVICE = ("free space there, or launch again with a larger --out (and extract.staging where that is another "

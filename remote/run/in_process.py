@@ -5,7 +5,7 @@ output in driver.log; the supervisor's loop (run/supervision.py) runs, watches a
 The driver writes heartbeat.json (phase, samples); the watch counts a new phase or sample as
 progress, and failing that a new file in the output directory. The supervisor watches the output's
 free space (disk_use(), run/disk_watch.py): running low ends the driver before the disk fills, and
-finish() removes the samples it left half-written (their temporary names), every whole one kept.
+ran_low() removes the samples it left half-written (their temporary names), every whole one kept.
 """
 import os
 import re
@@ -13,7 +13,7 @@ import subprocess
 import time
 
 import procs
-from contract import DISK_LOW, DRIVER_DEFAULTS, PHASE_DONE, PHASE_LOADING
+from contract import DRIVER_DEFAULTS, PHASE_DONE, PHASE_LOADING
 from run.driver.output import remove_temporaries
 from run.supervision import POLL_S, NotStarted, Watch, child_env, log_since
 
@@ -119,10 +119,11 @@ class InProcessDriver:
     def attempt_log(self):
         return log_since(self.log, self.log_offset)
 
+    def ran_low(self):
+        # The driver was ended mid-write: its temporary files are no samples.
+        remove_temporaries(os.path.expanduser(self.supervisor.record["out"]))
+
     def finish(self, outcome):
-        if (outcome.get("failure") or {}).get("kind") == DISK_LOW:
-            # The driver was ended mid-write: its temporary files are no samples.
-            remove_temporaries(os.path.expanduser(self.supervisor.record["out"]))
         return outcome
 
 

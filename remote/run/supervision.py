@@ -24,6 +24,8 @@ failure (classify.py), decide (below), back off, and at the end write the run's 
                                "file_bytes" (a file's size guessed, or None), "in_flight" (files that may
                                be written at once), "remaining" (a function: the files left to write, or
                                None)}, or None: it writes no files of its own
+      ran_low()                an attempt ended on a low disk, its processes ended: remove what they left
+                               half-written (only a workload with a disk_use() is asked)
 
 - The **node role** is what a node of a multi-node job adds (run/server/node_roles.py: the head, a
   worker); NodeRole below names where a role takes part, and as it is stands for a run on one host.
@@ -346,6 +348,8 @@ class Supervisor:
                 failure = low
         failure["attempt"] = number
         entry["failure"] = failure
+        if failure["kind"] == DISK_LOW:
+            self.workload.ran_low()
         previous, self.previous_failure = self.previous_failure, failure
         repeated = (failure["retryable"] and previous is not None and not entry["samples_written"]
                     and previous["signature"] == failure["signature"])

@@ -20,8 +20,11 @@ from specrig.errors import UsageError
 from specrig.inventory import Host
 from specrig.transport import connect
 from support.paths import PROGRAMS
+from units import human_bytes
 
 JOB_TREE = PROGRAMS / "job_tree.py"
+#: The free-space margin's floor, as the runs' messages write it.
+FLOOR = human_bytes(disk_watch.FLOOR_BYTES)
 FAST = {"stall_timeout_s": 2, "load_timeout_s": 2, "backoff_s": 0.2, "grace_s": 1, "telemetry_interval_s": 1}
 #: What transformers prints before it waits for an answer about custom code.
 TRUST_PROMPT = ("The repository for /models/kimi contains custom code which must be executed to correctly load the "
@@ -200,13 +203,13 @@ def test_a_run_low_on_disk_stops_keeping_its_samples_and_resumes_only_once_there
     host, remote = local
     mount, make_room = small_disk
     out = mount / "out"
-    sample = 2**20
+    sample = 2**20  # 12 in flight (batch_size 8 + writes_in_flight 4): less than the floor
     run_id = launch(local, tmp_path, {"output_dir": str(out), "write_samples": True, "sample_bytes": sample,
                                       "samples": 1000})
     run = wait_state(local, run_id, ("failed",))
     failure = run["last_failure"]
     assert failure["kind"] == "disk-low" and not failure["retryable"] and len(run["attempts"]) == 1, failure
-    assert failure["explain"].startswith("disk low: ") and f" free on {out}, need about 64.0 MiB" in \
+    assert failure["explain"].startswith("disk low: ") and f" free on {out}, need about {FLOOR}" in \
         failure["explain"], failure
     assert "--out" in failure["advice"] and failure["free_bytes"] < failure["need_bytes"], failure
     # Stopped before the disk filled: every sample there is whole.
@@ -216,7 +219,7 @@ def test_a_run_low_on_disk_stops_keeping_its_samples_and_resumes_only_once_there
 
     with pytest.raises(UsageError) as refused:
         remote.call("runs.resume", {"workdir": host.workdir, "run": run_id})
-    assert "disk low: " in refused.value.one_line() and f" free on {out}, need about 64.0 MiB" in \
+    assert "disk low: " in refused.value.one_line() and f" free on {out}, need about {FLOOR}" in \
         refused.value.one_line(), refused.value.one_line()
 
     make_room(64)

@@ -21,7 +21,7 @@ run.json "server") holds the three commands. An attempt:
    client reported skipped and the run allows them; then the server is stopped;
 6. the supervisor watches the free space of the output and of the staging directory (disk_use(),
    run/disk_watch.py): running low ends the attempt before the disk fills, and the files the client cut
-   short meanwhile are deleted (finish), every whole one kept.
+   short meanwhile are deleted (ran_low), every whole one kept.
 
 HeadlessServer, a multi-node job's worker: its `--headless` server for one of the head's attempts,
 until the head's attempt is over (its node role, server/node_roles.py, says when), the server dies or
@@ -42,7 +42,6 @@ import time
 import atomic
 import procs
 from contract import (
-    DISK_LOW,
     DRIVER_DEFAULTS,
     PHASE_GENERATING,
     PHASE_LOADING,
@@ -462,10 +461,11 @@ class ServerExtraction:
                 for i in deleted[:10])))
         return present, deleted
 
+    def ran_low(self):
+        # The client was ended mid-move: a copy into another filesystem cut short is no sample.
+        self.delete_unusable("left partial when the disk ran low")
+
     def finish(self, outcome):
-        if (outcome.get("failure") or {}).get("kind") == DISK_LOW:
-            # The client was ended mid-move: a copy into another filesystem cut short is no sample.
-            self.delete_unusable("left partial when the disk ran low")
         shutil.rmtree(self.plan["staging"], ignore_errors=True)
         outcome = dict(outcome, result=self.supervisor.status.get("result"))
         # The heartbeat's last phase is the run's final state.
