@@ -30,6 +30,14 @@ ACTIVE_STATES = (STARTING, RUNNING, RESTARTING, STALLED)
 #: The supervisor ended the run.
 FINAL_STATES = (SUCCEEDED, FAILED, STOPPED)
 
+# -- failure kinds the supervisor finds itself (no log decides them; classify_rules.json holds the rest) --
+#: Free space under the output or the connector's staging directory fell below what the next files need:
+#: the run stops before the disk fills, keeping every whole file (remote/run/disk_watch.py). Not retried,
+#: and a resume is refused until there is room: the same files would need the same space.
+DISK_LOW = "disk-low"
+#: A directory the run writes (the output, the staging directory) cannot be made or written.
+OUTPUT_UNWRITABLE = "output-unwritable"
+
 # -- heartbeat phases (heartbeat.json "phase"): what the workload is doing now ---------------------
 # Another word than the run's state: a RUNNING run goes PHASE_LOADING -> PHASE_EXTRACTING -> PHASE_DONE.
 # The in-process driver writes them (remote/run/driver/), a server-mode supervisor writes its own

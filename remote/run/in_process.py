@@ -3,7 +3,9 @@
 output in driver.log; the supervisor's loop (run/supervision.py) runs, watches and restarts it.
 
 The driver writes heartbeat.json (phase, samples); the watch counts a new phase or sample as
-progress, and failing that a new file in the output directory.
+progress, and failing that a new file in the output directory. The supervisor watches the output's
+free space (disk_use(), run/disk_watch.py): running low ends the driver before the disk fills, and
+ran_low() removes the samples it left half-written (their temporary names), every whole one kept.
 """
 import os
 import re
@@ -11,7 +13,8 @@ import subprocess
 import time
 
 import procs
-from contract import PHASE_LOADING
+from contract import DRIVER_DEFAULTS, PHASE_DONE, PHASE_LOADING
+from run.driver.output import remove_temporaries
 from run.supervision import POLL_S, NotStarted, Watch, child_env, log_since
 
 #: Seconds between counts of the output directory (a cheap second sign of progress).
@@ -34,6 +37,22 @@ class InProcessDriver:
 
     def status_fields(self, previous):
         return {}
+
+    def disk_use(self):
+        args = self.supervisor.record["driver_args"]
+        # A batch's samples are written after its generation, at most writes_in_flight at once.
+        in_flight = sum(args.get(key) or DRIVER_DEFAULTS[key] for key in ("batch_size", "writes_in_flight"))
+        return {"directories": [os.path.expanduser(self.supervisor.record["out"])], "file_bytes": None,
+                "in_flight": in_flight, "remaining": self.remaining}
+
+    def remaining(self):
+        """Samples of the run's share not yet in the output (None before the driver says how many it has):
+        its files counted, which the heartbeat's count follows only every few seconds."""
+        beat = self.supervisor.run.heartbeat or {}
+        if beat.get("phase") == PHASE_DONE:
+            return 0
+        total = beat.get("samples_total")
+        return None if total is None else max(0, total - len(self.supervisor.sample_files()))
 
     def prepare(self, entry):
         self.log_offset = os.path.getsize(self.log)
@@ -67,13 +86,14 @@ class InProcessDriver:
         while True:
             exit_status = self.driver.poll()
             # Looking at the job's processes often lets it follow those that leave its session.
-            sup.look({m["pid"] for m in self.job.members()})
+            pids = {m["pid"] for m in self.job.members()}
             sup.status["job_seen"] = self.job.saved()
             if exit_status is not None:
                 sup.save(heartbeat=sup.run.heartbeat)
                 return exit_status, None
             if sup.stop_requested():
                 return None, None
+            sup.look(pids)  # after the exit: a driver that finished is not ended for the room it left
             beat = sup.run.heartbeat
             mark = beat and (beat.get("phase"), beat.get("samples_done"))
             if mark and mark != last_mark:
@@ -98,6 +118,10 @@ class InProcessDriver:
 
     def attempt_log(self):
         return log_since(self.log, self.log_offset)
+
+    def ran_low(self):
+        # The driver was ended mid-write: its temporary files are no samples.
+        remove_temporaries(os.path.expanduser(self.supervisor.record["out"]))
 
     def finish(self, outcome):
         return outcome

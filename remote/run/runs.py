@@ -42,7 +42,7 @@ import hfcache
 import pkgmeta
 import procs
 import telemetry
-from contract import ACTIVE_STATES, GPU_RELEASE_S, STOPPED, SUCCEEDED, SUPERVISOR_DEFAULTS
+from contract import ACTIVE_STATES, FAILED, GPU_RELEASE_S, STOPPED, SUCCEEDED, SUPERVISOR_DEFAULTS
 from rpc import RemoteFailure
 from run import budget, rundir
 from run.server import client, outputs, plan
@@ -291,7 +291,15 @@ def _start_supervisor(run):
                                 cwd=run.path, start_new_session=True, close_fds=True)
     deadline = time.monotonic() + SUPERVISOR_START_S
     while time.monotonic() < deadline:
-        if run.status.get("supervisor_pid") == proc.pid:
+        status_now = run.status
+        if status_now.get("supervisor_pid") == proc.pid:
+            if status_now.get("state") == FAILED:
+                # Refused before its first attempt (supervision.py `refused`: the output cannot be written,
+                # or has no room): the run's record says why, and so does this call, in one line.
+                failure = status_now["last_failure"]
+                raise RemoteFailure("run-refused", "run %s: %s; %s" % (run.run_id, failure["explain"],
+                                                                      failure["advice"]),
+                                    run=run.run_id, failure=failure)
             return proc.pid
         if proc.poll() is not None:
             break

@@ -20,9 +20,20 @@ failure (classify.py), decide (below), back off, and at the end write the run's 
                                cleanup record
       attempt_log()            this attempt's log text, classified when it failed with nothing found
       finish(outcome)          its last words (files, the heartbeat's last phase); the outcome to record
+      disk_use()               what it writes, for the free-space watch (disk_watch.py): {"directories",
+                               "file_bytes" (a file's size guessed, or None), "in_flight" (files that may
+                               be written at once), "remaining" (a function: the files left to write, or
+                               None)}, or None: it writes no files of its own
+      ran_low()                an attempt ended on a low disk, its processes ended: remove what they left
+                               half-written (only a workload with a disk_use() is asked)
 
 - The **node role** is what a node of a multi-node job adds (run/server/node_roles.py: the head, a
   worker); NodeRole below names where a role takes part, and as it is stands for a run on one host.
+
+Before the first attempt, the directories the workload writes must be writable and have room for its
+next files (disk_watch.py), and the room is looked at again at every poll of an attempt's watch: a run
+that cannot have them fails as OUTPUT_UNWRITABLE or DISK_LOW before its first record says it started,
+and one that runs low ends its attempt and fails as DISK_LOW, its whole files kept.
 
 The decision: a stop ends the run; a success ends it; a failure is restarted after a backoff
 (backoff_s doubled per restart, at most backoff_max_s) if it is retryable and restarts are left,
@@ -34,14 +45,26 @@ has a cause that will not go away. SIGTERM (inv stop) ends the attempt's process
 SIGKILL. This shape follows SkyPilot's managed-job controller (one loop that watches and decides)
 and its StrategyExecutor (what to launch and recover, held by the loop).
 """
+import errno
 import os
 import signal
 import time
 
 import atomic
 import telemetry
-from contract import FAILED, GPU_RELEASE_S, RESTARTING, RUNNING, STALLED, STARTING, STOPPED, SUCCEEDED
-from run import classify, rundir
+from contract import (
+    DISK_LOW,
+    FAILED,
+    GPU_RELEASE_S,
+    OUTPUT_UNWRITABLE,
+    RESTARTING,
+    RUNNING,
+    STALLED,
+    STARTING,
+    STOPPED,
+    SUCCEEDED,
+)
+from run import classify, disk_watch, rundir
 
 POLL_S = 0.5
 #: Seconds between rewrites of status.json while nothing changes.
@@ -167,6 +190,9 @@ class Supervisor:
             if attempt["ended_at"] is None:
                 # Its supervisor died before it could record the end (the run was `lost`).
                 attempt.update(ended_at=rundir.now_iso(), lost=True)
+        use = self.workload.disk_use()
+        self.disk = use and disk_watch.DiskWatch(out=os.path.expanduser(self.record["out"]),
+                                                 sample_file=self.workload.SAMPLE_FILE, **use)
         self.stop_signal = None
         self.last_telemetry = 0.0
         #: This supervisor's previous attempt's failure: a failure repeated without progress ends the run.
@@ -204,9 +230,46 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self.on_signal)
         signal.signal(signal.SIGINT, self.on_signal)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the SSH session going away is no reason to stop
-        self.save()
-        outcome = self.role.open() or self.attempts()
+        # Before the first record: the launch (or resume) that waits for it then sees the run failed, and
+        # says so in one line (runs.py).
+        outcome = self.refused()
+        if outcome is None:
+            self.save()
+            outcome = self.role.open() or self.attempts()
         return self.conclude(outcome)
+
+    def refused(self):
+        """The run's failed outcome when a directory the workload writes cannot be made or written, or
+        has no room for its next files; else None."""
+        if self.disk is None:
+            return None
+        for path in self.disk.directories:
+            try:
+                os.makedirs(path, exist_ok=True)
+                if not os.access(path, os.W_OK):
+                    raise PermissionError(errno.EACCES, "not writable by this user", path)
+            except OSError as exc:
+                failure = found_failure(
+                    OUTPUT_UNWRITABLE, "cannot write %r: %s" % (path, exc),
+                    "choose an --out (and extract.staging) that the host's user can write, or make it writable; "
+                    "then `inv resume`", False, evidence="%s: %s" % (type(exc).__name__, exc), path=path)
+                break
+        else:
+            failure = self.disk_low()
+        if failure is None:
+            return None
+        self.log_marker("%s; not starting" % failure["explain"])
+        self.status["last_failure"] = failure
+        return {"state": FAILED, "failure": failure}
+
+    def disk_low(self):
+        """The DISK_LOW failure when a directory the workload writes has less room than its next files
+        need, else None."""
+        low = self.disk.low() if self.disk is not None else None
+        if low is None:
+            return None
+        return found_failure(DISK_LOW, low["line"], disk_watch.ADVICE, False, path=low["path"],
+                             free_bytes=low["free"], need_bytes=low["need"])
 
     def attempts(self):
         """Attempt, decide, back off, until an outcome that is no retry."""
@@ -274,8 +337,19 @@ class Supervisor:
             self.log_marker("attempt %d: %s" % (number, self.workload.FINISHED))
             return {"state": SUCCEEDED}
         failure = found or classify.classify(self.workload.attempt_log(), exit_status, host=self.host())
+        if failure["kind"] != DISK_LOW:
+            # A write the watch did not see coming failed for want of space (the connector's "No space
+            # left on device" in the server's log, the driver's disk-full), or the attempt failed otherwise
+            # on a disk now low: a restart would meet the same disk.
+            low = self.disk_low()
+            if low is not None:
+                low["evidence"] = "%s: %s" % (failure["kind"], failure["evidence"] or failure["explain"])
+                low["signature"] = classify.signature(low)
+                failure = low
         failure["attempt"] = number
         entry["failure"] = failure
+        if failure["kind"] == DISK_LOW:
+            self.workload.ran_low()
         previous, self.previous_failure = self.previous_failure, failure
         repeated = (failure["retryable"] and previous is not None and not entry["samples_written"]
                     and previous["signature"] == failure["signature"])
@@ -320,9 +394,14 @@ class Supervisor:
     # -- what every workload's watch needs -------------------------------------------------------
 
     def look(self, pids):
-        """Every poll of a watch: the GPUs (marking the attempt's processes, `pids`), and the other nodes
-        (the role raises AttemptEnds when they end the attempt)."""
+        """Every poll of a watch: the GPUs (marking the attempt's processes, `pids`), the free space (raises
+        AttemptEnds with DISK_LOW before the next files could fill a disk), and the other nodes (the role
+        raises AttemptEnds when they end the attempt)."""
         self.sample_gpus(pids)
+        low = self.disk_low()
+        if low is not None:
+            self.log_marker("%s: ending the attempt, its whole files kept" % low["explain"])
+            raise AttemptEnds(low)
         self.role.look()
 
     def sample_gpus(self, ours):

@@ -42,8 +42,10 @@ def extract_sharded(spec: str, hosts: Sequence[Host], given: dict, *, shared_out
     board = live.RunsBoard(names) if attach else None
 
     def launch(host: Host) -> dict:
-        return sharded_runs.launch_shard(host, requests[host.name], sharded_run_id=sharded_run_id, names=names,
-                                         shared_out=shared_out, on_update=(lambda run: board.update(host.name, run)) if board else None)
+        return sharded_runs.launch_shard(
+            host, requests[host.name], sharded_run_id=sharded_run_id, names=names, shared_out=shared_out,
+            on_launched=None if as_json else lambda launched: view.show_layers_note(launched, host=host.name),
+            on_update=(lambda run: board.update(host.name, run)) if board else None)
 
     if not as_json:
         view.show_sharded_run(sharded_run_id, names, server=mode == SERVER)

@@ -249,8 +249,9 @@ def launch_job(hosts: Sequence[Host], request: Request, records: dict[str, dict]
     try:
         for host in hosts:
             with connect(host) as remote:
-                launched[host.name] = runs_call(remote, host, "launch", launch_args(
-                    host, node_request(host, request, records[host.name]), nodes=records[host.name]))
+                launched[host.name] = {**runs_call(remote, host, "launch", launch_args(
+                    host, node_request(host, request, records[host.name]), nodes=records[host.name])),
+                    "layers_source": request.sources.get("layers")}
     except BaseException:
         for name in launched:
             stop(next(h for h in hosts if h.name == name), job_id)

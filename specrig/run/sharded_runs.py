@@ -187,14 +187,19 @@ def one_mode(modes: dict[str, str | None]) -> str | None:
 
 
 def launch_shard(host: Host, request: Request, *, sharded_run_id: str, names: Sequence[str], shared_out: bool = False,
+                 on_launched: Callable[[dict], None] | None = None,
                  on_update: Callable[[dict], None] | None = None) -> dict:
-    """Launch one host's shard: {run_id, ..., fleet_run_id, hosts, shard_index, shard_count, shared_out, out}.
-    With on_update, its run is followed on the same connection until it ends (`final`: its last status)."""
+    """Launch one host's shard: {run_id, ..., fleet_run_id, hosts, shard_index, shard_count, shared_out, out,
+    layers_source}, handed to on_launched once launched. With on_update, its run is followed on the same
+    connection until it ends (`final`: its last status)."""
     shard = {"fleet_run_id": sharded_run_id, "hosts": list(names), "shard_index": request.driver_args["shard_index"],
              "shard_count": len(names), "shared_out": shared_out}
     with connect(host) as remote:
         launched = runs_call(remote, host, "launch", launch_args(host, request, fleet=shard))
-        result = {**launched, **shard, "out": request.driver_args["output_dir"]}
+        result = {**launched, **shard, "out": request.driver_args["output_dir"],
+                  "layers_source": request.sources.get("layers")}
+        if on_launched is not None:
+            on_launched(result)
         if on_update is None:
             return result
         return {**result, "final": watch_run(remote, host, launched["run_id"], on_update)}

@@ -26,7 +26,7 @@ from specrig.exit_status import ExitStatus
 from specrig.group import GroupResult, HostOutcome
 from specrig.inventory import Host
 from specrig.ui import console, gpu_table, print_json
-from specrig.ui.group import outcomes_json, show_summary
+from specrig.ui.group import OUTPUT_LOCK, outcomes_json, show_summary
 from specrig.ui.task import TaskView
 from specrig.ui.terminal import markup, visible, visible_on, write_raw
 
@@ -123,6 +123,10 @@ def show_run(run: dict, *, log_tail: str | None = None) -> None:
         failure = attempt.get("failure")
         if failure:
             grid.add_row(f"  attempt {attempt['attempt']}", describe_failure(failure))
+    refused = run.get("last_failure")
+    if run["state"] == FAILED and refused and "attempt" not in refused:
+        # Its supervisor refused it before any attempt (the output cannot be written, or has no room).
+        grid.add_row("failure", describe_failure(refused))
     if run.get("stalled"):
         grid.add_row("stalled", f"no progress for {run.get('seconds_since_progress')} s")
     console.print(grid)
@@ -136,7 +140,11 @@ def describe_failure(failure: dict) -> str:
     """A classified failure as rich markup: kind and rule, why, where, the log line, advice, verdict.
     What came from the host is escaped: a log line's `[enforce fail at …]` is text, not markup."""
     rule = f" [dim]({markup(failure['rule'])})[/]" if failure.get("rule") else ""
-    text = f"[bold]{markup(failure['kind'])}[/]{rule}: {markup(failure['explain'])}"
+    head, explain = failure["kind"], failure["explain"]
+    if explain.lower().startswith(head.replace("-", " ") + ": "):
+        # The explanation names its kind in words ("disk low: …"): said once.
+        head, explain = explain.split(": ", 1)
+    text = f"[bold]{markup(head)}[/]{rule}: {markup(explain)}"
     for label, key in (("callee", "callee"), ("at", "caller"), ("log", "evidence")):
         if failure.get(key):
             text += f"\n    {label}: {markup(str(failure[key]))}"
@@ -199,9 +207,10 @@ def show_extract(result: dict, *, host: Host, as_json: bool, follow: Callable[[H
         return None
     if result["preflight"]:
         show_checks(result["preflight"])
-    for note in (layers_note(result.get("layers"), result.get("layers_source")), storage_note(result.get("storage"))):
-        if note:
-            console.print(note)
+    show_layers_note(result)
+    note = storage_note(result.get("storage"))
+    if note:
+        console.print(note)
     console.print(f"launched run [bold]{markup(result['run_id'])}[/] on {host.name} ({markup(result['path'])})")
     for entry in result.get("startup_flags") or []:
         console.print(f"the server gets {markup(entry['flag'])}: {markup(entry['because'])}")
@@ -227,6 +236,15 @@ def storage_note(storage: dict | None) -> str | None:
         return None
     return (f"fp8 storage: {markup(storage['connector'])} writes the files (hidden_states F8_E4M3 with per-token "
             f"scales); speculators' training reads them with --hidden-states-backend fp8")
+
+
+def show_layers_note(launched: dict, *, host: str | None = None) -> None:
+    """layers_note's line for a launch (its `layers` and `layers_source`), if it has one; on a group
+    (a shard, a multi-node job) `host` says whose."""
+    note = layers_note(launched.get("layers"), launched.get("layers_source"))
+    if note:
+        with OUTPUT_LOCK:
+            console.print(f"[bold]{markup(host)}[/]: {note}" if host else note)
 
 
 def show_preflight_failed(found, *, host: Host, as_json: bool) -> None:
@@ -497,6 +515,7 @@ def show_job_launched(job_id: str, records: dict[str, dict], launched: dict[str,
     head, *workers = records
     console.print(f"multi-node job [bold]{job_id}[/]: {describe}; head {head} "
                   f"({records[head]['master_addr']}), workers {', '.join(workers)}")
+    show_layers_note(launched[head])  # the head's plan: its files are the job's
 
 
 def job_view(job_id: str) -> TaskView:

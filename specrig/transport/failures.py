@@ -61,6 +61,9 @@ FAILURE_KINDS: dict[str, FailureKind] = {
     "unknown-run": FailureKind(UsageError, "`inv status --host {host}` lists the runs"),
     "run-active": FailureKind(UsageError, "`inv status --host {host}` shows it"),
     "run-finished": FailureKind(UsageError, "its output is complete; start a new run with `inv extract`"),
+    # A run its supervisor refused before its first attempt (the output cannot be written, or has no room):
+    # the message is the run's failure, which its record keeps.
+    "run-refused": FailureKind(UsageError),
     # -- the check ran and found something -----------------------------------------------------
     "conflict": _PATCH_FINDINGS,
     "revert-refused": _PATCH_FINDINGS,

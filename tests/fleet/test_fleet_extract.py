@@ -322,3 +322,18 @@ def test_the_driver_takes_a_shard_by_global_index_and_refuses_half_a_shard(tmp_p
     assert "shard_index" not in resume_settings(one_host, [1, 2])  # one host's data_config.json as before
     path.write_text(json.dumps({**base, "shard_index": 2, "shard_count": 3}))
     assert resume_settings(load_arguments(str(path)), [1, 2])["shard_index"] == 2
+
+
+def test_each_shard_keeps_where_its_settings_came_from(make_inventory):
+    """The layers line of a sharded launch says whether --layers chose the ids or hosts.yaml set them."""
+    from specrig.inventory import load_inventory
+    from specrig.run.sharded_runs import shard_requests
+
+    entry = {"hostname": "h", "extract": {"model": "/m", "data": "/d.jsonl", "out": "/data/{host}/out"}}
+    chosen = {**entry, "extract": {**entry["extract"], "layers": [1, 2, 3]}}
+    inventory = load_inventory(make_inventory({"hosts": {"x": chosen, "y": entry}}))
+    requests = shard_requests([inventory.host("x"), inventory.host("y")], {})
+    assert requests["x"].sources["layers"] == "hosts.yaml: hosts.x.extract.layers"
+    assert "layers" not in requests["y"].driver_args
+    given = shard_requests([inventory.host("x"), inventory.host("y")], {"layers": [4, 5]})
+    assert {name: request.sources["layers"] for name, request in given.items()} == {"x": "--layers", "y": "--layers"}

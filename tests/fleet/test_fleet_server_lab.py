@@ -8,6 +8,7 @@ inventory of this test's own: speculators 0.9.0 as `python`, the patched venv-se
 """
 from __future__ import annotations
 
+import re
 import shutil
 import time
 import uuid
@@ -71,3 +72,20 @@ def test_a_server_mode_fleet_run_splits_the_rows_as_speculators_does(pair):
         share = client.shard_indices(ROWS, None, len(HOSTS), rank)
         assert outputs.existing_indices(str(out)) == share  # contiguous chunks: 0-11 and 12-23
         states_against_transformers(out, files=len(share))
+
+
+def test_a_sharded_launch_says_for_each_shard_that_its_layers_are_not_trainings_default(pair):
+    inventory, _ = pair
+    done = inv("extract", "--host", "pair", "--layers", "1,2,3", "--max-samples", "4", "--skip-preflight",
+               "--detach", inventory=inventory, env={"COLUMNS": "300"}, timeout=CALL_TIMEOUT_S)
+    fleet_run_id = next(iter(re.findall(r"\bfleet-\d{8}-\d{6}-\w{4}\b", done.stdout)), None)
+    try:
+        assert done.returncode == 0 and fleet_run_id, done.stdout + done.stderr
+        said = [line for line in done.stdout.splitlines() if "as --layers asks" in line]
+        assert sorted(line.split(": ", 1)[0] for line in said) == HOSTS, done.stdout
+        # The tiny model's 8 layers: the plan adds the last one, training takes [2, L // 2, L - 3, L].
+        assert all(line.split(": ", 1)[1].startswith("layers [1, 2, 3, 8], as --layers asks; speculators' "
+                                                     "training defaults to [2, 4, 5, 8]") for line in said), said
+    finally:
+        if fleet_run_id:
+            inv("stop", "--host", "pair", "--run", fleet_run_id, inventory=inventory, timeout=CALL_TIMEOUT_S)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -170,3 +171,17 @@ def test_a_staging_directory_one_node_does_not_share_is_refused_by_name_and_noth
     assert after == before  # no run on either node: no server was started
     assert left == [".specrig-staging", "kept.txt"] and not list(staging.rglob("*token*"))
     assert kept == "a file of an earlier run\n"
+
+
+def test_a_job_launch_says_once_that_its_layers_are_not_trainings_default(pair):
+    inventory, _ = pair
+    done = inv("extract", "--host", "pair", "--nodes", "dp", "--layers", "1,2,3", "--max-samples", "4",
+               "--skip-preflight", "--detach", inventory=inventory, env={"COLUMNS": "300"}, timeout=CALL_TIMEOUT_S)
+    job_id = next(iter(re.findall(r"\bnodes-\d{8}-\d{6}-\w{4}\b", done.stdout)), None)
+    try:
+        assert done.returncode == 0 and job_id, done.stdout + done.stderr
+        said = [line for line in done.stdout.splitlines() if "as --layers asks" in line]
+        assert len(said) == 1 and said[0].startswith("layers [1, 2, 3, 8], as --layers asks"), done.stdout
+    finally:
+        if job_id:
+            inv("stop", "--host", "pair", "--run", job_id, inventory=inventory, timeout=CALL_TIMEOUT_S)

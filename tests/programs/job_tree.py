@@ -5,14 +5,15 @@
 
 args.json: {"heartbeat": path, "children": int, "gpu_gib": float (0: no GPU), "ignore_term": bool,
             "own_session": bool, "samples": int, "stall_after": int|null, "say_on_stall": str|null,
-            "output_dir": path, "write_samples": bool, "fail_after": int|null, "fail_with": str}.
+            "output_dir": path, "write_samples": bool, "sample_bytes": int, "fail_after": int|null,
+            "fail_with": str}.
 Each child allocates `gpu_gib` GiB on GPU I (torch) when asked, like
 vLLM's tensor-parallel workers, which hold GPU memory while the parent does not; one child ignores
 SIGTERM when `ignore_term` is set, so that a stop needs SIGKILL; child 1 calls setsid() when
 `own_session` is set. The parent counts one "sample" a
 second into the heartbeat and, once every child is set up, writes their pids to <heartbeat>.children.
-With `write_samples` each sample is also a file, output_dir/data_{i}.pt, numbered on from those
-already there (as the driver resumes). With `fail_after` the parent raises RuntimeError(fail_with,
+With `write_samples` each sample is also a file, output_dir/data_{i}.pt of `sample_bytes` (default: a
+few), numbered on from those already there (as the driver resumes). With `fail_after` the parent raises RuntimeError(fail_with,
 its pid) after that many samples of the attempt: the same failure in every attempt.
 """
 import json
@@ -68,20 +69,20 @@ def parent(path):
         write_beat(args["heartbeat"], done, total)
         time.sleep(1)
         if args.get("write_samples"):
-            write_sample(args["output_dir"])
+            write_sample(args["output_dir"], args.get("sample_bytes", 0))
         done += 1
     for kid in kids:
         kid.kill()
     return 0
 
 
-def write_sample(output_dir):
+def write_sample(output_dir, size):
     """The next data_{i}.pt, written to a temporary name and renamed into place as the driver does."""
     os.makedirs(output_dir, exist_ok=True)
     index = sum(1 for name in os.listdir(output_dir) if name.startswith("data_") and name.endswith(".pt"))
     path = os.path.join(output_dir, "data_%d.pt" % index)
     with open(path + ".tmp", "wb") as handle:
-        handle.write(b"sample %d" % index)
+        handle.write((b"sample %d" % index).ljust(size, b"."))
     os.replace(path + ".tmp", path)
 
 

@@ -22,6 +22,7 @@ from support.lab import inv, launch_failing_run, phase, wait_for
 from support.patchenv import as_lab_user, lab_home
 from support.paths import REPO
 from support.runnable_env import patch, private_clean_copy, remove_copy, runnable_env_or_skip
+from support.server_lab import CLIENT
 
 RUN_TIMEOUT_S = 600
 #: Copies of the tiny chat dataset: enough samples that a run is still going when the tests act on it.
@@ -387,3 +388,22 @@ def test_bad_input_is_one_line_naming_the_value(lab, argv, message):
     result = inv(*argv)
     assert result.returncode == 2, result.stdout + result.stderr
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("host, settings", [
+    ("lab", ("--model", "~/venv", "--data", "sharegpt", "--batch-size", "4")),  # in-process
+    ("lab-server", ("--max-samples", "4")),  # server mode: refused before its server starts
+])
+def test_an_unwritable_out_past_skip_preflight_fails_the_run_in_one_line_that_its_record_keeps(lab, host, settings):
+    if host == "lab-server" and not (CLIENT / "bin" / "python").exists():
+        pytest.skip("lab-server's environments are not built (inv lab.up --runnable)")
+    out = "/root/specrig-unwritable/out"  # root's home: the lab user can make nothing there
+    result = inv("extract", "--host", host, "--out", out, *settings, "--skip-preflight", "--detach", timeout=300)
+    said = result.stderr.strip()
+    assert result.returncode == 2 and len(said.splitlines()) == 1, result.stdout + result.stderr
+    assert f"cannot write {out!r}: " in said and "Permission denied" in said and "--out" in said, said
+    run_id = said.split(": run ", 1)[1].split(":", 1)[0]
+    # The run is over, with the reason: no "starting" left for status to show.
+    run = status(host, run_id)["runs"][0]
+    assert run["state"] == "failed" and run["attempts"] == [], run
+    assert run["last_failure"]["kind"] == "output-unwritable" and out in run["last_failure"]["explain"], run

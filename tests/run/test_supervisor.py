@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -14,11 +15,16 @@ from pathlib import Path
 import pytest
 
 import procs
+from run import disk_watch
+from specrig.errors import UsageError
 from specrig.inventory import Host
 from specrig.transport import connect
 from support.paths import PROGRAMS
+from units import human_bytes
 
 JOB_TREE = PROGRAMS / "job_tree.py"
+#: The free-space margin's floor, as the runs' messages write it.
+FLOOR = human_bytes(disk_watch.FLOOR_BYTES)
 FAST = {"stall_timeout_s": 2, "load_timeout_s": 2, "backoff_s": 0.2, "grace_s": 1, "telemetry_interval_s": 1}
 #: What transformers prints before it waits for an answer about custom code.
 TRUST_PROMPT = ("The repository for /models/kimi contains custom code which must be executed to correctly load the "
@@ -157,3 +163,66 @@ def test_stop_ends_a_child_that_left_the_session_and_one_that_ignores_sigterm(lo
     stopped = remote.call("runs.stop", {"workdir": host.workdir, "run": run_id}, timeout=120)
     assert stopped["clean"] and set(stopped["pids"]) >= {run["driver_pid"], *children}
     assert not any(procs.alive(pid) for pid in children)
+
+
+def test_an_output_that_cannot_be_written_fails_the_run_before_its_first_attempt_in_one_line(local, tmp_path):
+    host, remote = local
+    (tmp_path / "a-file").write_text("not a directory")
+    out = tmp_path / "a-file" / "out"
+    with pytest.raises(UsageError) as refused:
+        launch(local, tmp_path, {"output_dir": str(out)})
+    line = refused.value.one_line()
+    assert "\n" not in line and f"cannot write {str(out)!r}: " in line and "Not a directory" in line, line
+    # The run's record says it too, and it is over: no "starting" left behind.
+    run = remote.call("runs.status", {"workdir": host.workdir})["runs"][-1]
+    assert run["state"] == "failed" and run["attempts"] == [], run
+    assert run["last_failure"]["kind"] == "output-unwritable" and not run["last_failure"]["retryable"]
+    assert run["exit"]["failure"] == run["last_failure"]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A tmpfs with room for the floor of the free-space margin and 4 MiB more; remount(extra) makes room."""
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+
+    def size(extra_mib: int) -> str:
+        return f"size={disk_watch.FLOOR_BYTES // 2**20 + extra_mib}m"
+
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", size(4), "tmpfs", str(mount)], capture_output=True,
+                             text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.strip()}")
+    yield mount, lambda extra_mib: subprocess.run(["mount", "-o", f"remount,{size(extra_mib)}", str(mount)],
+                                                  check=True)
+    subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_a_run_low_on_disk_stops_keeping_its_samples_and_resumes_only_once_there_is_room(local, tmp_path,
+                                                                                        small_disk):
+    host, remote = local
+    mount, make_room = small_disk
+    out = mount / "out"
+    sample = 2**20  # 12 in flight (batch_size 8 + writes_in_flight 4): less than the floor
+    run_id = launch(local, tmp_path, {"output_dir": str(out), "write_samples": True, "sample_bytes": sample,
+                                      "samples": 1000})
+    run = wait_state(local, run_id, ("failed",))
+    failure = run["last_failure"]
+    assert failure["kind"] == "disk-low" and not failure["retryable"] and len(run["attempts"]) == 1, failure
+    assert failure["explain"].startswith("disk low: ") and f" free on {out}, need about {FLOOR}" in \
+        failure["explain"], failure
+    assert "--out" in failure["advice"] and failure["free_bytes"] < failure["need_bytes"], failure
+    # Stopped before the disk filled: every sample there is whole.
+    written = sorted(out.glob("data_*.pt"))
+    assert written and all(path.stat().st_size == sample for path in written), written
+    assert disk_watch.free_bytes(str(out)) > 0
+
+    with pytest.raises(UsageError) as refused:
+        remote.call("runs.resume", {"workdir": host.workdir, "run": run_id})
+    assert "disk low: " in refused.value.one_line() and f" free on {out}, need about {FLOOR}" in \
+        refused.value.one_line(), refused.value.one_line()
+
+    make_room(64)
+    remote.call("runs.resume", {"workdir": host.workdir, "run": run_id})
+    wait_state(local, run_id, ("running",))
+    assert remote.call("runs.stop", {"workdir": host.workdir, "run": run_id}, timeout=120)["clean"]

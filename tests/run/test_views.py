@@ -47,3 +47,45 @@ def test_layers_other_than_trainings_default_are_one_line_a_choice_or_a_warning(
     warned = view.layers_note(other, "hosts.yaml: hosts.gpu1.extract.layers")
     assert warned.startswith("[yellow]warning:[/] layers [3, 16, 29, 32] (hosts.yaml: hosts.gpu1.extract.layers)")
     assert "pass --layers to choose them" in warned and "\n" not in warned
+
+
+def _printed(monkeypatch) -> Console:
+    console = Console(record=True, width=300, file=open("/dev/null", "w"), highlight=False)
+    monkeypatch.setattr(view, "console", console)
+    return console
+
+
+def test_the_layers_line_is_said_once_per_launch_on_one_host_a_shard_and_a_multi_node_job(monkeypatch):
+    other = {"ids": [1, 2, 3], "training_default": [2, 2, 1, 4]}
+    console = _printed(monkeypatch)
+    view.show_extract({"run_id": "r1", "path": "/w/r1", "preflight": None, "layers": other,
+                       "layers_source": "--layers"}, host=Host(name="gpu"), as_json=False, follow=None)
+    view.show_layers_note({"run_id": "r2", "layers": other, "layers_source": "--layers"}, host="lab-2")
+    view.show_job_launched("nodes-1", {"lab-1": {"master_addr": "10.0.0.1"}, "lab-2": {}},
+                           {"lab-1": {"layers": other, "layers_source": "hosts.yaml: hosts.lab-1.extract.layers"},
+                            "lab-2": {"layers": other, "layers_source": None}}, "dp 2", as_json=False)
+    lines = console.export_text().splitlines()
+    assert lines[0] == "layers [1, 2, 3], as --layers asks; speculators' training defaults to [2, 2, 1, 4]: train " \
+                       "with these ids (specrig-layers.json beside the files records them)"
+    assert lines[2] == "lab-2: " + lines[0]
+    assert lines[3].startswith("multi-node job nodes-1: dp 2; head lab-1") and len(lines) == 5, lines
+    assert lines[4].startswith("warning: layers [1, 2, 3] (hosts.yaml: hosts.lab-1.extract.layers) differ")
+
+
+def test_no_layers_line_where_the_ids_are_trainings_default_or_there_is_no_plan(monkeypatch):
+    console = _printed(monkeypatch)
+    view.show_layers_note({"layers": {"ids": [2, 2, 1, 4], "training_default": [2, 2, 1, 4]},
+                           "layers_source": "--layers"}, host="lab-1")
+    view.show_layers_note({"layers": None, "layers_source": None}, host="lab-2")  # in-process: no plan
+    assert console.export_text() == ""
+
+
+def test_a_disk_low_failure_says_its_kind_once_in_plain_words(monkeypatch):
+    failure = {"kind": "disk-low", "rule": None, "explain": "disk low: 1.9 MiB free on /out, need about 16.0 MiB",
+               "advice": "free space there", "retryable": False, "restarted": False}
+    console = _printed(monkeypatch)
+    console.print(view.describe_failure(failure))
+    assert console.export_text().splitlines()[0] == "disk low: 1.9 MiB free on /out, need about 16.0 MiB"
+    # Refused before any attempt: the run's failure is shown all the same.
+    view.show_run({"run_id": "r1", "state": "failed", "attempts": [], "last_failure": failure})
+    assert "failure   disk low: 1.9 MiB free on /out, need about 16.0 MiB" in console.export_text()

@@ -6,7 +6,7 @@ import atomic
 from contract import PHASE_DONE, PHASE_EXTRACTING, PHASE_WRITING
 from run.driver.arguments import Refused
 from run.driver.model import derived_model_dir, make_generator
-from run.driver.output import OutputDir, sample_is_whole
+from run.driver.output import OutputDir, remove_temporaries, sample_is_whole
 
 #: Settings that must be equal for a resume to continue the same sequence of samples.
 RESUME_KEYS = ("model", "dataset", "layer_ids", "max_length", "seed", "max_samples", "load_format", "hf_overrides",
@@ -28,7 +28,7 @@ def extract(args, heartbeat):
     output = OutputDir(args["output_dir"], args["writes_in_flight"])
     output.lock()
     previous_layers = check_resumable(args)
-    output.remove_temporaries()
+    remove_temporaries(output.path)
     if os.environ.get("VLLM_CPU_KVCACHE_SPACE") is None:
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(args["cpu_kvcache_space_gib"])  # read by CPU vLLM only
 

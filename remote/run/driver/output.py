@@ -7,6 +7,7 @@ import errno
 import os
 import threading
 
+from run.disk_watch import free_bytes
 from run.driver.arguments import Locked
 from units import human_bytes
 
@@ -53,11 +54,6 @@ class OutputDir:
             fcntl.flock(self.lock_handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             raise Locked("output_dir=%r is being written by another driver" % self.path) from None
-
-    def remove_temporaries(self):
-        for name in os.listdir(self.path):
-            if name.startswith("." + SAMPLE_PREFIX) and ".tmp." in name:
-                os.unlink(os.path.join(self.path, name))
 
     def first_missing(self, indices, layers):
         """Position in `indices` (global sample indices, in order: all of them, or one shard's) of
@@ -140,10 +136,11 @@ def sample_bytes(sample):
             + sum(state.nbytes for state in sample["hidden_states"]))
 
 
-def free_bytes(path):
-    """Bytes of the filesystem holding `path` that this user may still write (root's reserve excluded)."""
-    stat = os.statvfs(path)
-    return stat.f_bavail * stat.f_frsize
+def remove_temporaries(path):
+    """Delete the samples a driver left half-written (their temporary names): a killed driver's."""
+    for name in os.listdir(path):
+        if name.startswith("." + SAMPLE_PREFIX) and ".tmp." in name:
+            os.unlink(os.path.join(path, name))
 
 
 def disk_full_error(path, free, need, error):

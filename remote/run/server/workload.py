@@ -18,7 +18,10 @@ run.json "server") holds the three commands. An attempt:
    thread, reading on CHECK_WORKERS processes where the host has the cores); after the client's exit
    0, checks every file of the share (PHASE_VALIDATING), reading only those not yet found ok as they
    are now: the attempt succeeds when each one is ok, or when the only missing ones are those the
-   client reported skipped and the run allows them; then the server is stopped.
+   client reported skipped and the run allows them; then the server is stopped;
+6. the supervisor watches the free space of the output and of the staging directory (disk_use(),
+   run/disk_watch.py): running low ends the attempt before the disk fills, and the files the client cut
+   short meanwhile are deleted (ran_low), every whole one kept.
 
 HeadlessServer, a multi-node job's worker: its `--headless` server for one of the head's attempts,
 until the head's attempt is over (its node role, server/node_roles.py, says when), the server dies or
@@ -39,6 +42,7 @@ import time
 import atomic
 import procs
 from contract import (
+    DRIVER_DEFAULTS,
     PHASE_GENERATING,
     PHASE_LOADING,
     PHASE_PREPARING,
@@ -46,9 +50,11 @@ from contract import (
     PHASE_STARTING,
     PHASE_VALIDATING,
     PHASE_WAITING,
+    SERVER_DEFAULTS,
 )
 from run import classify
 from run.server import client, health, outputs, prepared
+from run.server.preflight import STAGING_MARGIN
 from run.supervision import POLL_S, NotStarted, Watch, child_env, found_failure, log_since, log_size
 
 #: Seconds between health probes while the server loads, and once it serves.
@@ -203,6 +209,23 @@ class ServerExtraction:
 
     def status_fields(self, previous):
         return server_status(previous)
+
+    def disk_use(self):
+        args = self.supervisor.record["driver_args"]
+        tokens = args.get("max_length") or DRIVER_DEFAULTS["max_length"]
+        return {"directories": [self.plan["out"], self.plan["staging"]],
+                # The largest file a sample can make: max_len tokens of 16-bit states and int64 token ids.
+                "file_bytes": tokens * (len(self.plan["layer_ids"]) * (self.plan["hidden_size"] or 0) * 2 + 8),
+                "in_flight": (args.get("concurrency") or SERVER_DEFAULTS["concurrency"]) * STAGING_MARGIN,
+                "remaining": self.remaining}
+
+    def remaining(self):
+        """Files of the share not yet in the output (None before prepare-data counted the rows)."""
+        total = self.supervisor.status.get("samples_total")
+        if total is None:
+            return None
+        wanted = set(self.share(total))
+        return len(wanted) - self.count_done(wanted)
 
     def count_done(self, wanted):
         """Samples of the share with a file (cheap: names only; validation decides in the end)."""
@@ -420,18 +443,29 @@ class ServerExtraction:
             "num_hidden_layers": self.plan["num_hidden_layers"], "hidden_size": self.plan["hidden_size"],
             "storage": self.plan["storage"],
             "model": self.supervisor.record["driver_args"].get("model"), "run_id": self.supervisor.run.run_id})
+        present, deleted = self.delete_unusable("to regenerate")
+        shutil.rmtree(self.plan["staging"], ignore_errors=True)
+        os.makedirs(self.plan["staging"], exist_ok=True)
+        return {"kept": len(present) - len(deleted), "deleted": deleted}
+
+    def delete_unusable(self, why):
+        """Delete every hs_*.safetensors of the output that is not ok (outputs.check_file): (the indices
+        present, those deleted); `why` goes into the log's line."""
+        out = self.plan["out"]
         present = outputs.existing_indices(out)
         report = self.check(present)
         deleted = sorted(report["files"])
         for index in deleted:
             os.unlink(os.path.join(out, outputs.file_name(index)))
-        shutil.rmtree(self.plan["staging"], ignore_errors=True)
-        os.makedirs(self.plan["staging"], exist_ok=True)
         if deleted:
-            self.supervisor.log_marker("deleted %d unusable file(s) to regenerate: %s" % (len(deleted), "; ".join(
+            self.supervisor.log_marker("deleted %d unusable file(s) %s: %s" % (len(deleted), why, "; ".join(
                 "hs_%d (%s: %s)" % (i, report["files"][i]["status"], report["files"][i]["detail"])
                 for i in deleted[:10])))
-        return {"kept": len(present) - len(deleted), "deleted": deleted}
+        return present, deleted
+
+    def ran_low(self):
+        # The client was ended mid-move: a copy into another filesystem cut short is no sample.
+        self.delete_unusable("left partial when the disk ran low")
 
     def finish(self, outcome):
         shutil.rmtree(self.plan["staging"], ignore_errors=True)
@@ -514,6 +548,9 @@ class HeadlessServer:
 
     def status_fields(self, previous):
         return server_status(previous)
+
+    def disk_use(self):
+        return None  # the head watches the staging directory every node's connector writes
 
     def wait(self):
         """Between the head's attempts: no server."""
