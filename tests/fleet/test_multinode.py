@@ -372,3 +372,18 @@ def test_each_node_gets_its_part_and_the_heads_settings():
 def test_multi_node_options_alone_or_misspelt_exit_2(args, message):
     done = inv("extract", "--host", "lab-fleet", *args)
     assert done.returncode == 2 and message in done.stderr, done.stdout + done.stderr
+
+
+def test_an_fp8_job_checks_each_nodes_server_environment_for_the_fp8_connector(tmp_path):
+    """A worker whose server environment lacks hs-connectors' fp8 connector fails its own preflight, by name,
+    before the head loads the model; the lab's server venv has it (hs-connectors 0.9.0)."""
+    server = Path("/home/specrig/venv-server-0.32/bin/python")
+    if not server.exists():
+        pytest.skip("no lab server venv (inv lab.up --runnable)")
+    assert node_preflight.fp8_check(str(server))["ok"]
+    bare = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    found = node_preflight.fp8_check(str(bare / "bin" / "python"))
+    assert not found["ok"] and found["name"] == "storage", found
+    assert found["detail"].startswith("no vLLM in the server's environment"), found
+    assert "hs-connectors>=0.9.0" in found["advice"], found

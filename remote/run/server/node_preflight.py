@@ -20,6 +20,7 @@ import select
 import socket
 import time
 
+import contract
 import hfcache
 import pkgmeta
 import telemetry
@@ -49,6 +50,8 @@ def facts(args):
             checks.append(pipeline_check(plan.server_environment(server_python)[1], model["config"]))
         except plan.PlanError as exc:
             checks.append(preflight.check("pipeline-parallel", False, str(exc), "install vLLM on this node"))
+    if args["driver_args"].get("storage") == contract.FP8:
+        checks.append(fp8_check(server_python))
     ports = [("watch port", address, nodes["watch_port"])]
     if nodes["role"] == node_layout.HEAD:
         ports.append(("rendezvous port", nodes["master_addr"], nodes["rendezvous_port"]))
@@ -57,6 +60,17 @@ def facts(args):
     checks.append(storage.locks_check(plan.staging_dir(plan.settings_of(args["driver_args"]), nodes["job_id"])))
     return {"node_rank": nodes["node_rank"], "versions": versions, "model": model["fingerprint"],
             "gpus": gpu_count(telemetry.gpus(timeout=15), os.environ.get("CUDA_VISIBLE_DEVICES")), "checks": checks}
+
+
+def fp8_check(server_python):
+    """Every node's engine imports hs-connectors' fp8 connector: a worker without it would fail at its own
+    launch, after the head's model load."""
+    try:
+        plan.server_environment(server_python, contract.FP8)
+    except plan.PlanError as exc:
+        return preflight.check("storage", False, str(exc), "install 'hs-connectors>=0.9.0' in this node's server "
+                                                           "environment, or use storage 'bf16'")
+    return preflight.check("storage", True, "fp8: the server's environment has hs-connectors' fp8 connector")
 
 
 def environment(server_python):
