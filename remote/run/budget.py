@@ -1,7 +1,8 @@
 """The disk budget of a host's share (stdlib only): the bytes its hidden states take against the free
 space where they go. One sizing, two sources of tokens: the preflight estimates them from the dataset
-(run/preflight.py, before anything runs), a resume reads the prepared data's real token counts
-(run/server/prepared.py token_counts) for the samples of its share still missing.
+(run/preflight.py, before anything runs); a resume, and each attempt before its first file, read the
+prepared data's real token counts (run/server/prepared.py token_counts) for the samples of its share
+still missing.
 
 The bytes a token takes are the run's storage's, from one definition (contract.stored_bytes_per_token:
 bf16 the model's dtype, fp8 one byte a value and a float32 scale a token).
@@ -28,10 +29,11 @@ def room(directory, *, need, what, fix):
             "advice": None if free >= need else "free %s at %s, %s" % (human_bytes(need - free), where, fix)}
 
 
-def resume_room(plan, *, fix):
+def share_room(plan, *, fix):
     """A server-mode run's room for the files of its share still missing (room()), from the real token
-    counts of its prepared data; None when there is none yet (prepare-data never finished: nothing to size
-    but the preflight's estimate)."""
+    counts of its prepared data: before a resume starts anything, and in each attempt once prepare-data
+    has counted them; None when there is no prepared data yet (nothing to size but the preflight's
+    estimate)."""
     try:
         counts = prepared.token_counts(plan["prepared"])
     except (OSError, prepared.PreparedDataError):

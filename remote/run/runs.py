@@ -211,7 +211,7 @@ def resume(args):
             raise RemoteFailure("output-busy", "run %s is writing %s now" % (busy[0].run_id, run.record["out"]))
         if run.record.get("server"):
             # A resume into a disk that cannot hold the share's missing files would fail as the run did.
-            found = budget.resume_room(run.record["server"], fix="then resume again; or start a new run with an "
+            found = budget.share_room(run.record["server"], fix="then resume again; or start a new run with an "
                                                                  "--out that has room (the files here are kept)")
             if found and not found["ok"]:
                 raise RemoteFailure("no-room", "run %s: %s" % (run.run_id, found["detail"]), advice=found["advice"],

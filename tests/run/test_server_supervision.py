@@ -108,3 +108,31 @@ def test_files_missing_or_bad_without_a_reason_are_invalid_outputs_and_retried(t
         assert "1 missing (1); 1 truncated (3)" in failure["explain"]
     else:
         assert "2 missing (1, 3)" in failure["explain"]
+
+
+def test_an_attempt_whose_share_cannot_fit_fails_before_its_first_file_from_the_real_token_counts(tmp_path):
+    """Once prepare-data has counted the tokens, the attempt sizes the share's missing files from them (the
+    preflight had only an estimate): more than the output's disk holds is DISK_LOW, not retried, need
+    against free named; a share that fits goes on."""
+    import subprocess
+
+    from test_server_client import SPECULATORS_09
+
+    if not SPECULATORS_09.exists():
+        pytest.skip("the lab's speculators 0.9.0 environment (datasets) is not built")
+    extraction = workload(tmp_path)
+    prepared_dir = tmp_path / "prepared"
+    program = ("import sys\nfrom datasets import Dataset\n"
+               "Dataset.from_list([{'input_ids': list(range(10 + i))} for i in range(6)]).save_to_disk(sys.argv[1])\n")
+    subprocess.run([str(SPECULATORS_09), "-c", program, str(prepared_dir)], capture_output=True, check=True)
+    files(tmp_path, good=[0, 1])
+    extraction.plan.update(prepared=str(prepared_dir))
+    assert extraction.unfit_share() is None  # 4 missing files of 16 values a token: room
+    extraction.plan.update(hidden_size=2 ** 50)  # a token's states larger than any disk
+    found = extraction.unfit_share()
+    assert found["kind"] == "disk-low" and not found["retryable"], found
+    tokens = sum(10 + i for i in (2, 3, 4, 5))
+    assert found["explain"].startswith("disk low: ") and (
+        f" free at {tmp_path / 'out'}; the 4 missing sample(s) of its 6 ({4 * 2 ** 51} B/token x {tokens} tokens, "
+        "the prepared data's own) needs about ") in found["explain"], found
+    assert "then `inv resume`; or launch again with an --out that has room" in found["advice"], found

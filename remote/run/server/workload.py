@@ -42,6 +42,7 @@ import time
 import atomic
 import procs
 from contract import (
+    DISK_LOW,
     DRIVER_DEFAULTS,
     PHASE_GENERATING,
     PHASE_LOADING,
@@ -52,7 +53,7 @@ from contract import (
     PHASE_WAITING,
     SERVER_DEFAULTS,
 )
-from run import classify
+from run import budget, classify
 from run.server import client, health, outputs, prepared
 from run.server.preflight import STAGING_MARGIN
 from run.supervision import POLL_S, NotStarted, Watch, child_env, found_failure, log_since, log_size
@@ -284,6 +285,9 @@ class ServerExtraction:
         except (OSError, prepared.PreparedDataError) as exc:
             return None, found_failure("prepared-data", str(exc), "see `inv logs`: prepare-data's output", False)
         share = self.share(total)
+        found = self.unfit_share()
+        if found:
+            return None, found
         wanted = set(share)
         sup.status["samples_total"] = total
         self.heartbeat.update(phase=PHASE_GENERATING, samples_total=len(wanted), samples_done=self.count_done(wanted))
@@ -294,6 +298,15 @@ class ServerExtraction:
             self.heartbeat.update(phase=PHASE_VALIDATING)
             arrivals.finish()
         return 0, self.validate(share, self.attempt_log())
+
+    def unfit_share(self):
+        """DISK_LOW when the output cannot hold the share's missing files, sized from prepare-data's real
+        token counts before any file is written (the preflight had only an estimate), else None."""
+        room = budget.share_room(self.plan, fix="then `inv resume`; or launch again with an --out that has room")
+        if room is None or room["ok"]:
+            return None
+        return found_failure(DISK_LOW, "disk low: " + room["detail"], room["advice"], False, path=room["where"],
+                             free_bytes=room["free"], need_bytes=room["need"])
 
     def client_step(self, name, argv):
         sup = self.supervisor
