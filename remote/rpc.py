@@ -35,6 +35,7 @@ COMMANDS = {
     "runs.stop": "run.runs:stop",
     "runs.resume": "run.runs:resume",
     "runs.verify-output": "run.runs:verify_output",         # run: the run's output, each sample loaded
+    "slurm.check": "slurm.jobs:check_request",              # run: could a job of `slurm:` run, its paths shared
 }
 _print_lock = threading.Lock()
 _printed = False

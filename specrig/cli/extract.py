@@ -13,6 +13,7 @@ from specrig.contract import SERVER
 from specrig.exit_status import ExitStatus, most_serious
 from specrig.inventory import Host
 from specrig.run import live, node_runs, runs, sharded_runs, view
+from specrig.slurm.submit import refuse_slurm_hosts
 
 
 def extract_on_host(host: Host, given: dict, *, skip_preflight: bool, attach: bool, as_json: bool) -> ExitStatus:
@@ -25,6 +26,7 @@ def extract_sharded(spec: str, hosts: Sequence[Host], given: dict, *, skip_prefl
                     as_json: bool) -> ExitStatus:
     """Preflight every host in parallel; launch on each only when every one passed; then follow them all
     on one board (or return at once with attach False)."""
+    refuse_slurm_hosts(hosts, "a sharded run")
     requests = sharded_runs.shard_requests(hosts, given)
     preflight, modes = sharded_runs.preflight_shards(hosts, requests, skip_preflight=skip_preflight)
     view.show_shards_preflight(preflight, as_json=as_json)
@@ -51,6 +53,7 @@ def extract_job(spec: str, hosts: Sequence[Host], given: dict, *, mode: str, siz
                 attach: bool, as_json: bool) -> ExitStatus:
     """Check, launch the head then each worker, and follow the job's nodes as one (attach False: return at
     once). `sizes`: pp, dp_local, rendezvous_port, watch_port (None: their defaults)."""
+    refuse_slurm_hosts(hosts, "a multi-node job (--nodes)")
     request, records = node_runs.plan_job(hosts, given, mode=mode, **sizes)
     head = hosts[0]
     node_runs.refuse_in_process(head)

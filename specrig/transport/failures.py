@@ -61,6 +61,9 @@ FAILURE_KINDS: dict[str, FailureKind] = {
     "unknown-run": FailureKind(UsageError, "`inv status --host {host}` lists the runs"),
     "run-active": FailureKind(UsageError, "`inv status --host {host}` shows it"),
     "run-finished": FailureKind(UsageError, "its output is complete; start a new run with `inv extract`"),
+    # sbatch refused the job (an account, a QOS, a limit preflight does not know): its own words.
+    "slurm-refused": FailureKind(UsageError, "fix hosts.yaml's slurm: of {host}; `inv doctor --host {host}` shows "
+                                             "the cluster"),
     # -- the check ran and found something -----------------------------------------------------
     "conflict": _PATCH_FINDINGS,
     "revert-refused": _PATCH_FINDINGS,

@@ -1,0 +1,203 @@
+"""A supervised run as one Slurm job, from the login node (stdlib only): the checks before it is submitted,
+its job script, the submission, what Slurm says of the job, its cancellation.
+
+The job runs the run's own supervisor, `<python> <run>/code/run/supervisor.py <run>`: the program
+run/runs.py starts detached over SSH, with the same run directory, records, heartbeat and retry policy.
+The job script changes only who starts it (Slurm, on a node of the allocation, not the SSH call). The run
+directory is on a filesystem the nodes share with the login node, so the login node reads the
+supervisor's files as they are written, and Slurm (scontrol, sacct) says what it knows of the job.
+"""
+import os
+import shlex
+import socket
+import time
+
+from contract import SLURM_SETTINGS
+from slurm import cluster, preflight
+from slurm.cluster import SlurmError, slurm_output
+
+SCRIPT = "slurm-job.sh"
+#: The job's own output and error, in the run directory (%j: the job id; a requeued job appends).
+OUTPUT, ERROR = "slurm-%j.out", "slurm-%j.err"
+#: Seconds before the time limit at which Slurm sends the supervisor USR1 (`--signal=B:USR1@<s>`):
+#: time to end the attempt's processes (the supervisor's grace_s) before Slurm kills the job.
+SIGNAL_BEFORE_END_S = 120
+#: scontrol's job states after which none of the job's processes runs (COMPLETING: still ending them).
+ENDED = ("BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
+         "PREEMPTED", "SPECIAL_EXIT", "TIMEOUT")
+#: scontrol's fields a job's view keeps, by the name specrig gives them.
+JOB_FIELDS = {"JobState": "state", "Reason": "reason", "StartTime": "start_time", "SubmitTime": "submitted_at",
+              "RunTime": "run_time", "TimeLimit": "time_limit", "NodeList": "nodes", "BatchHost": "batch_host",
+              "ExitCode": "exit_code", "Restarts": "restarts", "Partition": "partition"}
+#: Filesystems every node of a cluster mounts from elsewhere: a path on one is shared without a test job.
+NETWORK_FILESYSTEMS = ("nfs", "nfs4", "lustre", "gpfs", "beegfs", "cephfs", "ceph", "glusterfs", "fuse.glusterfs",
+                       "wekafs", "panfs", "pvfs2", "orangefs", "cifs", "smb3", "fuse.juicefs", "virtiofs")
+#: The name the shared-filesystem test's file starts with (it is removed at once).
+CHECK_FILE = ".specrig-shared-check-"
+CANCEL_WAIT_S = 120
+
+
+class JobRefused(Exception):
+    """Slurm refused the job (sbatch's words), or its script cannot say what the run needs."""
+
+
+# -- before submitting -------------------------------------------------------------------------
+
+def check_request(args):
+    """`slurm.check` {"settings": hosts.yaml's `slurm:`, "paths": [...]}: check() of them."""
+    return check(args["settings"], args.get("paths") or [])
+
+
+def check(settings, paths):
+    """Whether a job of `settings` could ever run here, and writes where every node sees: {problems
+    (preflight.problems', [] when it could run), shared: [{path, fstype, shared, detail}] for each of
+    `paths` (the run directory's root, the output), partitions_error (sinfo's words, or None)}."""
+    try:
+        partitions = cluster.partitions()
+    except SlurmError as failure:
+        return {"problems": [], "shared": [], "partitions_error": str(failure)}
+    return {"problems": preflight.problems(settings, partitions), "partitions_error": None,
+            "shared": [shared(settings, path) for path in paths]}
+
+
+def shared(settings, path):
+    """Whether the compute nodes see `path` (or, while it does not exist, the directory it will be made
+    in) as this node does: a network filesystem's mount says so; any other is tested by a job that
+    reads a file written there (cluster.seen_by_a_node)."""
+    path = os.path.abspath(os.path.expanduser(path))
+    existing = path
+    while not os.path.isdir(existing):
+        existing = os.path.dirname(existing)
+    fstype = filesystem_type(existing)
+    if fstype in NETWORK_FILESYSTEMS:
+        return {"path": path, "fstype": fstype, "shared": True, "detail": "a %s mount" % fstype}
+    seen = cluster.seen_by_a_node(settings, existing, prefix=CHECK_FILE)
+    return {"path": path, "fstype": fstype, "shared": seen["shared"],
+            "detail": "%s (%s, tested in %s)" % (seen["detail"], fstype, existing)}
+
+
+def filesystem_type(path):
+    """The type of the filesystem holding `path`: its longest mount point in /proc/self/mounts."""
+    real = os.path.realpath(path)
+    best, found = "", None
+    with open("/proc/self/mounts", encoding="utf-8", errors="replace") as mounts:
+        for line in mounts:
+            fields = line.split()
+            if len(fields) < 3:
+                continue
+            point = fields[1].replace("\\040", " ")
+            inside = real == point or real.startswith(point.rstrip("/") + "/")
+            if inside and len(point) >= len(best):
+                best, found = point, fields[2]
+    return found
+
+
+# -- the job script and the submission ---------------------------------------------------------
+
+def options(settings, run_path, run_id):
+    """The job's sbatch options: hosts.yaml's settings (SLURM_SETTINGS' order), its extra_sbatch, then
+    specrig's own (the name, the directory and logs, requeue, the signal before the time limit)."""
+    found = ["%s=%s" % (spec["sbatch"], settings[name]) for name, spec in SLURM_SETTINGS.items()
+             if spec["sbatch"] and settings.get(name) is not None]
+    found += list(settings.get("extra_sbatch") or [])
+    return found + ["--job-name=specrig-%s" % run_id, "--chdir=%s" % run_path,
+                    "--output=%s" % os.path.join(run_path, OUTPUT), "--error=%s" % os.path.join(run_path, ERROR),
+                    "--requeue", "--signal=B:USR1@%d" % SIGNAL_BEFORE_END_S]
+
+
+def script(settings, *, run_path, run_id, python):
+    """The job script of one run: its sbatch options, then the run's supervisor on the run's python."""
+    if any(char.isspace() or char in "\"'" for char in run_path):
+        # sbatch reads #SBATCH lines itself, without a shell's quoting.
+        raise JobRefused("the run directory %r holds a space or a quote, which an #SBATCH line cannot; "
+                         "choose a workdir without them" % run_path)
+    supervisor = os.path.join(run_path, "code", "run", "supervisor.py")
+    return "\n".join(
+        ["#!/bin/bash",
+         "# specrig run %s: its supervisor, as `inv extract` starts it over SSH (docs/slurm.md)." % run_id]
+        + ["#SBATCH %s" % option for option in options(settings, run_path, run_id)]
+        + ["", "umask 077", "exec %s" % " ".join(shlex.quote(word) for word in (python, supervisor, run_path)), ""])
+
+
+def submit(settings, *, run_path, run_id, python):
+    """Write the run's job script in its directory and submit it: {job_id, script}. The job inherits this
+    call's environment (sbatch's default, --export=ALL): hosts.yaml `env:` reaches the supervisor as over
+    SSH, and no value is written in the script. JobRefused with sbatch's words when it refuses."""
+    path = os.path.join(run_path, SCRIPT)
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(script(settings, run_path=run_path, run_id=run_id, python=python))
+    try:
+        printed = slurm_output(["sbatch", "--parsable", path])
+    except SlurmError as failure:
+        raise JobRefused(str(failure)) from None
+    return {"job_id": printed.strip().split(";")[0], "script": path}
+
+
+# -- what Slurm says of the job ----------------------------------------------------------------
+
+def lookup(job_id):
+    """What Slurm says of the job: {job_id, source, ...JOB_FIELDS' names}. From `scontrol show job` while
+    the controller knows the job (pending, running, and MinJobAge after its end), then sacct; sacct
+    without accounting storage (the lab: no slurmdbd) knows nothing, and the answer says so:
+    {job_id, source: None, state: None, detail}."""
+    try:
+        text = slurm_output(["scontrol", "show", "job", "-o", str(job_id)])
+    except SlurmError as failure:
+        if "Invalid job id" not in failure.said:
+            return {"job_id": job_id, "source": None, "state": None, "detail": str(failure)}
+        return accounted(job_id)
+    return dict(parse_job(text), job_id=job_id, source="scontrol")
+
+
+def parse_job(text):
+    """JOB_FIELDS of `scontrol show job -o`'s line (key=value words; a value holds no space)."""
+    fields = dict(word.split("=", 1) for word in text.split() if "=" in word)
+    return {name: fields.get(key) for key, name in JOB_FIELDS.items()}
+
+
+def accounted(job_id):
+    """sacct's record of a job the controller no longer holds."""
+    try:
+        text = slurm_output(["sacct", "-j", str(job_id), "-n", "-P", "-X", "-o", "State,ExitCode,NodeList,Start"])
+    except SlurmError as failure:
+        return {"job_id": job_id, "source": None, "state": None,
+                "detail": "no longer in the queue, and sacct has no record: %s" % failure}
+    lines = [line.split("|") for line in text.splitlines() if line.strip()]
+    if not lines:
+        return {"job_id": job_id, "source": None, "state": None, "detail": "no longer in the queue; sacct: no record"}
+    state, exit_code, nodes, start = (lines[0] + [None] * 4)[:4]
+    # sacct writes "CANCELLED by 1000": the state is its first word.
+    return {"job_id": job_id, "source": "sacct", "state": state.split()[0], "exit_code": exit_code, "nodes": nodes,
+            "start_time": start}
+
+
+def holds_processes(job):
+    """Whether the job may still run a process of the run (pending, running, requeued, ending), as far as
+    Slurm says: an unknown job (None state) holds none."""
+    return job["state"] is not None and job["state"] not in ENDED
+
+
+def cancel(job_id):
+    """scancel, then wait (CANCEL_WAIT_S) until the job has left the queue: its processes signalled
+    (SIGTERM, KillWait, SIGKILL) and gone. What Slurm says of it last."""
+    slurm_output(["scancel", str(job_id)])
+    deadline = time.monotonic() + CANCEL_WAIT_S
+    while True:
+        job = lookup(job_id)
+        if not holds_processes(job) or time.monotonic() > deadline:
+            return job
+        time.sleep(0.5)
+
+
+def on_this_machine(node_names):
+    """Whether every node named (a Slurm node list: "lab-node1", "lab-node[1-2]") is this machine (its
+    NodeHostName is this hostname, as in the lab): only then are its processes visible from here."""
+    if not node_names or node_names in ("(null)", "None"):
+        return False
+    try:
+        hosts = slurm_output(["scontrol", "show", "hostnames", node_names]).split()
+        text = slurm_output(["scontrol", "show", "node", "-o", ",".join(hosts)])
+    except SlurmError:
+        return False
+    names = [word.split("=", 1)[1] for word in text.split() if word.startswith("NodeHostName=")]
+    return len(names) == len(hosts) and set(names) == {socket.gethostname()}

@@ -1,0 +1,196 @@
+"""`inv extract` on the lab's Slurm login node, lab-slurm, as one Slurm job (docs/slurm.md, "extract: one run,
+one job"), through the real CLI, sshd, sbatch, slurmctld and slurmd: in-process and in server mode, each
+checked against transformers' own forward; `status` on a pending job, `stop` of it; a request that could
+never run refused with nothing queued.
+
+One model load a mode: the lab has two cores, shared. They skip when the Slurm lab or the runnable
+environments are not built, and fail then under CI's SPECRIG_REQUIRE_LAB=1.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from slurm import jobs
+from specrig.lab import READY
+from specrig.lab import slurm as lab_slurm
+from support.lab import inv, inv_json, lab_entry, phase, require_lab, wait_for
+from support.patchenv import as_lab_user
+from support.runnable_env import HOME, private_inventory, runnable_env_or_skip
+from support.server_lab import CLIENT, run_files, states_against_transformers
+
+HOST = "lab-slurm"
+WORKDIR = HOME / "specrig-slurm"
+MODEL, DATA = HOME / "models" / "tiny-llama", HOME / "data" / "tiny-chat.jsonl"
+#: The tiny chat dataset: 96 conversations; server mode's rows, one per assistant turn.
+CONVERSATIONS, ROWS = 96, 189
+#: In-process states against transformers' (tests/run/test_extraction_driver.py's bound).
+TOLERANCE = 2e-2
+RUN_TIMEOUT_S = 900
+ENDED = ("succeeded", "failed", "stopped", "lost")
+
+
+@pytest.fixture(scope="module")
+def cluster(lab):
+    require_lab(lab_slurm.slurm_is_up(), "lab Slurm not built: run `inv lab.up --runnable --slurm` as root")
+    require_lab(READY.read_text() == "runnable\n", "lab-slurm needs the runnable environments: inv lab.up --runnable")
+    return lab
+
+
+@pytest.fixture
+def out():
+    """A fresh output directory on the shared home for one test, removed after it."""
+    path = WORKDIR / "test-out" / uuid.uuid4().hex[:12]
+    yield path
+    for record in (WORKDIR / "runs").glob("*/run.json"):
+        if json.loads(record.read_text())["out"] == str(path) and not (record.parent / "exit.json").exists():
+            inv("stop", "--host", HOST, "--run", record.parent.name, timeout=300)  # a test that failed midway
+    as_lab_user("rm", "-rf", str(path))
+
+
+def queue() -> dict[str, str]:
+    """{job id: name} of every job in the queue (the login node is this machine)."""
+    listed = subprocess.run(["squeue", "-h", "-o", "%i|%j"], capture_output=True, text=True, check=True).stdout
+    return dict(line.split("|", 1) for line in listed.splitlines())
+
+
+def extract(out: Path, *more: str, host: str = HOST, inventory: Path | None = None) -> dict:
+    """`inv extract --json` (it returns once the job is submitted): what it printed."""
+    code, launched = inv_json("extract", "--host", host, "--model", str(MODEL), "--data", str(DATA),
+                              "--out", str(out), *more, inventory=inventory, timeout=600)
+    assert code == 0 and launched["launched"], launched
+    return launched
+
+
+def finished(launched: dict) -> dict:
+    """The run's files once its supervisor wrote its outcome (read directly: the lab is this machine)."""
+    run = Path(launched["path"])
+    return wait_for(f"run {launched['run_id']} to end", lambda: (lambda found: found if found.get("state") in ENDED
+                                                                  else None)(run_files(run)),
+                    timeout=RUN_TIMEOUT_S)
+
+
+def submitted(launched: dict, before: dict[str, str]) -> str:
+    """The launch queued exactly one job, named for the run: its id."""
+    job_id = launched["slurm"]["job_id"]
+    new = {job: name for job, name in queue().items() if job not in before}
+    assert new == {job_id: f"specrig-{launched['run_id']}"}, new
+    return job_id
+
+
+def assert_the_job_ran_the_runs_script(launched: dict) -> None:
+    """The job's script is the one the code makes of the run's settings, and Slurm ran it: its output
+    file, which slurmd opens when the job starts, is in the run directory; the supervisor recorded its
+    attempt there."""
+    run = Path(launched["path"])
+    record = json.loads((run / "run.json").read_text())
+    job_id = launched["slurm"]["job_id"]
+    assert record["slurm"]["job_ids"] == [job_id] and Path(launched["slurm"]["script"]) == run / jobs.SCRIPT
+    assert (run / jobs.SCRIPT).read_text() == jobs.script(record["slurm"]["settings"], run_path=str(run),
+                                                          run_id=launched["run_id"], python=record["python"])
+    assert (run / f"slurm-{job_id}.out").exists()
+    assert json.loads((run / "status.json").read_text())["attempts"]
+
+
+def test_extract_in_process_is_one_job_whose_states_equal_transformers(cluster, out):
+    runnable = runnable_env_or_skip(cluster)
+    before = queue()
+    launched = extract(out, "--max-len", "512", "--batch-size", "4")
+    submitted(launched, before)
+    with phase("the job"):
+        assert finished(launched)["state"] == "succeeded"
+        assert_the_job_ran_the_runs_script(launched)
+        code, status = inv_json("status", "--host", HOST, "--run", launched["run_id"])
+        assert code == 0
+        run = status["runs"][0]
+        assert run["state"] == "succeeded" and run["slurm"]["job_id"] == launched["slurm"]["job_id"]
+        # scontrol still knows the job for MinJobAge after its end.
+        assert run["slurm"]["job"]["state"] in ("COMPLETED", "COMPLETING"), run["slurm"]
+    with phase("the states"):
+        report = runnable.run_program("hidden_states_reference.py", str(out), str(MODEL))
+        assert report["samples"] == CONVERSATIONS and report["bad_shapes"] == [], report
+        assert max(report["max_abs_diff"].values()) < TOLERANCE, report
+
+
+def test_extract_in_server_mode_is_one_job_whose_states_equal_transformers(cluster, out, tmp_path):
+    if not (CLIENT / "bin" / "python").exists():
+        pytest.skip("server mode's environments are not built (inv lab.up --runnable)")
+    # The server venv lab-server uses (the same files), patched as its tests patch it.
+    patched = inv("apply-patches", "--host", "lab-server", timeout=300)
+    assert patched.returncode == 0, patched.stdout + patched.stderr
+    inventory = private_inventory(tmp_path, HOST, python=str(CLIENT / "bin" / "python"),
+                                  server_python="~/venv-server-0.32/bin/python", env={"VLLM_CPU_KVCACHE_SPACE": 2})
+    before = queue()
+    launched = extract(out, "--max-len", "1024", inventory=inventory)
+    submitted(launched, before)
+    with phase("the job"):
+        assert finished(launched)["state"] == "succeeded", (Path(launched["path"]) / "driver.log").read_text()[-3000:]
+        assert_the_job_ran_the_runs_script(launched)
+    with phase("the states"):
+        states_against_transformers(out, files=ROWS)
+
+
+def test_a_pending_job_shows_slurms_reason_and_stop_leaves_no_job_and_no_process(cluster, out):
+    # Every GPU of both nodes held by another job: the run's job waits for Resources.
+    holder = subprocess.run(["su", "specrig", "-c", "cd && sbatch --parsable --nodes=2 "
+                             f"--gres=gpu:{lab_slurm.GPUS_PER_NODE} --time=5 --output=/dev/null --wrap='sleep 300'"],
+                            capture_output=True, text=True, check=True).stdout.strip().split(";")[0]
+    try:
+        launched = extract(out, "--max-len", "512", "--skip-preflight")
+        job_id = launched["slurm"]["job_id"]
+        with phase("pending"):
+            def waiting() -> dict | None:
+                code, status = inv_json("status", "--host", HOST, "--run", launched["run_id"])
+                assert code == 0
+                run = status["runs"][0]
+                job = run["slurm"]["job"]
+                # The reason is None until the scheduler has looked at the job, the start time Unknown until
+                # the backfill scheduler's next pass (30 s by default) has estimated it.
+                return run if job["reason"] != "None" and job["start_time"] != "Unknown" else None
+
+            run = wait_for("Slurm's reason and start estimate of the pending job", waiting, timeout=180, interval=3)
+            job = run["slurm"]["job"]
+            assert run["state"] == "starting" and (job["state"], job["reason"]) == ("PENDING", "Resources"), run
+            shown = inv("status", "--host", HOST, "--run", launched["run_id"], env={"COLUMNS": "200"})
+            assert f"job {job_id} pending: Resources, start estimate {job['start_time']}" in shown.stdout, shown.stdout
+        with phase("running"):
+            subprocess.run(["scancel", holder], check=True)
+            wait_for("the run's supervisor to start its attempt",
+                     lambda: run_files(Path(launched["path"])).get("attempts"), timeout=300)
+        with phase("stop"):
+            code, stopped = inv_json("stop", "--host", HOST, "--run", launched["run_id"], timeout=300)
+            assert code == 0 and stopped["clean"], stopped
+            assert stopped["slurm"]["checked_here"] and stopped["left"] == []
+            assert job_id not in queue()
+            marker = launched["path"] + "/"
+            alive = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+            assert alive == [], alive
+            assert run_files(Path(launched["path"]))["state"] == "stopped"
+    finally:
+        subprocess.run(["scancel", holder])
+
+
+@pytest.mark.parametrize("slurm, words", [
+    ({"partition": "gpu", "gres": f"gpu:{lab_slurm.GPUS_PER_NODE + 1}"}, ["no node of partition 'gpu' has gres"]),
+    ({"partition": "debug", "time": "01:00:00"}, ["slurm.time 01:00:00 is over the limit of partition 'debug'"]),
+    ({"partition": "gpus"}, ["the cluster has no partition 'gpus'"]),
+    ({"nodes": 2}, ["slurm.nodes is 2"]),
+    ({"time": "2h"}, ["'2h' is not a Slurm time"]),
+], ids=["more GPUs than a node has", "time over the limit", "no such partition", "two nodes", "bad time"])
+def test_a_job_that_could_never_run_is_refused_in_one_line_and_nothing_is_queued(cluster, make_inventory,
+                                                                                   trusted_known_hosts, slurm, words):
+    entry = {key: value for key, value in lab_entry().items() if key not in ("extract", "description")}
+    entry.update(scheduler="slurm", python="~/venv-cpu/bin/python", workdir=str(WORKDIR), slurm=slurm)
+    inventory = make_inventory({"hosts": {"big": entry}})
+    trusted_known_hosts(inventory)
+    before, runs_before = queue(), sorted((WORKDIR / "runs").glob("*"))
+    result = inv("extract", "--host", "big", "--model", str(MODEL), "--data", str(DATA),
+                 "--out", str(WORKDIR / "test-out" / "never"), inventory=inventory, timeout=300)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and all(word in lines[0] for word in words), result.stderr
+    assert queue() == before and sorted((WORKDIR / "runs").glob("*")) == runs_before
