@@ -7,16 +7,25 @@ The job script changes only who starts it (Slurm, on a node of the allocation, n
 directory is on a filesystem the nodes share with the login node, so the login node reads the
 supervisor's files as they are written, and Slurm (scontrol, sacct) says what it knows of the job.
 """
+import json
 import os
 import shlex
+import shutil
 import socket
+import sys
+import tempfile
 import time
 
-from contract import SLURM_SETTINGS
+from contract import SENTINEL, SLURM_SETTINGS
+from rpc import RemoteFailure
 from slurm import cluster, preflight
 from slurm.cluster import SlurmError, slurm_output
 
 SCRIPT = "slurm-job.sh"
+#: A call run as a job (run_call): its file, in a directory of its own under ~/.cache/specrig/<CALLS>.
+CALL, CALLS = "call.json", "slurm-calls"
+#: The bundle's remote/ (this file is remote/slurm/jobs.py): its entry.py runs a call.
+REMOTE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: The job's own output and error, in the run directory (%j: the job id; a requeued job appends).
 OUTPUT, ERROR = "slurm-%j.out", "slurm-%j.err"
 #: Seconds before the time limit at which Slurm sends the supervisor USR1 (`--signal=B:USR1@<s>`):
@@ -94,29 +103,42 @@ def filesystem_type(path):
 
 # -- the job script and the submission ---------------------------------------------------------
 
-def options(settings, run_path, run_id):
-    """The job's sbatch options: hosts.yaml's settings (SLURM_SETTINGS' order), its extra_sbatch, then
-    specrig's own (the name, the directory and logs, requeue, the signal before the time limit)."""
-    found = ["%s=%s" % (spec["sbatch"], settings[name]) for name, spec in SLURM_SETTINGS.items()
-             if spec["sbatch"] and settings.get(name) is not None]
+def options(settings, *, name, directory):
+    """A job's sbatch options: hosts.yaml's settings (SLURM_SETTINGS' order), its extra_sbatch, then
+    specrig's own: the name, the directory, the output and error there."""
+    found = ["%s=%s" % (spec["sbatch"], settings[key]) for key, spec in SLURM_SETTINGS.items()
+             if spec["sbatch"] and settings.get(key) is not None]
     found += list(settings.get("extra_sbatch") or [])
-    return found + ["--job-name=specrig-%s" % run_id, "--chdir=%s" % run_path,
-                    "--output=%s" % os.path.join(run_path, OUTPUT), "--error=%s" % os.path.join(run_path, ERROR),
-                    "--requeue", "--signal=B:USR1@%d" % SIGNAL_BEFORE_END_S]
+    return found + ["--job-name=%s" % name, "--chdir=%s" % directory, "--output=%s" % os.path.join(directory, OUTPUT),
+                    "--error=%s" % os.path.join(directory, ERROR)]
 
 
 def script(settings, *, run_path, run_id, python):
-    """The job script of one run: its sbatch options, then the run's supervisor on the run's python."""
-    if any(char.isspace() or char in "\"'" for char in run_path):
-        # sbatch reads #SBATCH lines itself, without a shell's quoting.
-        raise JobRefused("the run directory %r holds a space or a quote, which an #SBATCH line cannot; "
-                         "choose a workdir without them" % run_path)
+    """The job script of one run: its sbatch options (requeued, and warned before its time limit), then
+    the run's supervisor on the run's python."""
     supervisor = os.path.join(run_path, "code", "run", "supervisor.py")
-    return "\n".join(
-        ["#!/bin/bash",
-         "# specrig run %s: its supervisor, as `inv extract` starts it over SSH (docs/slurm.md)." % run_id]
-        + ["#SBATCH %s" % option for option in options(settings, run_path, run_id)]
-        + ["", "umask 077", "exec %s" % " ".join(shlex.quote(word) for word in (python, supervisor, run_path)), ""])
+    return _script(options(settings, name="specrig-%s" % run_id, directory=run_path)
+                   + ["--requeue", "--signal=B:USR1@%d" % SIGNAL_BEFORE_END_S],
+                   [python, supervisor, run_path], directory=run_path,
+                   about="specrig run %s: its supervisor, as `inv extract` starts it over SSH" % run_id)
+
+
+def call_script(settings, *, directory, command, python, entry):
+    """The job script of one specrig call (`smoke`): the bundle's `entry` (entry.py) on the call's file in
+    `directory`, as the SSH transport runs it."""
+    return _script(options(settings, name="specrig-%s" % command, directory=directory),
+                   [python, entry, os.path.join(directory, CALL)],
+                   directory=directory, about="specrig %s: the call, as specrig runs it over SSH" % command)
+
+
+def _script(sbatch, argv, *, directory, about):
+    if any(char.isspace() or char in "\"'" for char in directory):
+        # sbatch reads #SBATCH lines itself, without a shell's quoting.
+        raise JobRefused("the job's directory %r holds a space or a quote, which an #SBATCH line cannot; "
+                         "choose a workdir without them" % directory)
+    return "\n".join(["#!/bin/bash", "# %s (docs/slurm.md)." % about]
+                     + ["#SBATCH %s" % option for option in sbatch]
+                     + ["", "umask 077", "exec %s" % " ".join(shlex.quote(word) for word in argv), ""])
 
 
 def submit(settings, *, run_path, run_id, python):
@@ -124,13 +146,68 @@ def submit(settings, *, run_path, run_id, python):
     call's environment (sbatch's default, --export=ALL): hosts.yaml `env:` reaches the supervisor as over
     SSH, and no value is written in the script. JobRefused with sbatch's words when it refuses."""
     path = os.path.join(run_path, SCRIPT)
+    return {"job_id": _sbatch(path, script(settings, run_path=run_path, run_id=run_id, python=python)),
+            "script": path}
+
+
+def _sbatch(path, text):
+    """Write the job script at `path` and submit it: the job's id."""
     with open(path, "w", encoding="utf-8") as handle:
-        handle.write(script(settings, run_path=run_path, run_id=run_id, python=python))
+        handle.write(text)
     try:
         printed = slurm_output(["sbatch", "--parsable", path])
     except SlurmError as failure:
         raise JobRefused(str(failure)) from None
-    return {"job_id": printed.strip().split(";")[0], "script": path}
+    return printed.strip().split(";")[0]
+
+
+def run_call(settings, command, args, *, wait_s):
+    """One specrig call as a Slurm job on a node, waited for: the call's file and its job script in a
+    private directory under ~/.cache/specrig (the home the nodes share), entry.py run on it as over SSH,
+    its result line read from the job's output. The call's result, or RemoteFailure as the call raised
+    it; a job not done within `wait_s` (queued included) is cancelled. The directory is removed after."""
+    root = os.path.join(os.path.expanduser("~"), ".cache", "specrig", CALLS)
+    os.makedirs(root, mode=0o700, exist_ok=True)
+    directory = tempfile.mkdtemp(prefix="%s-" % command, dir=root)
+    try:
+        with open(os.path.join(directory, CALL), "w", encoding="utf-8") as handle:
+            json.dump({"command": command, "args": args}, handle)
+        try:
+            job_id = _sbatch(os.path.join(directory, SCRIPT),
+                             call_script(settings, directory=directory, command=command, python=sys.executable,
+                                         entry=os.path.join(REMOTE_ROOT, "entry.py")))
+        except JobRefused as refused:
+            raise RemoteFailure("slurm-refused", "%s: %s; nothing was queued" % (command, refused)) from None
+        deadline = time.monotonic() + wait_s
+        while holds_processes(lookup(job_id)):
+            if time.monotonic() > deadline:
+                cancel(job_id)
+                raise RemoteFailure("timeout", "Slurm job %s (%s) was not done in %.0f s: cancelled"
+                                    % (job_id, command, wait_s))
+            time.sleep(1)
+        return _call_result(job_id, directory)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _call_result(job_id, directory):
+    """The result line entry.py printed in the job's output: the result, or its failure raised again."""
+    printed = ""
+    for name in (OUTPUT, ERROR):
+        try:
+            with open(os.path.join(directory, name.replace("%j", job_id)), encoding="utf-8", errors="replace") as out:
+                printed += out.read()
+        except FileNotFoundError:
+            pass
+    lines = [line for line in printed.splitlines() if line.startswith(SENTINEL + " ")]
+    if not lines:
+        raise RemoteFailure("script-error", "Slurm job %s printed no result (%s)" % (job_id, lookup(job_id).get("state")),
+                            traceback=printed[-4000:])
+    answer = json.loads(lines[-1][len(SENTINEL) + 1:])
+    if answer.get("ok"):
+        return answer["result"]
+    error = dict(answer["error"])
+    raise RemoteFailure(error.pop("kind"), error.pop("message"), **error)
 
 
 # -- what Slurm says of the job ----------------------------------------------------------------

@@ -110,6 +110,8 @@ def test_extract_in_process_is_one_job_whose_states_equal_transformers(cluster, 
         assert run["state"] == "succeeded" and run["slurm"]["job_id"] == launched["slurm"]["job_id"]
         # scontrol still knows the job for MinJobAge after its end.
         assert run["slurm"]["job"]["state"] in ("COMPLETED", "COMPLETING"), run["slurm"]
+        logs = inv("logs", "--host", HOST, "--run", launched["run_id"], "-n", "400")
+        assert logs.returncode == 0 and "[specrig-supervisor" in logs.stdout and "attempt 1: " in logs.stdout
     with phase("the states"):
         report = runnable.run_program("hidden_states_reference.py", str(out), str(MODEL))
         assert report["samples"] == CONVERSATIONS and report["bad_shapes"] == [], report
@@ -132,6 +134,21 @@ def test_extract_in_server_mode_is_one_job_whose_states_equal_transformers(clust
         assert_the_job_ran_the_runs_script(launched)
     with phase("the states"):
         states_against_transformers(out, files=ROWS)
+
+
+def jobs_named(name: str) -> set[str]:
+    """The ids of the jobs of that name the controller knows (queued, running, or ended within MinJobAge)."""
+    shown = subprocess.run(["scontrol", "show", "job", "-o"], capture_output=True, text=True).stdout
+    return {line.split()[0].removeprefix("JobId=") for line in shown.splitlines() if f" JobName={name} " in line}
+
+
+def test_smoke_runs_its_call_as_one_job(cluster):
+    before = jobs_named("specrig-smoke")
+    result = inv("smoke", "--host", HOST, "--model", str(MODEL), timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "smoke passed on lab-slurm" in " ".join(result.stdout.split())
+    assert len(jobs_named("specrig-smoke") - before) == 1
+    assert not list((HOME / ".cache" / "specrig" / jobs.CALLS).iterdir())  # the call's directory is removed
 
 
 def test_a_pending_job_shows_slurms_reason_and_stop_leaves_no_job_and_no_process(cluster, out):

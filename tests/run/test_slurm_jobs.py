@@ -34,6 +34,19 @@ def test_docs_show_the_job_script_the_code_makes(mode):
         f"docs/slurm.md no longer shows the {mode} job script; put this in its place:\n{made}"
 
 
+#: The smoke call's job docs/slurm.md shows: a call directory and the bundle's entry.py on the shared home.
+CALL_DIR = "/home/specrig/.cache/specrig/slurm-calls/smoke-k2j4x9"
+ENTRY = "/home/specrig/.cache/specrig/bundles/3f1c0d9e/remote/entry.py"
+
+
+def test_docs_show_the_smoke_job_script_the_code_makes():
+    made = jobs.call_script(lab_settings(), directory=CALL_DIR, command="smoke", python=DOC_SCRIPTS["in-process"],
+                            entry=ENTRY)
+    assert made.splitlines()[-1] == f"exec /home/specrig/venv-cpu/bin/python {ENTRY} {CALL_DIR}/call.json"
+    assert f"```bash\n{made}```" in (REPO / "docs" / "slurm.md").read_text(), \
+        f"docs/slurm.md no longer shows the smoke job script; put this in its place:\n{made}"
+
+
 def test_every_setting_is_an_sbatch_option_and_specrig_adds_its_own_last():
     settings = lab_settings("hopper-login")
     made = jobs.script(settings, run_path=RUN, run_id=RUN_ID, python="/shared/venvs/eagle3/bin/python")
