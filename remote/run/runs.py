@@ -5,7 +5,10 @@
                    "slurm": {...}|null}
                                                   slurm: hosts.yaml's `slurm:` settings of a login
                                                   node: the supervisor runs as one Slurm job
-                                                  (slurm/jobs.py) instead of detached here
+                                                  (slurm/jobs.py) instead of detached here;
+                                                  "array": {task, tasks}: a task of a job array,
+                                                  submitted by runs.submit-array
+    runs.submit-array {"workdir", "fleet_run_id"} the array's task runs submitted as one job array
                                                   speculators >= 0.8 on this python: a server-mode
                                                   run (run/server/plan.py); nodes: this node's part
                                                   of a multi-node job (run/server/nodes.py), server
@@ -190,7 +193,9 @@ def launch(args):
             # Server mode (speculators >= 0.8): the plan of the server and the client steps; else None.
             "server": server, "server_python": server_python,
             # A run on a Slurm cluster: hosts.yaml's `slurm:` settings, then its job's id; else None.
-            "slurm": {"settings": args["slurm"], "job_id": None, "job_ids": []} if args.get("slurm") else None})
+            # "array": {task, tasks}: this run is task `task` of a sharded run's job array (submit_array).
+            "slurm": {"settings": args["slurm"], "job_id": None, "job_ids": [], "array": args.get("array")}
+            if args.get("slurm") else None})
         try:
             pid = _start_supervisor(run)
         except RemoteFailure:
@@ -317,16 +322,56 @@ def _start_supervisor(run):
 
 def _submit(run):
     """The run's supervisor as a Slurm job (slurm/jobs.py), its id recorded in run.json; RemoteFailure
-    slurm-refused with sbatch's words when Slurm refuses it (nothing is queued)."""
+    slurm-refused with sbatch's words when Slurm refuses it (nothing is queued). A task of a job array is
+    submitted with its array (submit_array) at its launch, and alone, from the array's script, again."""
     record = run.record
+    slurm = record["slurm"]
+    if slurm.get("array") and not slurm["job_id"]:
+        return
     try:
-        submitted = slurm_jobs.submit(record["slurm"]["settings"], run_path=run.path, run_id=run.run_id,
-                                      python=record["python"])
+        if slurm.get("array"):
+            submitted = {"job_id": slurm_jobs.resubmit_task(slurm["script"], slurm["array"]["task"])}
+        else:
+            submitted = slurm_jobs.submit(slurm["settings"], run_path=run.path, run_id=run.run_id,
+                                          python=record["python"])
     except slurm_jobs.JobRefused as refused:
         raise RemoteFailure("slurm-refused", "run %s: %s; nothing was queued" % (run.run_id, refused)) from None
+    _record_job(run, record, submitted)
+
+
+def _record_job(run, record, submitted):
+    """The run's (newest) job in run.json: {job_id, script...}, its id added to job_ids."""
     record["slurm"].update(submitted, job_ids=record["slurm"]["job_ids"] + [submitted["job_id"]],
                            submitted_at=rundir.now_iso())
     atomic.write_json(run.file("run.json"), record)
+
+
+def submit_array(args):
+    """`runs.submit-array` {"workdir", "fleet_run_id"}: the runs launched as the tasks of a sharded run's
+    job array (launch's `array`), submitted as one array: its script and outputs in
+    <workdir>/runs/<fleet_run_id>/. {job_id, script, runs: [run ids by task]}. Refused by sbatch: the
+    task runs are removed, nothing was queued."""
+    workdir = workdir_of(args)
+    fleet_run_id = args.get("fleet_run_id")
+    tasks = sorted((run for run in rundir.all_runs(workdir) if group_id(run) == fleet_run_id
+                    and (run.record.get("slurm") or {}).get("array")),
+                   key=lambda run: run.record["slurm"]["array"]["task"])
+    if not tasks or [run.record["slurm"]["array"]["task"] for run in tasks] != list(range(len(tasks))):
+        raise RemoteFailure("bad-argument", "no job array's runs of %r under %s" % (fleet_run_id, workdir))
+    directory = os.path.join(rundir.runs_root(workdir), fleet_run_id)
+    first = tasks[0].record
+    try:
+        job_id = slurm_jobs.submit_array(first["slurm"]["settings"], directory=directory, sharded_run_id=fleet_run_id,
+                                         run_paths=[run.path for run in tasks], python=first["python"])
+    except slurm_jobs.JobRefused as refused:
+        for run in tasks:
+            shutil.rmtree(run.path, ignore_errors=True)
+        shutil.rmtree(directory, ignore_errors=True)
+        raise RemoteFailure("slurm-refused", "sharded run %s: %s; nothing was queued" % (fleet_run_id, refused)) from None
+    script = os.path.join(directory, slurm_jobs.SCRIPT)
+    for task, run in enumerate(tasks):
+        _record_job(run, run.record, {"job_id": "%s_%d" % (job_id, task), "script": script})
+    return {"job_id": job_id, "script": script, "runs": [run.run_id for run in tasks]}
 
 
 def status(args):

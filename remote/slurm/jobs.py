@@ -28,6 +28,8 @@ CALL, CALLS = "call.json", "slurm-calls"
 REMOTE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: The job's own output and error, in the run directory (%j: the job id; a requeued job appends).
 OUTPUT, ERROR = "slurm-%j.out", "slurm-%j.err"
+#: A job array's: each task's, by the array's id (%A) and the task's (%a).
+ARRAY_LOGS = ("slurm-%A_%a.out", "slurm-%A_%a.err")
 #: Seconds before the time limit at which Slurm sends the supervisor USR1 (`--signal=B:USR1@<s>`):
 #: time to end the attempt's processes (the supervisor's grace_s) before Slurm kills the job.
 SIGNAL_BEFORE_END_S = 120
@@ -103,14 +105,14 @@ def filesystem_type(path):
 
 # -- the job script and the submission ---------------------------------------------------------
 
-def options(settings, *, name, directory):
+def options(settings, *, name, directory, logs=(OUTPUT, ERROR)):
     """A job's sbatch options: hosts.yaml's settings (SLURM_SETTINGS' order), its extra_sbatch, then
-    specrig's own: the name, the directory, the output and error there."""
+    specrig's own: the name, the directory, the output and error there (`logs`: their names)."""
     found = ["%s=%s" % (spec["sbatch"], settings[key]) for key, spec in SLURM_SETTINGS.items()
              if spec["sbatch"] and settings.get(key) is not None]
     found += list(settings.get("extra_sbatch") or [])
-    return found + ["--job-name=%s" % name, "--chdir=%s" % directory, "--output=%s" % os.path.join(directory, OUTPUT),
-                    "--error=%s" % os.path.join(directory, ERROR)]
+    return found + ["--job-name=%s" % name, "--chdir=%s" % directory, "--output=%s" % os.path.join(directory, logs[0]),
+                    "--error=%s" % os.path.join(directory, logs[1])]
 
 
 def script(settings, *, run_path, run_id, python):
@@ -123,6 +125,20 @@ def script(settings, *, run_path, run_id, python):
                    about="specrig run %s: its supervisor, as `inv extract` starts it over SSH" % run_id)
 
 
+def array_script(settings, *, directory, sharded_run_id, run_paths, python):
+    """The job script of a sharded run's job array: task k (SLURM_ARRAY_TASK_ID) runs the supervisor of
+    the k-th run, as script() does for one run. One script for every task: a task resubmitted alone is
+    `sbatch --array=k` of it. `directory` holds it and the tasks' output and error."""
+    for path in run_paths:
+        _check_directory(path)
+    sbatch = options(settings, name="specrig-%s" % sharded_run_id, directory=directory, logs=ARRAY_LOGS)
+    sbatch += ["--array=0-%d" % (len(run_paths) - 1), "--requeue", "--signal=B:USR1@%d" % SIGNAL_BEFORE_END_S]
+    runs = "RUNS=(%s)" % " ".join(shlex.quote(path) for path in run_paths)
+    return _script(sbatch, [python, "$RUN/code/run/supervisor.py", "$RUN"], directory=directory,
+                   about="specrig sharded run %s: task k runs the supervisor of shard k" % sharded_run_id,
+                   setup=[runs, 'RUN="${RUNS[$SLURM_ARRAY_TASK_ID]}"'])
+
+
 def call_script(settings, *, directory, command, python, entry):
     """The job script of one specrig call (`smoke`): the bundle's `entry` (entry.py) on the call's file in
     `directory`, as the SSH transport runs it."""
@@ -131,14 +147,21 @@ def call_script(settings, *, directory, command, python, entry):
                    directory=directory, about="specrig %s: the call, as specrig runs it over SSH" % command)
 
 
-def _script(sbatch, argv, *, directory, about):
-    if any(char.isspace() or char in "\"'" for char in directory):
-        # sbatch reads #SBATCH lines itself, without a shell's quoting.
-        raise JobRefused("the job's directory %r holds a space or a quote, which an #SBATCH line cannot; "
-                         "choose a workdir without them" % directory)
+def _script(sbatch, argv, *, directory, about, setup=()):
+    """A job script: its #SBATCH lines, `setup` (shell lines), then `argv` exec'd (a word starting with
+    $ is the shell's variable, quoted as one word; every other word quoted)."""
+    _check_directory(directory)
+    words = ['"%s"' % word if word.startswith("$") else shlex.quote(word) for word in argv]
     return "\n".join(["#!/bin/bash", "# %s (docs/slurm.md)." % about]
                      + ["#SBATCH %s" % option for option in sbatch]
-                     + ["", "umask 077", "exec %s" % " ".join(shlex.quote(word) for word in argv), ""])
+                     + ["", "umask 077"] + list(setup) + ["exec %s" % " ".join(words), ""])
+
+
+def _check_directory(directory):
+    if any(char.isspace() or char in "\"'$" for char in directory):
+        # sbatch reads #SBATCH lines itself, without a shell's quoting.
+        raise JobRefused("the job's directory %r holds a space, a quote or a $, which an #SBATCH line cannot; "
+                         "choose a workdir without them" % directory)
 
 
 def submit(settings, *, run_path, run_id, python):
@@ -148,6 +171,24 @@ def submit(settings, *, run_path, run_id, python):
     path = os.path.join(run_path, SCRIPT)
     return {"job_id": _sbatch(path, script(settings, run_path=run_path, run_id=run_id, python=python)),
             "script": path}
+
+
+def submit_array(settings, *, directory, sharded_run_id, run_paths, python):
+    """Write a sharded run's array script in `directory` and submit it: the array job's id; task k's
+    job id is "<id>_<k>"."""
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    return _sbatch(os.path.join(directory, SCRIPT), array_script(settings, directory=directory,
+                                                                 sharded_run_id=sharded_run_id,
+                                                                 run_paths=run_paths, python=python))
+
+
+def resubmit_task(script_path, task):
+    """Task `task` of an array alone, from the array's script (`sbatch --array=<task>`): its job id."""
+    try:
+        printed = slurm_output(["sbatch", "--parsable", "--array=%d" % task, script_path])
+    except SlurmError as failure:
+        raise JobRefused(str(failure)) from None
+    return "%s_%d" % (printed.strip().split(";")[0], task)
 
 
 def _sbatch(path, text):

@@ -12,8 +12,8 @@ from specrig.cli.runner import run_on_group, run_on_host
 from specrig.contract import SERVER
 from specrig.exit_status import ExitStatus, most_serious
 from specrig.inventory import Host
-from specrig.run import live, node_runs, runs, sharded_runs, view
-from specrig.slurm.submit import refuse_slurm_hosts
+from specrig.run import array_runs, live, node_runs, runs, sharded_runs, view
+from specrig.slurm.submit import refuse_slurm_hosts, slurm_settings
 
 
 def extract_on_host(host: Host, given: dict, *, skip_preflight: bool, attach: bool, as_json: bool) -> ExitStatus:
@@ -80,9 +80,19 @@ def extract_job(spec: str, hosts: Sequence[Host], given: dict, *, mode: str, siz
                                     f"`inv stop --host {spec} --run {job_id}` stops every node.")
 
 
+def extract_array(host: Host, given: dict, *, tasks: int, skip_preflight: bool, as_json: bool) -> ExitStatus:
+    """A sharded run as one Slurm job array on a login node: checks, the tasks' runs, one submission."""
+    return run_on_host(host, lambda target: array_runs.extract_array(target, given, tasks=tasks,
+                                                                     skip_preflight=skip_preflight),
+                       view.ARRAY, as_json=as_json)
+
+
 def gather(hosts: Sequence[Host], run_id: str, *, as_json: bool) -> ExitStatus:
     """Each host's shard checked on its host, then their union: exit 1 unless every index is there once,
-    each loading whole."""
-    shards, found = sharded_runs.gather(hosts, run_id)
+    each loading whole. On one Slurm login node, the tasks of its job array are the shards."""
+    if len(hosts) == 1 and slurm_settings(hosts[0]) is not None:
+        shards, found = array_runs.gather_array(hosts[0], run_id)
+    else:
+        shards, found = sharded_runs.gather(hosts, run_id)
     view.show_gather(run_id, shards, found, as_json=as_json)
     return most_serious([shards.exit_status, ExitStatus.OK if found["complete"] else ExitStatus.FINDINGS])

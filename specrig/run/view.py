@@ -390,6 +390,8 @@ def show_resume(result: dict, *, host: Host, as_json: bool, follow: Callable[[Ho
         print_json(result)
         return None
     console.print(f"resumed run [bold]{markup(result['run_id'])}[/] (was {markup(result['resumed_from'])})")
+    if result.get("slurm"):
+        console.print(f"submitted Slurm job {markup(result['slurm']['job_id'])}")
     return follow(host, result["run_id"]) if follow else None
 
 
@@ -503,6 +505,28 @@ def show_union(found: dict, outcomes: Sequence[HostOutcome]) -> None:
                       f"(outputs: {visible(', '.join(o.host + ':' + o.result['out'] for o in outcomes))})", markup=False)
     else:
         console.print("incomplete: " + visible("; ".join(found["problems"])), style="bold red", markup=False)
+
+
+# ---- a sharded run as a Slurm job array ----------------------------------------------------------
+
+def show_array(result: dict, *, host: Host, as_json: bool) -> None:
+    """`inv extract --array N`: the checks, the array job, each task's run."""
+    if as_json:
+        print_json(result)
+        return
+    if result["preflight"]:
+        show_checks(result["preflight"])
+    console.print(f"submitted sharded run [bold]{markup(result['fleet_run_id'])}[/] on {host.name} as Slurm job "
+                  f"array {markup(result['job_id'])} (its script: {markup(result['script'])})")
+    for run in result["runs"]:
+        console.print(f"  task {run['task']}: run {markup(run['run_id'])} → {markup(run['out'])}")
+    console.print(f"`inv status --host {host.name}` shows the tasks, `inv gather --host {host.name} --run "
+                  f"{markup(result['fleet_run_id'])}` checks their union; `inv resume --host {host.name} --run RUN` "
+                  f"resubmits one task alone")
+
+
+ARRAY = TaskView("extract", show=show_array, figures=lambda result: f"job array {result['job_id']} submitted",
+                 show_findings=show_preflight_failed)
 
 
 # ---- a multi-node job ---------------------------------------------------------------------------

@@ -31,7 +31,6 @@ CONVERSATIONS, ROWS = 96, 189
 #: In-process states against transformers' (tests/run/test_extraction_driver.py's bound).
 TOLERANCE = 2e-2
 RUN_TIMEOUT_S = 900
-ENDED = ("succeeded", "failed", "stopped", "lost")
 
 
 @pytest.fixture(scope="module")
@@ -66,12 +65,15 @@ def extract(out: Path, *more: str, host: str = HOST, inventory: Path | None = No
     return launched
 
 
-def finished(launched: dict) -> dict:
-    """The run's files once its supervisor wrote its outcome (read directly: the lab is this machine)."""
-    run = Path(launched["path"])
-    return wait_for(f"run {launched['run_id']} to end", lambda: (lambda found: found if found.get("state") in ENDED
-                                                                  else None)(run_files(run)),
+def ended(run: Path) -> dict:
+    """The run's files once its supervisor wrote its outcome, exit.json (read directly: the lab is this
+    machine; a resume removes it)."""
+    return wait_for(f"run {run.name} to end", lambda: (run / "exit.json").exists() and run_files(run),
                     timeout=RUN_TIMEOUT_S)
+
+
+def finished(launched: dict) -> dict:
+    return ended(Path(launched["path"]))
 
 
 def submitted(launched: dict, before: dict[str, str]) -> str:
@@ -134,6 +136,46 @@ def test_extract_in_server_mode_is_one_job_whose_states_equal_transformers(clust
         assert_the_job_ran_the_runs_script(launched)
     with phase("the states"):
         states_against_transformers(out, files=ROWS)
+
+
+def as_lab_user_slurm(*words: str) -> None:
+    """A Slurm command as the lab user, as they would type it on the login node."""
+    subprocess.run(["su", "specrig", "-c", " ".join(words)], check=True, capture_output=True, text=True)
+
+
+def test_a_job_array_shards_the_run_and_a_task_cancelled_is_resubmitted_alone(cluster, out):
+    code, launched = inv_json("extract", "--host", HOST, "--model", str(MODEL), "--data", str(DATA), "--out", str(out),
+                              "--max-len", "512", "--batch-size", "4", "--array", "3", "--skip-preflight", timeout=600)
+    assert code == 0, launched
+    array, sharded = launched["job_id"], launched["fleet_run_id"]
+    paths = {run["task"]: WORKDIR / "runs" / run["run_id"] for run in launched["runs"]}
+    with phase("one array, a task a shard"):
+        # Pending, the array is one line (77_[0-2]); running, a line a task (77_0 ...).
+        assert set(name for job, name in queue().items() if job.split("_")[0] == array) == {f"specrig-{sharded}"}
+        for task, path in paths.items():
+            record = json.loads((path / "run.json").read_text())
+            assert record["fleet"]["shard_index"] == task and record["fleet"]["shard_count"] == 3
+            assert record["slurm"]["job_ids"] == [f"{array}_{task}"]
+            assert record["out"] == f"{out}/task-{task}"
+    with phase("task 1 cancelled"):
+        wait_for("task 1's first attempt", lambda: run_files(paths[1]).get("attempts"), timeout=300)
+        as_lab_user_slurm("scancel", f"{array}_1")
+        assert ended(paths[1])["state"] == "stopped"
+        assert [ended(paths[task])["state"] for task in (0, 2)] == ["succeeded", "succeeded"]
+        code, partial = inv_json("gather", "--host", HOST, "--run", sharded, timeout=600)
+        assert code == 1 and not partial["complete"] and partial["missing"], partial
+    with phase("task 1 resubmitted alone"):
+        before = queue()
+        code, resumed = inv_json("resume", "--host", HOST, "--run", paths[1].name)
+        assert code == 0, resumed
+        again = resumed["slurm"]["job_id"]
+        assert again.endswith("_1") and again != f"{array}_1"
+        assert set(queue()) - set(before) <= {again, f"{again.split('_')[0]}_[1]"}
+        assert ended(paths[1])["state"] == "succeeded"
+    with phase("gather"):
+        code, gathered = inv_json("gather", "--host", HOST, "--run", sharded, timeout=600)
+        assert code == 0 and gathered["complete"], gathered
+        assert gathered["dataset_samples"] == gathered["samples"] == CONVERSATIONS and not gathered["duplicated"]
 
 
 def jobs_named(name: str) -> set[str]:

@@ -47,6 +47,19 @@ def test_docs_show_the_smoke_job_script_the_code_makes():
         f"docs/slurm.md no longer shows the smoke job script; put this in its place:\n{made}"
 
 
+#: The job array docs/slurm.md shows: three tasks' runs and the array's directory.
+SHARDED = "fleet-20261201-205303-zzy3"
+TASK_RUNS = [f"/home/specrig/specrig-slurm/runs/20261201-205303-{suffix}" for suffix in ("fvy6", "qm17", "22th")]
+
+
+def test_docs_show_the_job_array_script_the_code_makes():
+    made = jobs.array_script(lab_settings(), directory=f"/home/specrig/specrig-slurm/runs/{SHARDED}",
+                             sharded_run_id=SHARDED, run_paths=TASK_RUNS, python=DOC_SCRIPTS["in-process"])
+    assert "#SBATCH --array=0-2" in made.splitlines()
+    assert f"```bash\n{made}```" in (REPO / "docs" / "slurm.md").read_text(), \
+        f"docs/slurm.md no longer shows the job array script; put this in its place:\n{made}"
+
+
 def test_every_setting_is_an_sbatch_option_and_specrig_adds_its_own_last():
     settings = lab_settings("hopper-login")
     made = jobs.script(settings, run_path=RUN, run_id=RUN_ID, python="/shared/venvs/eagle3/bin/python")
