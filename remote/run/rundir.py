@@ -27,7 +27,7 @@ import string
 
 import procs
 from atomic import read_json
-from contract import ACTIVE_STATES, LOST, STARTING
+from contract import ACTIVE_STATES, LOST, RESTARTING, STARTING, STOPPED
 from slurm import jobs
 
 RUNS = "runs"
@@ -115,9 +115,12 @@ class RunDir:
         return self._slurm_job
 
     def state(self):
-        """The status's state, corrected by the facts: a dead supervisor without an exit record is LOST."""
+        """The status's state, corrected by the facts: a dead supervisor without an exit record is LOST; a
+        Slurm job requeued after its supervisor stopped (its time limit) is RESTARTING until it runs again."""
         exit_record = self.exit_record
         if exit_record:
+            if exit_record["state"] == STOPPED and self.slurm_job_id() and self.supervisor_alive():
+                return RESTARTING
             return exit_record["state"]
         state = self.status.get("state", STARTING)
         if state in ACTIVE_STATES and not self.supervisor_alive():

@@ -18,7 +18,7 @@ import time
 
 from contract import SENTINEL, SLURM_SETTINGS
 from rpc import RemoteFailure
-from slurm import cluster, preflight
+from slurm import cluster, formats, preflight
 from slurm.cluster import SlurmError, slurm_output
 
 SCRIPT = "slurm-job.sh"
@@ -30,8 +30,8 @@ REMOTE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUTPUT, ERROR = "slurm-%j.out", "slurm-%j.err"
 #: A job array's: each task's, by the array's id (%A) and the task's (%a).
 ARRAY_LOGS = ("slurm-%A_%a.out", "slurm-%A_%a.err")
-#: Seconds before the time limit at which Slurm sends the supervisor USR1 (`--signal=B:USR1@<s>`):
-#: time to end the attempt's processes (the supervisor's grace_s) before Slurm kills the job.
+#: Seconds before the time limit at which Slurm sends the job's shell USR1 (`--signal=B:USR1@<s>`):
+#: time for the supervisor to end the attempt's processes (its grace_s) before Slurm kills the job.
 SIGNAL_BEFORE_END_S = 120
 #: scontrol's job states after which none of the job's processes runs (COMPLETING: still ending them).
 ENDED = ("BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -117,11 +117,10 @@ def options(settings, *, name, directory, logs=(OUTPUT, ERROR)):
 
 def script(settings, *, run_path, run_id, python):
     """The job script of one run: its sbatch options (requeued, and warned before its time limit), then
-    the run's supervisor on the run's python."""
-    supervisor = os.path.join(run_path, "code", "run", "supervisor.py")
-    return _script(options(settings, name="specrig-%s" % run_id, directory=run_path)
-                   + ["--requeue", "--signal=B:USR1@%d" % SIGNAL_BEFORE_END_S],
-                   [python, supervisor, run_path], directory=run_path,
+    the run's supervisor on the run's python (supervised())."""
+    _check_directory(run_path)
+    return _script(options(settings, name="specrig-%s" % run_id, directory=run_path) + requeue_options(settings),
+                   ["RUN=%s" % shlex.quote(run_path)] + supervised(python), directory=run_path,
                    about="specrig run %s: its supervisor, as `inv extract` starts it over SSH" % run_id)
 
 
@@ -132,29 +131,66 @@ def array_script(settings, *, directory, sharded_run_id, run_paths, python):
     for path in run_paths:
         _check_directory(path)
     sbatch = options(settings, name="specrig-%s" % sharded_run_id, directory=directory, logs=ARRAY_LOGS)
-    sbatch += ["--array=0-%d" % (len(run_paths) - 1), "--requeue", "--signal=B:USR1@%d" % SIGNAL_BEFORE_END_S]
+    sbatch += ["--array=0-%d" % (len(run_paths) - 1)] + requeue_options(settings)
     runs = "RUNS=(%s)" % " ".join(shlex.quote(path) for path in run_paths)
-    return _script(sbatch, [python, "$RUN/code/run/supervisor.py", "$RUN"], directory=directory,
-                   about="specrig sharded run %s: task k runs the supervisor of shard k" % sharded_run_id,
-                   setup=[runs, 'RUN="${RUNS[$SLURM_ARRAY_TASK_ID]}"'])
+    return _script(sbatch, [runs, 'RUN="${RUNS[$SLURM_ARRAY_TASK_ID]}"'] + supervised(python), directory=directory,
+                   about="specrig sharded run %s: task k runs the supervisor of shard k" % sharded_run_id)
+
+
+def requeue_options(settings):
+    """Requeued when Slurm ends the job for it (a node lost, preemption) or the job asks (its time limit),
+    and warned before the limit (signal_before_end_s)."""
+    return ["--requeue", "--signal=B:USR1@%d" % signal_before_end_s(settings)]
+
+
+def signal_before_end_s(settings):
+    """Seconds before the time limit at which the supervisor is told to stop: SIGNAL_BEFORE_END_S, or a
+    quarter of a short limit (sbatch's own resolution is a minute: a warning as long as the limit would
+    come at the start)."""
+    limit = formats.seconds(settings["time"]) if settings.get("time") is not None else None
+    return SIGNAL_BEFORE_END_S if limit is None else min(SIGNAL_BEFORE_END_S, limit // 4)
+
+
+def supervised(python):
+    """The shell lines that run the supervisor of the run at $RUN inside its job, and requeue the job
+    when its time limit comes: USR1 (`--signal=B:USR1`, to this shell alone) is handed to the supervisor,
+    which stops the attempt cleanly (exit.json: stopped), then `scontrol requeue` puts the job back in the
+    queue. SIGTERM (scancel) is handed on too, and the shell waits: a shell that died first would leave
+    the supervisor outside the job where Slurm tracks processes by their parents (proctrack/linuxproc). The requeued job (SLURM_RESTART_COUNT set) continues the run from its files, as `inv resume`
+    does: exit.json removed, unless the run had succeeded."""
+    return [
+        'if [ -n "${SLURM_RESTART_COUNT:-}" ]; then',
+        '    grep -qs \'"state": "succeeded"\' "$RUN/exit.json" && exit 0',
+        '    rm -f "$RUN/exit.json"',
+        'fi',
+        'trap \'time_limit=1; kill -USR1 "$supervisor"\' USR1',
+        '# scancel: this shell waits for the supervisor to end the attempt, so that Slurm\'s process tracking',
+        '# (its KillWait, then SIGKILL) still holds the supervisor and what it started.',
+        'trap \'kill -TERM "$supervisor"\' TERM',
+        '%s "$RUN/code/run/supervisor.py" "$RUN" &' % shlex.quote(python),
+        'supervisor=$!',
+        '# wait returns early when USR1 comes: wait again until the supervisor has ended.',
+        'wait "$supervisor"',
+        'while kill -0 "$supervisor" 2>/dev/null; do wait "$supervisor"; done',
+        'if [ -n "${time_limit:-}" ] && grep -qs \'"state": "stopped"\' "$RUN/exit.json"; then',
+        '    exec scontrol requeue "$SLURM_JOB_ID"',
+        'fi',
+    ]
 
 
 def call_script(settings, *, directory, command, python, entry):
     """The job script of one specrig call (`smoke`): the bundle's `entry` (entry.py) on the call's file in
     `directory`, as the SSH transport runs it."""
     return _script(options(settings, name="specrig-%s" % command, directory=directory),
-                   [python, entry, os.path.join(directory, CALL)],
+                   ["exec %s" % " ".join(shlex.quote(word) for word in (python, entry, os.path.join(directory, CALL)))],
                    directory=directory, about="specrig %s: the call, as specrig runs it over SSH" % command)
 
 
-def _script(sbatch, argv, *, directory, about, setup=()):
-    """A job script: its #SBATCH lines, `setup` (shell lines), then `argv` exec'd (a word starting with
-    $ is the shell's variable, quoted as one word; every other word quoted)."""
+def _script(sbatch, body, *, directory, about):
+    """A job script: its #SBATCH lines, then `body` (shell lines) under umask 077."""
     _check_directory(directory)
-    words = ['"%s"' % word if word.startswith("$") else shlex.quote(word) for word in argv]
     return "\n".join(["#!/bin/bash", "# %s (docs/slurm.md)." % about]
-                     + ["#SBATCH %s" % option for option in sbatch]
-                     + ["", "umask 077"] + list(setup) + ["exec %s" % " ".join(words), ""])
+                     + ["#SBATCH %s" % option for option in sbatch] + ["", "umask 077"] + list(body) + [""])
 
 
 def _check_directory(directory):

@@ -14,12 +14,14 @@ import uuid
 from pathlib import Path
 
 import pytest
+import yaml
 
 from slurm import jobs
 from specrig.lab import READY
 from specrig.lab import slurm as lab_slurm
 from support.lab import inv, inv_json, lab_entry, phase, require_lab, wait_for
 from support.patchenv import as_lab_user
+from support.paths import REPO
 from support.runnable_env import HOME, private_inventory, runnable_env_or_skip
 from support.server_lab import CLIENT, run_files, states_against_transformers
 
@@ -45,9 +47,10 @@ def out():
     """A fresh output directory on the shared home for one test, removed after it."""
     path = WORKDIR / "test-out" / uuid.uuid4().hex[:12]
     yield path
-    for record in (WORKDIR / "runs").glob("*/run.json"):
-        if json.loads(record.read_text())["out"] == str(path) and not (record.parent / "exit.json").exists():
-            inv("stop", "--host", HOST, "--run", record.parent.name, timeout=300)  # a test that failed midway
+    code, status = inv_json("status", "--host", HOST)
+    for run in status["runs"]:
+        if (run["out"] or "").startswith(str(path)) and run["state"] in ("starting", "running", "restarting", "stalled"):
+            inv("stop", "--host", HOST, "--run", run["run_id"], timeout=300)  # a test that failed midway
     as_lab_user("rm", "-rf", str(path))
 
 
@@ -176,6 +179,64 @@ def test_a_job_array_shards_the_run_and_a_task_cancelled_is_resubmitted_alone(cl
         code, gathered = inv_json("gather", "--host", HOST, "--run", sharded, timeout=600)
         assert code == 0 and gathered["complete"], gathered
         assert gathered["dataset_samples"] == gathered["samples"] == CONVERSATIONS and not gathered["duplicated"]
+
+
+#: Copies of the tiny chat dataset for the time-limit test: several minutes of extraction on the lab,
+#: longer than one job of a 2-minute limit leaves after the model's load.
+TIME_LIMIT_COPIES = 60
+
+
+def test_a_job_whose_time_limit_comes_mid_run_is_requeued_and_finishes_every_sample_once(cluster, out, tmp_path):
+    runnable = runnable_env_or_skip(cluster)
+    data = WORKDIR / "test-data" / f"chat-x{TIME_LIMIT_COPIES}.jsonl"
+    as_lab_user("mkdir", "-p", str(data.parent))
+    as_lab_user("tee", str(data), input=DATA.read_text() * TIME_LIMIT_COPIES)
+    settings = dict(lab_entry_slurm(), time=2)  # 2 minutes: USR1 30 s before the end (jobs.signal_before_end_s)
+    inventory = private_inventory(tmp_path, HOST, slurm=settings)
+    code, launched = inv_json("extract", "--host", HOST, "--model", str(MODEL), "--data", str(data), "--out", str(out),
+                              "--max-len", "512", "--batch-size", "4", "--skip-preflight", inventory=inventory,
+                              timeout=600)
+    assert code == 0, launched
+    run = Path(launched["path"])
+    with phase("the time limit"):
+        # Each job's time ends before the run: the supervisor stops the attempt, the job asks to be requeued.
+        wait_for("the job to be requeued", lambda: "stopped (SIGUSR1)" in log_text(run), timeout=RUN_TIMEOUT_S)
+        code, status = inv_json("status", "--host", HOST, "--run", launched["run_id"], inventory=inventory)
+        assert code == 0 and status["runs"][0]["state"] in ("restarting", "running", "starting"), status["runs"][0]
+    with phase("requeued to the end"):
+        # exit.json says `stopped` while the job waits to run again: the end is the state `inv status` shows.
+        def settled() -> str | None:
+            code, found = inv_json("status", "--host", HOST, "--run", launched["run_id"], inventory=inventory)
+            state = found["runs"][0]["state"]
+            return state if state not in ("starting", "running", "restarting", "stalled") else None
+
+        assert wait_for("the run to end", settled, timeout=RUN_TIMEOUT_S, interval=5) == "succeeded", \
+            log_text(run)[-3000:]
+        job = jobs.lookup(launched["slurm"]["job_id"])
+        assert int(job["restarts"]) >= 1, job
+        log = log_text(run)
+        assert log.count("stopped (SIGUSR1)") == int(job["restarts"]), log[-3000:]
+    with phase("every sample once"):
+        total = CONVERSATIONS * TIME_LIMIT_COPIES
+        names = sorted(path.name for path in out.iterdir())
+        assert [name for name in names if name.startswith("data_") and name.endswith(".pt")] == sorted(
+            f"data_{i}.pt" for i in range(total))
+        assert not [name for name in names if ".tmp." in name]
+        report = runnable.run_program("hidden_states_reference.py", str(out), str(MODEL))
+        assert report["samples"] == total and report["bad_shapes"] == [], report
+
+
+def log_text(run: Path) -> str:
+    """The run's driver.log ("" until its supervisor wrote it)."""
+    try:
+        return (run / "driver.log").read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def lab_entry_slurm() -> dict:
+    """The shipped hosts.yaml's lab-slurm `slurm:`."""
+    return yaml.safe_load((REPO / "hosts.yaml").read_text())["hosts"][HOST]["slurm"]
 
 
 def jobs_named(name: str) -> set[str]:

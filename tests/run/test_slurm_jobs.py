@@ -69,10 +69,17 @@ def test_every_setting_is_an_sbatch_option_and_specrig_adds_its_own_last():
     assert options[:len(owned)] == owned
     assert options[len(owned):len(owned) + len(settings["extra_sbatch"])] == settings["extra_sbatch"]
     assert options[-6:] == [f"--job-name=specrig-{RUN_ID}", f"--chdir={RUN}", f"--output={RUN}/slurm-%j.out",
-                            f"--error={RUN}/slurm-%j.err", "--requeue",
-                            f"--signal=B:USR1@{jobs.SIGNAL_BEFORE_END_S}"]
+                            f"--error={RUN}/slurm-%j.err", "--requeue", "--signal=B:USR1@120"]
     # The supervisor runs in the job as runs.py starts it over SSH: the run's python, its code/, its directory.
-    assert made.splitlines()[-1] == f"exec /shared/venvs/eagle3/bin/python {RUN}/code/run/supervisor.py {RUN}"
+    lines = made.splitlines()
+    assert f"RUN={RUN}" in lines and '/shared/venvs/eagle3/bin/python "$RUN/code/run/supervisor.py" "$RUN" &' in lines
+
+
+@pytest.mark.parametrize("time, seconds", [(None, 120), ("04:00:00", 120), (2, 30), ("00:04:00", 60), (1, 15)])
+def test_the_warning_before_the_time_limit_fits_a_short_limit(time, seconds):
+    assert jobs.signal_before_end_s({"time": time}) == seconds
+    assert f"#SBATCH --signal=B:USR1@{seconds}" in jobs.script({**lab_settings(), "time": time}, run_path=RUN,
+                                                               run_id=RUN_ID, python="/p/python").splitlines()
 
 
 def test_a_setting_left_to_the_cluster_is_no_option():
