@@ -180,6 +180,8 @@ def slurm_job_text(slurm: dict) -> str:
     if state is None:
         return f"{name}: {job.get('detail') or 'Slurm says nothing of it'}"
     if state == "PENDING":
+        if job.get("reason") in (None, "None"):
+            return f"{name} pending: the scheduler has not weighed it yet"
         estimate = job.get("start_time")
         known = estimate and estimate not in ("Unknown", "N/A", "None")
         return f"{name} pending: {job.get('reason')}" + (f", start estimate {estimate}" if known else ", no start estimate yet")
@@ -219,7 +221,9 @@ def show_stopped_job(result: dict, slurm: dict) -> None:
                   f"{markup(slurm_job_text({'job_id': slurm['job_id'], 'job': slurm['after']}))}")
     for proc in result["left"]:
         console.print(f"[bold red]still alive:[/] pid {proc['pid']} ({markup(proc['state'])}) {markup(proc['cmdline'])}")
-    if slurm["checked_here"]:
+    if slurm["before"].get("state") == "PENDING":
+        checked = "the job was pending: no process of it had started"
+    elif slurm["checked_here"]:
         checked = f"its node is this machine: {len(result['pids'])} process(es) of the run's groups were looked for"
     else:
         left = slurm["supervisor_left_behind"]

@@ -108,6 +108,7 @@ def test_scontrol_lines_are_read_as_the_job_it_describes():
     ({"state": "PENDING", "reason": "Resources", "start_time": "2026-12-01T21:00:00"},
      "job 7 pending: Resources, start estimate 2026-12-01T21:00:00"),
     ({"state": "PENDING", "reason": "Priority", "start_time": "Unknown"}, "job 7 pending: Priority, no start estimate yet"),
+    ({"state": "PENDING", "reason": "None", "start_time": "Unknown"}, "job 7 pending: the scheduler has not weighed it yet"),
     ({"state": "RUNNING", "nodes": "lab-node1", "run_time": "00:01:02", "time_limit": "00:30:00"},
      "job 7 running on lab-node1, 00:01:02 of 00:30:00"),
     ({"state": "TIMEOUT", "reason": "TimeLimit"}, "job 7 TIMEOUT (TimeLimit)"),
