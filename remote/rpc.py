@@ -38,6 +38,8 @@ COMMANDS = {
     "runs.stop": "run.runs:stop",
     "runs.resume": "run.runs:resume",
     "runs.verify-output": "run.runs:verify_output",         # run: the run's output, each sample loaded
+    "runs.submit-array": "run.runs:submit_array",           # run: a sharded run's tasks as one Slurm job array
+    "slurm.check": "slurm.jobs:check_request",              # run: could a job of `slurm:` run, its paths shared
 }
 _print_lock = threading.Lock()
 _printed = False

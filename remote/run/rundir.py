@@ -7,6 +7,8 @@
     status.json       written by the supervisor: state, attempts, failures, progress, GPUs
     driver.log        the driver's stdout and stderr, all attempts, with supervisor markers
     supervisor.log    the supervisor's own output (empty unless it crashed)
+    slurm-job.sh      a run on a Slurm cluster: its job script (slurm/jobs.py), with the job's own
+    slurm-<job>.out   output and error beside it; run.json's `slurm` holds the settings and the job id
     exit.json         the final record, once the supervisor is done
     stop.request      present once a stop was asked for; the supervisor does not restart after it
 
@@ -25,7 +27,8 @@ import string
 
 import procs
 from atomic import read_json
-from contract import ACTIVE_STATES, LOST, STARTING
+from contract import ACTIVE_STATES, LOST, RESTARTING, STARTING, STOPPED
+from slurm import jobs
 
 RUNS = "runs"
 #: Modes of what specrig writes in a workdir: directories and files its user's alone.
@@ -92,13 +95,32 @@ class RunDir:
         return os.path.exists(self.file("stop.request"))
 
     def supervisor_alive(self):
+        """Whether the supervisor runs: its pid, here; a Slurm job's, as long as Slurm says the job may run
+        a process (its node may be another machine, its pid meaningless here)."""
+        if self.slurm_job_id():
+            return jobs.holds_processes(self.slurm_job())
         pid = self.status.get("supervisor_pid")
         return bool(pid) and procs.alive(pid) and self.run_id in procs.cmdline(pid)
 
+    def slurm_job_id(self):
+        """The id of the run's Slurm job (its newest, once resumed), or None: not a Slurm run, or not
+        submitted yet."""
+        return (self.record.get("slurm") or {}).get("job_id")
+
+    def slurm_job(self):
+        """What Slurm says of the run's job (slurm/jobs.py lookup), asked once for this RunDir: one
+        answer for every question a call asks of the run."""
+        if getattr(self, "_slurm_job", None) is None:
+            self._slurm_job = jobs.lookup(self.slurm_job_id())
+        return self._slurm_job
+
     def state(self):
-        """The status's state, corrected by the facts: a dead supervisor without an exit record is LOST."""
+        """The status's state, corrected by the facts: a dead supervisor without an exit record is LOST; a
+        Slurm job requeued after its supervisor stopped (its time limit) is RESTARTING until it runs again."""
         exit_record = self.exit_record
         if exit_record:
+            if exit_record["state"] == STOPPED and self.slurm_job_id() and self.supervisor_alive():
+                return RESTARTING
             return exit_record["state"]
         state = self.status.get("state", STARTING)
         if state in ACTIVE_STATES and not self.supervisor_alive():
@@ -115,6 +137,8 @@ class RunDir:
         status.update(run_id=self.run_id, path=self.path, state=self.state(), heartbeat=self.heartbeat,
                       exit=self.exit_record, created_at=record.get("created_at"), out=record.get("out"),
                       driver_args=record.get("driver_args"), options=record.get("options"))
+        if self.slurm_job_id():
+            status["slurm"] = dict(record["slurm"], job=self.slurm_job())
         return status
 
 

@@ -1,7 +1,14 @@
 """The `runs.*` remote commands: launch, status, logs, stop and resume supervised runs (stdlib only).
 
     runs.launch   {"workdir", "host", "driver_args": {...}, "env": {...}, "options": {...},
-                   "driver_program": path|null, "server_python": path|null, "nodes": {...}|null}
+                   "driver_program": path|null, "server_python": path|null, "nodes": {...}|null,
+                   "slurm": {...}|null}
+                                                  slurm: hosts.yaml's `slurm:` settings of a login
+                                                  node: the supervisor runs as one Slurm job
+                                                  (slurm/jobs.py) instead of detached here;
+                                                  "array": {task, tasks}: a task of a job array,
+                                                  submitted by runs.submit-array
+    runs.submit-array {"workdir", "fleet_run_id"} the array's task runs submitted as one job array
                                                   speculators >= 0.8 on this python: a server-mode
                                                   run (run/server/plan.py); nodes: this node's part
                                                   of a multi-node job (run/server/nodes.py), server
@@ -25,7 +32,8 @@ a multi-node job's id (`nodes.job_id`: this node's run of the job).
 
 Runs live in <workdir>/runs/<run-id>/ (see rundir.py). The supervisor is
 started in a new session with stdio on files and stdin from /dev/null, so
-closing the SSH connection that launched it does not reach it.
+closing the SSH connection that launched it does not reach it. On a Slurm login node it is a job's
+program instead (slurm/jobs.py): submitted here, started by Slurm on a node of the allocation.
 """
 import fcntl
 import json
@@ -46,6 +54,7 @@ from contract import ACTIVE_STATES, FAILED, GPU_RELEASE_S, STOPPED, SUCCEEDED, S
 from rpc import RemoteFailure
 from run import budget, rundir
 from run.server import client, outputs, plan
+from slurm import jobs as slurm_jobs
 
 #: The bundle's remote/ (this file is remote/run/runs.py): what a run copies into its code/.
 REMOTE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -182,11 +191,20 @@ def launch(args):
             # process-mechanics checks. None: the bundled extract_driver.py.
             "driver_program": os.path.abspath(os.path.expanduser(program)) if program else None,
             # Server mode (speculators >= 0.8): the plan of the server and the client steps; else None.
-            "server": server, "server_python": server_python})
-        pid = _start_supervisor(run)
+            "server": server, "server_python": server_python,
+            # A run on a Slurm cluster: hosts.yaml's `slurm:` settings, then its job's id; else None.
+            # "array": {task, tasks}: this run is task `task` of a sharded run's job array (submit_array).
+            "slurm": {"settings": args["slurm"], "job_id": None, "job_ids": [], "array": args.get("array")}
+            if args.get("slurm") else None})
+        try:
+            pid = _start_supervisor(run)
+        except RemoteFailure:
+            if run.record.get("slurm"):
+                shutil.rmtree(run.path, ignore_errors=True)  # Slurm refused the job: nothing was launched
+            raise
     # The flags the server gets because this vLLM refuses a default setting with the connector (plan.py),
     # the stored layer ids beside the ones speculators' training takes by default, and the storage type.
-    return {"run_id": run.run_id, "path": run.path, "supervisor_pid": pid,
+    return {"run_id": run.run_id, "path": run.path, "supervisor_pid": pid, "slurm": run.record.get("slurm"),
             "startup_flags": server["startup_flags"] if server else [],
             "layers": {"ids": server["layer_ids"], "training_default": server["training_layer_ids"]} if server else None,
             "storage": {"type": server["storage"], "connector": server["connector"]} if server else None}
@@ -217,7 +235,9 @@ def resume(args):
                 raise RemoteFailure("no-room", "run %s: %s" % (run.run_id, found["detail"]), advice=found["advice"],
                                     need=found["need"], free=found["free"], where=found["where"])
         # A lost run's driver (or server and client) may outlive its supervisor; two must not share the output.
-        _terminate(_jobs(run), run.record["options"]["grace_s"])
+        # (A Slurm job's processes ended with the job; their pids are another machine's.)
+        if not run.slurm_job_id():
+            _terminate(_jobs(run), run.record["options"]["grace_s"])
         # The run's files its user's alone, where an older specrig left them readable to everyone.
         rundir.make_private(run.path)
         # The driver runs on this call's python: the environment may have been fixed or moved since.
@@ -234,7 +254,8 @@ def resume(args):
             except FileNotFoundError:
                 pass
         pid = _start_supervisor(run)
-    return {"run_id": run.run_id, "path": run.path, "supervisor_pid": pid, "resumed_from": state}
+    return {"run_id": run.run_id, "path": run.path, "supervisor_pid": pid, "resumed_from": state,
+            "slurm": run.record.get("slurm")}
 
 
 def scrub_env(run):
@@ -278,13 +299,17 @@ def _server_plan(run, driver_args, server_python, nodes=None):
 
 
 def _start_supervisor(run):
-    """Copy the code the run needs into the run directory, then start the supervisor detached."""
+    """Copy the code the run needs into the run directory, then start the supervisor detached: its pid.
+    A run on a Slurm cluster is submitted as a job instead (its pid unknown here: None)."""
     code = run.file("code")
     # A fresh copy of this bundle's remote/: bundles may be replaced while the run goes on,
     # and a resume picks up fixes of the driver.
     shutil.rmtree(code, ignore_errors=True)
     shutil.copytree(REMOTE_ROOT, code, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     rundir.make_private(code)  # copytree keeps the bundle's modes: 0644 in a bundle of older specrig
+    if run.record.get("slurm"):
+        _submit(run)
+        return None
     with open(run.file("supervisor.log"), "ab") as log:
         proc = subprocess.Popen([sys.executable, os.path.join(code, "run", "supervisor.py"), run.path],
                                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
@@ -309,6 +334,60 @@ def _start_supervisor(run):
     raise RemoteFailure("supervisor-failed", "the supervisor of run %s did not start (exit %s): %s"
                         % (run.run_id, proc.poll(), output.strip().splitlines()[-1:] or "no output"),
                         traceback=output)
+
+
+def _submit(run):
+    """The run's supervisor as a Slurm job (slurm/jobs.py), its id recorded in run.json; RemoteFailure
+    slurm-refused with sbatch's words when Slurm refuses it (nothing is queued). A task of a job array is
+    submitted with its array (submit_array) at its launch, and alone, from the array's script, again."""
+    record = run.record
+    slurm = record["slurm"]
+    if slurm.get("array") and not slurm["job_id"]:
+        return
+    try:
+        if slurm.get("array"):
+            submitted = {"job_id": slurm_jobs.resubmit_task(slurm["script"], slurm["array"]["task"])}
+        else:
+            submitted = slurm_jobs.submit(slurm["settings"], run_path=run.path, run_id=run.run_id,
+                                          python=record["python"])
+    except slurm_jobs.JobRefused as refused:
+        raise RemoteFailure("slurm-refused", "run %s: %s; nothing was queued" % (run.run_id, refused)) from None
+    _record_job(run, record, submitted)
+
+
+def _record_job(run, record, submitted):
+    """The run's (newest) job in run.json: {job_id, script...}, its id added to job_ids."""
+    record["slurm"].update(submitted, job_ids=record["slurm"]["job_ids"] + [submitted["job_id"]],
+                           submitted_at=rundir.now_iso())
+    atomic.write_json(run.file("run.json"), record)
+
+
+def submit_array(args):
+    """`runs.submit-array` {"workdir", "fleet_run_id"}: the runs launched as the tasks of a sharded run's
+    job array (launch's `array`), submitted as one array: its script and outputs in
+    <workdir>/runs/<fleet_run_id>/. {job_id, script, runs: [run ids by task]}. Refused by sbatch: the
+    task runs are removed, nothing was queued."""
+    workdir = workdir_of(args)
+    fleet_run_id = args.get("fleet_run_id")
+    tasks = sorted((run for run in rundir.all_runs(workdir) if group_id(run) == fleet_run_id
+                    and (run.record.get("slurm") or {}).get("array")),
+                   key=lambda run: run.record["slurm"]["array"]["task"])
+    if not tasks or [run.record["slurm"]["array"]["task"] for run in tasks] != list(range(len(tasks))):
+        raise RemoteFailure("bad-argument", "no job array's runs of %r under %s" % (fleet_run_id, workdir))
+    directory = os.path.join(rundir.runs_root(workdir), fleet_run_id)
+    first = tasks[0].record
+    try:
+        job_id = slurm_jobs.submit_array(first["slurm"]["settings"], directory=directory, sharded_run_id=fleet_run_id,
+                                         run_paths=[run.path for run in tasks], python=first["python"])
+    except slurm_jobs.JobRefused as refused:
+        for run in tasks:
+            shutil.rmtree(run.path, ignore_errors=True)
+        shutil.rmtree(directory, ignore_errors=True)
+        raise RemoteFailure("slurm-refused", "sharded run %s: %s; nothing was queued" % (fleet_run_id, refused)) from None
+    script = os.path.join(directory, slurm_jobs.SCRIPT)
+    for task, run in enumerate(tasks):
+        _record_job(run, run.record, {"job_id": "%s_%d" % (job_id, task), "script": script})
+    return {"job_id": job_id, "script": script, "runs": [run.run_id for run in tasks]}
 
 
 def status(args):
@@ -391,6 +470,8 @@ def stop(args):
     workdir = workdir_of(args)
     run = find_run(workdir, args.get("run"), prefer_active=True)
     state = run.state()
+    if run.slurm_job_id():
+        return _stop_job(run, state)
     grace = float(args.get("grace_s") or run.record.get("options", {}).get("grace_s", SUPERVISOR_DEFAULTS["grace_s"]))
     status_now = run.status
     jobs = _jobs(run)
@@ -418,6 +499,49 @@ def stop(args):
             "supervisor_pid": supervisor, "ended_by_stop_command": ended_by_us, "left": left,
             "gpu_memory_held": gpu["held"], "gpu_memory": gpu["gpus"],
             "clean": not left and not gpu["held"] and not any(g["not_released"] for g in gpu["gpus"])}
+
+
+def _stop_job(run, state):
+    """Stop a run that is a Slurm job: scancel (Slurm sends SIGTERM to the supervisor and its jobs, which
+    ends the attempt as `inv stop` over SSH does, then SIGKILL after KillWait), wait until the job has
+    left the queue, then look for what is left of the run's processes: on the job's nodes where they
+    are this machine (the lab), by the run's process groups, as a stop over SSH does; elsewhere the
+    supervisor's own end of its jobs, on its node, is what there is (its last attempt's left_behind)."""
+    job_id = run.slurm_job_id()
+    before = run.slurm_job()
+    jobs = _jobs(run)
+    here = slurm_jobs.on_this_machine(before.get("nodes") or before.get("batch_host"))
+    pids = {m["pid"] for m in _members(jobs)} if here else set()
+    with open(run.file("stop.request"), "w") as handle:
+        handle.write(rundir.now_iso() + "\n")
+    after = slurm_jobs.cancel(job_id) if slurm_jobs.holds_processes(before) else before
+    if not run.exit_record:
+        atomic.write_json(run.file("exit.json"), {"state": STOPPED, "ended_at": rundir.now_iso(),
+                                                  "stopped_by": "inv stop (scancel %s)" % job_id, "was": state})
+    left = (_members(jobs) + [m for m in _marked(run) if m["pid"] not in {p["pid"] for p in _members(jobs)}]
+            if here else None)
+    attempts = run.status.get("attempts") or [{}]
+    return {"run_id": run.run_id, "was": state, "state": rundir.RunDir(run.path).state(), "pids": sorted(pids),
+            "supervisor_pid": run.status.get("supervisor_pid"), "ended_by_stop_command": None,
+            "slurm": {"job_id": job_id, "before": before, "after": after, "in_queue": slurm_jobs.holds_processes(after),
+                      "checked_here": here, "supervisor_left_behind": attempts[-1].get("left_behind")},
+            "left": left or [], "gpu_memory_held": [], "gpu_memory": [],
+            "clean": not slurm_jobs.holds_processes(after) and (not left if here else
+                                                                not attempts[-1].get("left_behind"))}
+
+
+def _marked(run):
+    """Live processes whose command line names the run's directory (its supervisor, the driver's
+    argument file): the run's markers, however they left its process groups."""
+    marker = run.path.rstrip("/") + "/"
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit() and int(name) != os.getpid() and procs.alive(int(name)):
+            line = procs.cmdline(int(name))
+            if marker in line + "/":
+                found.append({"pid": int(name), "ppid": None, "pgid": None, "sid": None, "state": "alive",
+                              "cmdline": line[:200]})
+    return found
 
 
 VERIFY_TIMEOUT_S = 3600

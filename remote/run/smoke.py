@@ -2,7 +2,8 @@
 
 args: {"model": directory or Hugging Face repo id (required), "samples": int, "timeout_s": float, "keep": bool,
        "server_python": path|null (server mode: the vLLM server's interpreter), "host": its name in hosts.yaml,
-       "storage": server mode's storage type (contract.STORAGES) or null: the default}
+       "storage": server mode's storage type (contract.STORAGES) or null: the default,
+       "slurm": hosts.yaml's `slurm:` of a login node|null (the call runs as a job on a node, slurm/jobs.py)}
 
 speculators >= 0.8 takes server mode: run/server/smoke.py, the same differences on `inv extract`'s
 server run. Otherwise:
@@ -28,8 +29,11 @@ import pkgmeta
 from rpc import RemoteFailure
 from run import classify
 from run.server import smoke as server_smoke
+from slurm import jobs as slurm_jobs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+#: On a Slurm login node, how long the smoke job may wait in the queue beyond the driver's own time.
+SLURM_QUEUE_S = 120
 DRIVER = os.path.join(HERE, "extract_driver.py")
 SMOKE_ROOT = os.path.join(os.path.expanduser("~"), ".cache", "specrig", "smoke")
 BATCH_SIZE, MAX_LENGTH = 2, 256
@@ -121,6 +125,10 @@ def run(args):
     if samples < BATCH_SIZE + 1:
         raise RemoteFailure("bad-argument", "samples=%r: give at least %d (two generate() calls)"
                             % (samples, BATCH_SIZE + 1))
+    if args.get("slurm"):
+        # A Slurm login node: the same call, on a node of a job (slurm/jobs.py), queue time included.
+        return slurm_jobs.run_call(args["slurm"], "smoke", dict(args, slurm=None),
+                                   wait_s=float(args.get("timeout_s") or 540) + SLURM_QUEUE_S)
     with open(os.path.join(model, "config.json"), encoding="utf-8") as handle:
         config = json.load(handle)
     os.makedirs(SMOKE_ROOT, exist_ok=True)

@@ -229,6 +229,9 @@ class Supervisor:
     def main(self):
         signal.signal(signal.SIGTERM, self.on_signal)
         signal.signal(signal.SIGINT, self.on_signal)
+        # A Slurm job's warning before its time limit (`--signal=B:USR1@<s>`, slurm/jobs.py): stop cleanly
+        # while there is time, rather than die of Python's default for USR1 with the attempt still running.
+        signal.signal(signal.SIGUSR1, self.on_signal)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the SSH session going away is no reason to stop
         # Before the first record: the launch (or resume) that waits for it then sees the run failed, and
         # says so in one line (runs.py).

@@ -36,7 +36,7 @@ class SlurmError(Exception):
         self.said = said
 
 
-def _slurm(argv, *, timeout=QUERY_TIMEOUT_S):
+def slurm_output(argv, *, timeout=QUERY_TIMEOUT_S):
     """A Slurm command's stdout; SlurmError with its own words when it is missing, fails or hangs."""
     if shutil.which(argv[0]) is None:
         raise SlurmError("%s not found on PATH" % argv[0])
@@ -53,7 +53,7 @@ def _slurm(argv, *, timeout=QUERY_TIMEOUT_S):
 
 def version():
     """sinfo's version ("22.05.8" of "slurm-wlm 22.05.8")."""
-    return _slurm(["sinfo", "--version"]).split()[-1]
+    return slurm_output(["sinfo", "--version"]).split()[-1]
 
 
 def gpus_in(gres):
@@ -69,7 +69,7 @@ def partitions():
     time_limit (sinfo's text), time_limit_s (None: no limit), nodes: {allocated, idle, other, total},
     node_kinds: [{gres (sinfo's text), nodes}] (its nodes by what each has: what preflight weighs a
     request against), gpus_per_node (the most any of its nodes has)}."""
-    return parse_partitions(_slurm(["sinfo", "-h", "-o", PARTITION_FORMAT]))
+    return parse_partitions(slurm_output(["sinfo", "-h", "-o", PARTITION_FORMAT]))
 
 
 def parse_partitions(text):
@@ -104,7 +104,7 @@ def jobs(user):
     """The user's jobs in the queue (running, pending, ...): JOB_FIELDS; `where` is the node list of a
     running job and the reason of a pending one."""
     found = []
-    for line in _slurm(["squeue", "-h", "-u", user, "-o", JOB_FORMAT]).splitlines():
+    for line in slurm_output(["squeue", "-h", "-u", user, "-o", JOB_FORMAT]).splitlines():
         fields = line.strip().split("|")
         if len(fields) == len(JOB_FIELDS):
             found.append(dict(zip(JOB_FIELDS, fields)))
@@ -122,15 +122,23 @@ def shared_home(settings):
     {shared: True, False or None (not tested), path, detail}."""
     directory = os.path.join(os.path.expanduser("~"), ".cache", "specrig", "slurm-home-check")
     os.makedirs(directory, mode=0o700, exist_ok=True)
+    return seen_by_a_node(settings, directory)
+
+
+def seen_by_a_node(settings, directory, *, prefix=""):
+    """Whether a compute node sees `directory` as this node does: a file named `prefix` and a random
+    token (0600) written there, a one-task job that prints it (hosts.yaml's partition, account and qos),
+    the file removed. {shared: True, False or None (not tested: no node free in ALLOCATION_WAIT_S, the job
+    refused), path, detail}."""
     token = secrets.token_hex(16)
-    path = os.path.join(directory, token)
+    path = os.path.join(directory, prefix + token)
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(descriptor, "w") as out:
         out.write(token + "\n")
     argv = ["srun", "--job-name=" + HOME_TEST_JOB, "--nodes=1", "--ntasks=1", "--time=1",
             "--immediate=%d" % ALLOCATION_WAIT_S, "--quiet"] + job_options(settings) + ["cat", path]
     try:
-        printed = _slurm(argv, timeout=HOME_TEST_TIMEOUT_S)
+        printed = slurm_output(argv, timeout=HOME_TEST_TIMEOUT_S)
     except SlurmError as failure:
         return _home_failure(path, failure)
     finally:
@@ -141,8 +149,8 @@ def shared_home(settings):
 
 
 def _home_failure(path, failure):
-    """The home test's job failed: the file missing on the node (cat said so) means not shared;
-    anything else (no node free, the job refused) leaves it untested."""
+    """The test job failed: the file missing on the node (cat said so) means not shared; anything else
+    (no node free, the job refused) leaves it untested."""
     if "No such file or directory" in failure.said:
         return {"shared": False, "path": path, "detail": "the job on a compute node found no such file"}
     return {"shared": None, "path": path, "detail": "not tested: %s" % failure}

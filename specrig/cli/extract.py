@@ -13,7 +13,8 @@ from specrig.contract import SERVER
 from specrig.errors import UsageError
 from specrig.exit_status import ExitStatus, most_serious
 from specrig.inventory import Host
-from specrig.run import live, node_runs, runs, sharded_runs, view
+from specrig.run import array_runs, live, node_runs, runs, sharded_runs, view
+from specrig.slurm.submit import refuse_slurm_hosts, slurm_settings
 
 
 def extract_on_host(host: Host, given: dict, *, skip_preflight: bool, attach: bool, as_json: bool) -> ExitStatus:
@@ -26,6 +27,7 @@ def extract_sharded(spec: str, hosts: Sequence[Host], given: dict, *, shared_out
                     attach: bool, as_json: bool) -> ExitStatus:
     """Preflight every host in parallel; launch on each only when every one passed; then follow them all
     on one board (or return at once with attach False)."""
+    refuse_slurm_hosts(hosts, "a sharded run")
     requests = sharded_runs.shard_requests(hosts, given, shared_out=shared_out)
     preflight, modes = sharded_runs.preflight_shards(hosts, requests, skip_preflight=skip_preflight,
                                                      shared_out=shared_out)
@@ -59,6 +61,7 @@ def extract_job(spec: str, hosts: Sequence[Host], given: dict, *, mode: str, siz
                 attach: bool, as_json: bool) -> ExitStatus:
     """Check, launch the head then each worker, and follow the job's nodes as one (attach False: return at
     once). `sizes`: pp, dp_local, rendezvous_port, watch_port (None: their defaults)."""
+    refuse_slurm_hosts(hosts, "a multi-node job (--nodes)")
     request, records = node_runs.plan_job(hosts, given, mode=mode, **sizes)
     head = hosts[0]
     node_runs.refuse_in_process(head)
@@ -85,9 +88,19 @@ def extract_job(spec: str, hosts: Sequence[Host], given: dict, *, mode: str, siz
                                     f"`inv stop --host {spec} --run {job_id}` stops every node.")
 
 
+def extract_array(host: Host, given: dict, *, tasks: int, skip_preflight: bool, as_json: bool) -> ExitStatus:
+    """A sharded run as one Slurm job array on a login node: checks, the tasks' runs, one submission."""
+    return run_on_host(host, lambda target: array_runs.extract_array(target, given, tasks=tasks,
+                                                                     skip_preflight=skip_preflight),
+                       view.ARRAY, as_json=as_json)
+
+
 def gather(hosts: Sequence[Host], run_id: str, *, as_json: bool) -> ExitStatus:
     """Each host's shard checked on its host, then their union: exit 1 unless every index is there once,
-    each loading whole."""
-    shards, found = sharded_runs.gather(hosts, run_id)
+    each loading whole. On one Slurm login node, the tasks of its job array are the shards."""
+    if len(hosts) == 1 and slurm_settings(hosts[0]) is not None:
+        shards, found = array_runs.gather_array(hosts[0], run_id)
+    else:
+        shards, found = sharded_runs.gather(hosts, run_id)
     view.show_gather(run_id, shards, found, as_json=as_json)
     return most_serious([shards.exit_status, ExitStatus.OK if found["complete"] else ExitStatus.FINDINGS])

@@ -107,6 +107,8 @@ NODE_OPTIONS = {
             **NODE_OPTIONS,
             "shared_out": "several hosts, server mode: every shard writes one --out on storage they all mount "
                           "(the preflight proves it is one)",
+            "array": "on a Slurm login node: N shards as one job array, task k shard k, output <out>/task-<k> "
+                     "(docs/slurm.md)",
             "skip_preflight": "launch without the preflight checks (drift, GPUs, model, disk, batch hazard)",
             "detach": "launch and return at once instead of showing the live view",
             "json": JSON_HELP})
@@ -114,7 +116,7 @@ NODE_OPTIONS = {
 def extract(c, host, model=None, data=None, out=None, tp=None, layers=None, batch_size=None, max_len=None,
             max_samples=None, port=None, concurrency=None, allow_skipped=False, staging=None, writer_threads=None,
             max_num_batched_tokens=None, storage=None, nodes=None, pp=None, dp_local=None, rendezvous_port=None,
-            watch_port=None, shared_out=False, skip_preflight=False, detach=False, json=False):
+            watch_port=None, shared_out=False, array=None, skip_preflight=False, detach=False, json=False):
     """Preflight, launch the supervised extraction on a host, and show it live (Ctrl-C detaches; the run goes on).
 
     The host's speculators picks the mode: <= 0.4 drives vLLM in-process; >= 0.8 runs a vLLM server and
@@ -152,6 +154,12 @@ def extract(c, host, model=None, data=None, out=None, tp=None, layers=None, batc
     if given_alone:
         raise UsageError(f"--{given_alone[0].replace('_', '-')} applies to a multi-node job",
                          hint="add --nodes dp or --nodes tp-pp (docs/runs.md, 'Multi-node')")
+    if array is not None:
+        if targets:
+            raise UsageError(f"--array {array!r} on a group: a job array is one Slurm login node's",
+                             hint="pass one host with `scheduler: slurm` (docs/slurm.md)")
+        return extraction.extract_array(inventory.host(host), given, tasks=whole_number(array, option="--array", default=None),
+                                        skip_preflight=skip_preflight, as_json=json)
     if targets and len(targets) > 1:
         return extraction.extract_sharded(host, targets, given, shared_out=shared_out, skip_preflight=skip_preflight,
                                           attach=attach, as_json=json)

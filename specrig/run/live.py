@@ -29,6 +29,7 @@ from specrig.run.view import (
     rate_text,
     samples,
     show_run,
+    slurm_job_text,
 )
 from specrig.ui import console, gpu_table
 from specrig.ui.group import outcome_word
@@ -80,6 +81,8 @@ def render(run: dict, tail: str, progress: Progress, bar) -> Panel:
                               + (f"  [yellow]stalled {run.get('seconds_since_progress')} s[/]"
                                  if run.get("stalled") else ""))
     parts = [header, progress]
+    if run.get("slurm"):
+        parts.insert(1, Text(visible(slurm_job_text(run["slurm"]))))
     failure = run.get("last_failure")
     if failure and run["state"] in (RESTARTING, FAILED):
         parts.append(Text.from_markup("last failure: " + describe_failure(failure)))

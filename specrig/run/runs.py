@@ -16,6 +16,7 @@ from specrig.errors import Findings, UsageError
 from specrig.inventory import Host
 from specrig.run.preflight import preflight
 from specrig.run.settings import Request, build_request
+from specrig.slurm.submit import refuse_impossible, refuse_nodes, slurm_settings
 from specrig.transport import Remote, connect
 
 RUN_TIMEOUT_S = 120
@@ -30,11 +31,18 @@ def runs_call(remote: Remote, host: Host, action: str, args: dict, *, timeout: f
 
 def extract(host: Host, given: dict, *, skip_preflight: bool) -> dict:
     """Preflight, then launch: {launched: True, preflight: checks, run_id, ...the host's launch result}.
-    A failed check is Findings (its payload: the checks) and nothing is launched."""
+    A failed check is Findings (its payload: the checks) and nothing is launched. On a Slurm login node
+    the launch submits the run as one job, once Slurm's own checks pass (specrig/slurm/submit.py: a job
+    that could never run is refused, --skip-preflight or not)."""
     request = build_request(host, given)
+    slurm = slurm_settings(host)
+    if slurm:
+        refuse_nodes(host)
     with connect(host) as remote:
         mode = check_extraction_mode(remote, host, "extract")["mode"]  # speculators 0.5-0.7: exit 2
         request = request.for_mode(mode, host)
+        if slurm:
+            refuse_impossible(remote, host, paths=[f"{host.workdir}/runs", request.driver_args["output_dir"]])
         checks = [] if skip_preflight else preflight(remote, host, request)
         failed = [c for c in checks if not c["ok"]]
         if failed:
@@ -46,9 +54,10 @@ def extract(host: Host, given: dict, *, skip_preflight: bool) -> dict:
 
 
 def launch_args(host: Host, request: Request, **more) -> dict:
-    """The host's `runs launch` arguments for `request` (server mode reads `server_python`)."""
+    """The host's `runs launch` arguments for `request` (server mode reads `server_python`; a Slurm login
+    node's `slurm:` settings make the run a job)."""
     return {"host": host.name, "driver_args": request.driver_args, "env": request.env, "options": request.options,
-            "server_python": host.server_python, **more}
+            "server_python": host.server_python, "slurm": slurm_settings(host), **more}
 
 
 def status(host: Host, run_id: str | None, *, lines: int | None = None) -> dict:

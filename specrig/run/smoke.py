@@ -5,8 +5,8 @@ dimensions, `load_format: dummy`, a few built-in conversations, through the very
 path `inv extract` uses (server mode, speculators >= 0.8: the same vLLM server and CLI steps, with
 `--hf-overrides` and `--load-format dummy`). Every runtime drift (signature, behaviour, platform) shows in about a
 minute instead of after a full model load; the failure is named (exception, the speculators
-line that raised it, the classifier's kind) and the exit status is FINDINGS. Data only: run/view.py
-shows it.
+line that raised it, the classifier's kind) and the exit status is FINDINGS. On a Slurm login node the
+same call runs as one job on a node (docs/slurm.md). Data only: run/view.py shows it.
 """
 from __future__ import annotations
 
@@ -14,10 +14,13 @@ from specrig.doctor import check_extraction_mode
 from specrig.errors import Findings, UsageError
 from specrig.inventory import Host
 from specrig.run.settings import SETTINGS, coerce, refuse_other_mode
+from specrig.slurm.submit import refuse_impossible, refuse_nodes, slurm_settings
 from specrig.transport import connect
 
 #: Seconds the host gives the driver; the call's own deadline is a little longer.
 DRIVER_TIMEOUT_S = 540
+#: On a Slurm login node, the job's time in the queue on top (remote/run/smoke.py: SLURM_QUEUE_S).
+SLURM_QUEUE_S = 120
 
 
 def smoke(host: Host, *, model: str | None = None, samples: int = 6, storage: str | None = None) -> dict:
@@ -34,15 +37,21 @@ def smoke(host: Host, *, model: str | None = None, samples: int = 6, storage: st
     storage = storage if storage is not None else host.extract.get("storage")
     if storage is not None:
         storage = coerce(SETTINGS["storage"], storage, where)
+    slurm = slurm_settings(host)
+    if slurm:
+        refuse_nodes(host)
     with connect(host) as remote:
         mode = check_extraction_mode(remote, host, "smoke")["mode"]  # speculators 0.5-0.7: exit 2
         if storage is not None:
             refuse_other_mode(SETTINGS["storage"], where, storage, mode, host)
+        if slurm:
+            # The job's call and its output live under ~/.cache/specrig (remote/slurm/jobs.py: run_call).
+            refuse_impossible(remote, host, paths=["~/.cache/specrig"])
         try:
             return remote.call("smoke", {"model": model, "samples": samples, "timeout_s": DRIVER_TIMEOUT_S,
                                          "server_python": host.server_python, "host": host.name,
-                                         "storage": storage},
-                               timeout=DRIVER_TIMEOUT_S + 60)
+                                         "storage": storage, "slurm": slurm},
+                               timeout=DRIVER_TIMEOUT_S + 60 + (SLURM_QUEUE_S if slurm else 0))
         except Findings as failed:
             raise Findings(f"{host.name}: smoke failed: {failed.error.get('message')}", payload=failed.payload,
                            hint=failed.hint, detail=failed.payload.get("traceback"), kind=failed.kind,

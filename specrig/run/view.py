@@ -98,7 +98,10 @@ def show_runs(runs: list[dict], host: Host) -> None:
     for run in runs:
         failure = run.get("last_failure") or {}
         style = STATE_STYLE.get(run["state"], "")
-        table.add_row(markup(run["run_id"]), f"[{style}]{run['state']}[/]" if style else markup(run["state"]),
+        state = f"[{style}]{run['state']}[/]" if style else markup(run["state"])
+        if run.get("slurm") and run["state"] in ACTIVE_STATES:
+            state += f"\n[dim]{markup(slurm_job_text(run['slurm']))}[/]"
+        table.add_row(markup(run["run_id"]), state,
                       markup((run.get("heartbeat") or {}).get("phase") or "-"), samples(run.get("heartbeat") or {}),
                       str(len(run.get("attempts") or [])), *((markup(short_path(run.get("out"))),) if wide else ()),
                       markup(failure["kind"] + (f" ({failure['callee']})" if failure.get("callee") else ""))
@@ -118,6 +121,8 @@ def show_run(run: dict, *, log_tail: str | None = None) -> None:
     if beat.get("server"):
         grid.add_row("server", f"vLLM server {markup(beat['server'])}")
     grid.add_row("output", markup(run.get("out") or "-"))
+    if run.get("slurm"):
+        grid.add_row("Slurm", markup(slurm_job_text(run["slurm"])))
     grid.add_row("attempts", f"{len(run.get('attempts') or [])} (restarts this supervisor: {run.get('restarts', 0)})")
     for attempt in run.get("attempts") or []:
         failure = attempt.get("failure")
@@ -173,8 +178,33 @@ def format_duration(seconds: float) -> str:
     return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
 
 
+def slurm_job_text(slurm: dict) -> str:
+    """A run's Slurm job as Slurm says it (remote/slurm/jobs.py lookup): "job 12 pending: Resources, start
+    estimate 2026-12-01T21:00:00", "job 12 running on lab-node1, 0:42 of 30:00", "job 12 COMPLETED", or
+    why Slurm no longer says anything (no accounting storage: sacct has no record)."""
+    job = slurm.get("job") or {}
+    name = f"job {slurm['job_id']}"
+    state = job.get("state")
+    if state is None:
+        return f"{name}: {job.get('detail') or 'Slurm says nothing of it'}"
+    if state == "PENDING":
+        if job.get("reason") in (None, "None"):
+            return f"{name} pending: the scheduler has not weighed it yet"
+        estimate = job.get("start_time")
+        known = estimate and estimate not in ("Unknown", "N/A", "None")
+        return f"{name} pending: {job.get('reason')}" + (f", start estimate {estimate}" if known else ", no start estimate yet")
+    if state == "RUNNING":
+        return f"{name} running on {job.get('nodes')}, {job.get('run_time')} of {job.get('time_limit')}"
+    reason = job.get("reason")
+    return f"{name} {state}" + (f" ({reason})" if reason and reason != "None" else "")
+
+
 def show_stop(result: dict) -> None:
     """What `inv stop` ended, and whether the GPUs let go of the run's memory."""
+    slurm = result.get("slurm")
+    if slurm:
+        show_stopped_job(result, slurm)
+        return
     console.print(f"run {markup(result['run_id'])}: was {markup(result['was'])}, now {markup(result['state'])}; "
                   f"{len(result['pids'])} process(es) of its group ended")
     for proc in result["left"]:
@@ -189,6 +219,27 @@ def show_stop(result: dict) -> None:
                           f"(used {gpu['used_before_mib']:.0f} → {gpu['used_after_mib']:.0f} MiB)")
     if result["clean"]:
         console.print("nothing of the run is left: no process of its group, no GPU memory held by it")
+
+
+def show_stopped_job(result: dict, slurm: dict) -> None:
+    """`inv stop` of a run that is a Slurm job: scancel, the queue, then what is left of its processes."""
+    queue = ("[bold red]still in the queue[/]: " if slurm["in_queue"] else "no longer in the queue: ")
+    console.print(f"run {markup(result['run_id'])}: was {markup(result['was'])}, now {markup(result['state'])}; "
+                  f"job {markup(slurm['job_id'])} cancelled, {queue}"
+                  f"{markup(slurm_job_text({'job_id': slurm['job_id'], 'job': slurm['after']}))}")
+    for proc in result["left"]:
+        console.print(f"[bold red]still alive:[/] pid {proc['pid']} ({markup(proc['state'])}) {markup(proc['cmdline'])}")
+    if slurm["before"].get("state") == "PENDING":
+        checked = "the job was pending: no process of it had started"
+    elif slurm["checked_here"]:
+        checked = f"its node is this machine: {len(result['pids'])} process(es) of the run's groups were looked for"
+    else:
+        left = slurm["supervisor_left_behind"]
+        checked = ("its node is another machine: the supervisor's own check there left "
+                   + (f"[bold red]{len(left)} process(es)[/]" if left else "nothing"))
+    console.print(checked)
+    if result["clean"]:
+        console.print("nothing of the run is left: no job in the queue, no process of the run")
 
 
 # ---- the run tasks' views: one host's output, a group's figures, the exit status ------------------
@@ -212,6 +263,9 @@ def show_extract(result: dict, *, host: Host, as_json: bool, follow: Callable[[H
     if note:
         console.print(note)
     console.print(f"launched run [bold]{markup(result['run_id'])}[/] on {host.name} ({markup(result['path'])})")
+    if result.get("slurm"):
+        console.print(f"submitted Slurm job {markup(result['slurm']['job_id'])} "
+                      f"(its script: {markup(result['slurm']['script'])})")
     for entry in result.get("startup_flags") or []:
         console.print(f"the server gets {markup(entry['flag'])}: {markup(entry['because'])}")
     return follow(host, result["run_id"]) if follow else None
@@ -366,6 +420,8 @@ def show_resume(result: dict, *, host: Host, as_json: bool, follow: Callable[[Ho
         print_json(result)
         return None
     console.print(f"resumed run [bold]{markup(result['run_id'])}[/] (was {markup(result['resumed_from'])})")
+    if result.get("slurm"):
+        console.print(f"submitted Slurm job {markup(result['slurm']['job_id'])}")
     return follow(host, result["run_id"]) if follow else None
 
 
@@ -481,6 +537,28 @@ def show_union(found: dict, outcomes: Sequence[HostOutcome]) -> None:
                       f"(outputs: {visible(', '.join(o.host + ':' + o.result['out'] for o in outcomes))})", markup=False)
     else:
         console.print("incomplete: " + visible("; ".join(found["problems"])), style="bold red", markup=False)
+
+
+# ---- a sharded run as a Slurm job array ----------------------------------------------------------
+
+def show_array(result: dict, *, host: Host, as_json: bool) -> None:
+    """`inv extract --array N`: the checks, the array job, each task's run."""
+    if as_json:
+        print_json(result)
+        return
+    if result["preflight"]:
+        show_checks(result["preflight"])
+    console.print(f"submitted sharded run [bold]{markup(result['fleet_run_id'])}[/] on {host.name} as Slurm job "
+                  f"array {markup(result['job_id'])} (its script: {markup(result['script'])})")
+    for run in result["runs"]:
+        console.print(f"  task {run['task']}: run {markup(run['run_id'])} → {markup(run['out'])}")
+    console.print(f"`inv status --host {host.name}` shows the tasks, `inv gather --host {host.name} --run "
+                  f"{markup(result['fleet_run_id'])}` checks their union; `inv resume --host {host.name} --run RUN` "
+                  f"resubmits one task alone")
+
+
+ARRAY = TaskView("extract", show=show_array, figures=lambda result: f"job array {result['job_id']} submitted",
+                 show_findings=show_preflight_failed)
 
 
 # ---- a multi-node job ---------------------------------------------------------------------------

@@ -64,6 +64,9 @@ FAILURE_KINDS: dict[str, FailureKind] = {
     # A run its supervisor refused before its first attempt (the output cannot be written, or has no room):
     # the message is the run's failure, which its record keeps.
     "run-refused": FailureKind(UsageError),
+    # sbatch refused the job (an account, a QOS, a limit preflight does not know): its own words.
+    "slurm-refused": FailureKind(UsageError, "fix hosts.yaml's slurm: of {host}; `inv doctor --host {host}` shows "
+                                             "the cluster"),
     # -- the check ran and found something -----------------------------------------------------
     "conflict": _PATCH_FINDINGS,
     "revert-refused": _PATCH_FINDINGS,

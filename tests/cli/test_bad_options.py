@@ -9,6 +9,9 @@ CASES = [
     (("lab.up", "--hosts", "300"), "lab.up --hosts 300: give a number of hosts from 1 to 199"),
     (("logs", "--host", "nosuch", "-n", "x"), "-n 'x': give a whole number"),
     (("smoke", "--host", "nosuch", "--samples", "x"), "--samples 'x': give a whole number"),
+    (("extract", "--host", "lab-slurm", "--array", "x"), "--array 'x': give a whole number"),
+    (("extract", "--host", "lab-slurm", "--array", "1"), "--array 1: give 2 or more tasks"),
+    (("extract", "--host", "lab-cpu", "--array", "2"), "--array on 'lab-cpu', which is no Slurm login node"),
 ]
 
 

@@ -1,0 +1,316 @@
+"""`inv extract` on the lab's Slurm login node, lab-slurm, as one Slurm job (docs/slurm.md, "extract: one run,
+one job"), through the real CLI, sshd, sbatch, slurmctld and slurmd: in-process and in server mode, each
+checked against transformers' own forward; `status` on a pending job, `stop` of it; a request that could
+never run refused with nothing queued.
+
+One model load a mode: the lab has two cores, shared. They skip when the Slurm lab or the runnable
+environments are not built, and fail then under CI's SPECRIG_REQUIRE_LAB=1.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from slurm import jobs
+from specrig.lab import READY
+from specrig.lab import slurm as lab_slurm
+from support.lab import inv, inv_json, lab_entry, phase, require_lab, wait_for
+from support.patchenv import as_lab_user
+from support.paths import REPO
+from support.runnable_env import HOME, private_inventory, runnable_env_or_skip
+from support.server_lab import CLIENT, run_files, states_against_transformers
+
+HOST = "lab-slurm"
+WORKDIR = HOME / "specrig-slurm"
+MODEL, DATA = HOME / "models" / "tiny-llama", HOME / "data" / "tiny-chat.jsonl"
+#: The tiny chat dataset: 96 conversations; server mode's rows, one per assistant turn.
+CONVERSATIONS, ROWS = 96, 189
+#: In-process states against transformers' (tests/run/test_extraction_driver.py's bound).
+TOLERANCE = 2e-2
+RUN_TIMEOUT_S = 900
+
+
+@pytest.fixture(scope="module")
+def cluster(lab):
+    require_lab(lab_slurm.slurm_is_up(), "lab Slurm not built: run `inv lab.up --runnable --slurm` as root")
+    require_lab(READY.read_text() == "runnable\n", "lab-slurm needs the runnable environments: inv lab.up --runnable")
+    return lab
+
+
+@pytest.fixture
+def out():
+    """A fresh output directory on the shared home for one test, removed after it."""
+    path = WORKDIR / "test-out" / uuid.uuid4().hex[:12]
+    yield path
+    code, status = inv_json("status", "--host", HOST)
+    for run in status["runs"]:
+        if (run["out"] or "").startswith(str(path)) and run["state"] in ("starting", "running", "restarting", "stalled"):
+            inv("stop", "--host", HOST, "--run", run["run_id"], timeout=300)  # a test that failed midway
+    as_lab_user("rm", "-rf", str(path))
+
+
+def queue() -> dict[str, str]:
+    """{job id: name} of every job in the queue (the login node is this machine)."""
+    listed = subprocess.run(["squeue", "-h", "-o", "%i|%j"], capture_output=True, text=True, check=True).stdout
+    return dict(line.split("|", 1) for line in listed.splitlines())
+
+
+def extract(out: Path, *more: str, host: str = HOST, inventory: Path | None = None) -> dict:
+    """`inv extract --json` (it returns once the job is submitted): what it printed."""
+    code, launched = inv_json("extract", "--host", host, "--model", str(MODEL), "--data", str(DATA),
+                              "--out", str(out), *more, inventory=inventory, timeout=600)
+    assert code == 0 and launched["launched"], launched
+    return launched
+
+
+def ended(run: Path) -> dict:
+    """The run's files once its supervisor wrote its outcome, exit.json (read directly: the lab is this
+    machine; a resume removes it)."""
+    return wait_for(f"run {run.name} to end", lambda: (run / "exit.json").exists() and run_files(run),
+                    timeout=RUN_TIMEOUT_S)
+
+
+def finished(launched: dict) -> dict:
+    return ended(Path(launched["path"]))
+
+
+def submitted(launched: dict, before: dict[str, str]) -> str:
+    """The launch queued exactly one job, named for the run: its id."""
+    job_id = launched["slurm"]["job_id"]
+    new = {job: name for job, name in queue().items() if job not in before}
+    assert new == {job_id: f"specrig-{launched['run_id']}"}, new
+    return job_id
+
+
+def assert_the_job_ran_the_runs_script(launched: dict) -> None:
+    """The job's script is the one the code makes of the run's settings, and Slurm ran it: its output
+    file, which slurmd opens when the job starts, is in the run directory; the supervisor recorded its
+    attempt there."""
+    run = Path(launched["path"])
+    record = json.loads((run / "run.json").read_text())
+    job_id = launched["slurm"]["job_id"]
+    assert record["slurm"]["job_ids"] == [job_id] and Path(launched["slurm"]["script"]) == run / jobs.SCRIPT
+    assert (run / jobs.SCRIPT).read_text() == jobs.script(record["slurm"]["settings"], run_path=str(run),
+                                                          run_id=launched["run_id"], python=record["python"])
+    assert (run / f"slurm-{job_id}.out").exists()
+    assert json.loads((run / "status.json").read_text())["attempts"]
+
+
+def test_extract_in_process_is_one_job_whose_states_equal_transformers(cluster, out):
+    runnable = runnable_env_or_skip(cluster)
+    before = queue()
+    launched = extract(out, "--max-len", "512", "--batch-size", "4")
+    submitted(launched, before)
+    with phase("the job"):
+        assert finished(launched)["state"] == "succeeded"
+        assert_the_job_ran_the_runs_script(launched)
+        code, status = inv_json("status", "--host", HOST, "--run", launched["run_id"])
+        assert code == 0
+        run = status["runs"][0]
+        assert run["state"] == "succeeded" and run["slurm"]["job_id"] == launched["slurm"]["job_id"]
+        # scontrol still knows the job for MinJobAge after its end.
+        assert run["slurm"]["job"]["state"] in ("COMPLETED", "COMPLETING"), run["slurm"]
+        logs = inv("logs", "--host", HOST, "--run", launched["run_id"], "-n", "400")
+        assert logs.returncode == 0 and "[specrig-supervisor" in logs.stdout and "attempt 1: " in logs.stdout
+    with phase("the states"):
+        report = runnable.run_program("hidden_states_reference.py", str(out), str(MODEL))
+        assert report["samples"] == CONVERSATIONS and report["bad_shapes"] == [], report
+        assert max(report["max_abs_diff"].values()) < TOLERANCE, report
+
+
+def test_extract_in_server_mode_is_one_job_whose_states_equal_transformers(cluster, out, tmp_path):
+    if not (CLIENT / "bin" / "python").exists():
+        pytest.skip("server mode's environments are not built (inv lab.up --runnable)")
+    # The server venv lab-server uses (the same files), patched as its tests patch it.
+    patched = inv("apply-patches", "--host", "lab-server", timeout=300)
+    assert patched.returncode == 0, patched.stdout + patched.stderr
+    inventory = private_inventory(tmp_path, HOST, python=str(CLIENT / "bin" / "python"),
+                                  server_python="~/venv-server-0.32/bin/python", env={"VLLM_CPU_KVCACHE_SPACE": 2})
+    before = queue()
+    launched = extract(out, "--max-len", "1024", inventory=inventory)
+    submitted(launched, before)
+    with phase("the job"):
+        assert finished(launched)["state"] == "succeeded", (Path(launched["path"]) / "driver.log").read_text()[-3000:]
+        assert_the_job_ran_the_runs_script(launched)
+    with phase("the states"):
+        states_against_transformers(out, files=ROWS)
+
+
+def as_lab_user_slurm(*words: str) -> None:
+    """A Slurm command as the lab user, as they would type it on the login node."""
+    subprocess.run(["su", "specrig", "-c", " ".join(words)], check=True, capture_output=True, text=True)
+
+
+def test_a_job_array_shards_the_run_and_a_task_cancelled_is_resubmitted_alone(cluster, out):
+    code, launched = inv_json("extract", "--host", HOST, "--model", str(MODEL), "--data", str(DATA), "--out", str(out),
+                              "--max-len", "512", "--batch-size", "4", "--array", "3", "--skip-preflight", timeout=600)
+    assert code == 0, launched
+    array, sharded = launched["job_id"], launched["fleet_run_id"]
+    paths = {run["task"]: WORKDIR / "runs" / run["run_id"] for run in launched["runs"]}
+    with phase("one array, a task a shard"):
+        # Pending, the array is one line (77_[0-2]); running, a line a task (77_0 ...).
+        assert set(name for job, name in queue().items() if job.split("_")[0] == array) == {f"specrig-{sharded}"}
+        for task, path in paths.items():
+            record = json.loads((path / "run.json").read_text())
+            assert record["fleet"]["shard_index"] == task and record["fleet"]["shard_count"] == 3
+            assert record["slurm"]["job_ids"] == [f"{array}_{task}"]
+            assert record["out"] == f"{out}/task-{task}"
+    with phase("task 1 cancelled"):
+        wait_for("task 1's first attempt", lambda: run_files(paths[1]).get("attempts"), timeout=300)
+        as_lab_user_slurm("scancel", f"{array}_1")
+        assert ended(paths[1])["state"] == "stopped"
+        assert [ended(paths[task])["state"] for task in (0, 2)] == ["succeeded", "succeeded"]
+        code, partial = inv_json("gather", "--host", HOST, "--run", sharded, timeout=600)
+        assert code == 1 and not partial["complete"] and partial["missing"], partial
+    with phase("task 1 resubmitted alone"):
+        before = queue()
+        code, resumed = inv_json("resume", "--host", HOST, "--run", paths[1].name)
+        assert code == 0, resumed
+        again = resumed["slurm"]["job_id"]
+        assert again.endswith("_1") and again != f"{array}_1"
+        assert set(queue()) - set(before) <= {again, f"{again.split('_')[0]}_[1]"}
+        assert ended(paths[1])["state"] == "succeeded"
+    with phase("gather"):
+        code, gathered = inv_json("gather", "--host", HOST, "--run", sharded, timeout=600)
+        assert code == 0 and gathered["complete"], gathered
+        assert gathered["dataset_samples"] == gathered["samples"] == CONVERSATIONS and not gathered["duplicated"]
+
+
+#: Copies of the tiny chat dataset for the time-limit test: several minutes of extraction on the lab,
+#: longer than one job of a 2-minute limit leaves after the model's load.
+TIME_LIMIT_COPIES = 60
+
+
+def test_a_job_whose_time_limit_comes_mid_run_is_requeued_and_finishes_every_sample_once(cluster, out, tmp_path):
+    runnable = runnable_env_or_skip(cluster)
+    data = WORKDIR / "test-data" / f"chat-x{TIME_LIMIT_COPIES}.jsonl"
+    as_lab_user("mkdir", "-p", str(data.parent))
+    as_lab_user("tee", str(data), input=DATA.read_text() * TIME_LIMIT_COPIES)
+    settings = dict(lab_entry_slurm(), time=2)  # 2 minutes: USR1 30 s before the end (jobs.signal_before_end_s)
+    inventory = private_inventory(tmp_path, HOST, slurm=settings)
+    code, launched = inv_json("extract", "--host", HOST, "--model", str(MODEL), "--data", str(data), "--out", str(out),
+                              "--max-len", "512", "--batch-size", "4", "--skip-preflight", inventory=inventory,
+                              timeout=600)
+    assert code == 0, launched
+    run = Path(launched["path"])
+    with phase("the time limit"):
+        # Each job's time ends before the run: the supervisor stops the attempt, the job asks to be requeued.
+        wait_for("the job to be requeued", lambda: "stopped (SIGUSR1)" in log_text(run), timeout=RUN_TIMEOUT_S)
+        code, status = inv_json("status", "--host", HOST, "--run", launched["run_id"], inventory=inventory)
+        assert code == 0 and status["runs"][0]["state"] in ("restarting", "running", "starting"), status["runs"][0]
+    with phase("requeued to the end"):
+        # exit.json says `stopped` while the job waits to run again: the end is the state `inv status` shows.
+        def settled() -> str | None:
+            code, found = inv_json("status", "--host", HOST, "--run", launched["run_id"], inventory=inventory)
+            state = found["runs"][0]["state"]
+            return state if state not in ("starting", "running", "restarting", "stalled") else None
+
+        assert wait_for("the run to end", settled, timeout=RUN_TIMEOUT_S, interval=5) == "succeeded", \
+            log_text(run)[-3000:]
+        job = jobs.lookup(launched["slurm"]["job_id"])
+        assert int(job["restarts"]) >= 1, job
+        log = log_text(run)
+        assert log.count("stopped (SIGUSR1)") == int(job["restarts"]), log[-3000:]
+    with phase("every sample once"):
+        total = CONVERSATIONS * TIME_LIMIT_COPIES
+        names = sorted(path.name for path in out.iterdir())
+        assert [name for name in names if name.startswith("data_") and name.endswith(".pt")] == sorted(
+            f"data_{i}.pt" for i in range(total))
+        assert not [name for name in names if ".tmp." in name]
+        report = runnable.run_program("hidden_states_reference.py", str(out), str(MODEL))
+        assert report["samples"] == total and report["bad_shapes"] == [], report
+
+
+def log_text(run: Path) -> str:
+    """The run's driver.log ("" until its supervisor wrote it)."""
+    try:
+        return (run / "driver.log").read_text(errors="replace")
+    except FileNotFoundError:
+        return ""
+
+
+def lab_entry_slurm() -> dict:
+    """The shipped hosts.yaml's lab-slurm `slurm:`."""
+    return yaml.safe_load((REPO / "hosts.yaml").read_text())["hosts"][HOST]["slurm"]
+
+
+def jobs_named(name: str) -> set[str]:
+    """The ids of the jobs of that name the controller knows (queued, running, or ended within MinJobAge)."""
+    shown = subprocess.run(["scontrol", "show", "job", "-o"], capture_output=True, text=True).stdout
+    return {line.split()[0].removeprefix("JobId=") for line in shown.splitlines() if f" JobName={name} " in line}
+
+
+def test_smoke_runs_its_call_as_one_job(cluster):
+    before = jobs_named("specrig-smoke")
+    result = inv("smoke", "--host", HOST, "--model", str(MODEL), timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "smoke passed on lab-slurm" in " ".join(result.stdout.split())
+    assert len(jobs_named("specrig-smoke") - before) == 1
+    assert not list((HOME / ".cache" / "specrig" / jobs.CALLS).iterdir())  # the call's directory is removed
+
+
+def test_a_pending_job_shows_slurms_reason_and_stop_leaves_no_job_and_no_process(cluster, out):
+    # Every GPU of both nodes held by another job: the run's job waits for Resources.
+    holder = subprocess.run(["su", "specrig", "-c", "cd && sbatch --parsable --nodes=2 "
+                             f"--gres=gpu:{lab_slurm.GPUS_PER_NODE} --time=5 --output=/dev/null --wrap='sleep 300'"],
+                            capture_output=True, text=True, check=True).stdout.strip().split(";")[0]
+    try:
+        launched = extract(out, "--max-len", "512", "--skip-preflight")
+        job_id = launched["slurm"]["job_id"]
+        with phase("pending"):
+            def waiting() -> dict | None:
+                code, status = inv_json("status", "--host", HOST, "--run", launched["run_id"])
+                assert code == 0
+                run = status["runs"][0]
+                job = run["slurm"]["job"]
+                # The reason is None until the scheduler has looked at the job, the start time Unknown until
+                # the backfill scheduler's next pass (30 s by default) has estimated it.
+                return run if job["reason"] != "None" and job["start_time"] != "Unknown" else None
+
+            run = wait_for("Slurm's reason and start estimate of the pending job", waiting, timeout=180, interval=3)
+            job = run["slurm"]["job"]
+            assert run["state"] == "starting" and (job["state"], job["reason"]) == ("PENDING", "Resources"), run
+            shown = inv("status", "--host", HOST, "--run", launched["run_id"], env={"COLUMNS": "200"})
+            assert f"job {job_id} pending: Resources, start estimate {job['start_time']}" in shown.stdout, shown.stdout
+        with phase("running"):
+            subprocess.run(["scancel", holder], check=True)
+            wait_for("the run's supervisor to start its attempt",
+                     lambda: run_files(Path(launched["path"])).get("attempts"), timeout=300)
+        with phase("stop"):
+            code, stopped = inv_json("stop", "--host", HOST, "--run", launched["run_id"], timeout=300)
+            assert code == 0 and stopped["clean"], stopped
+            assert stopped["slurm"]["checked_here"] and stopped["left"] == []
+            assert job_id not in queue()
+            marker = launched["path"] + "/"
+            alive = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+            assert alive == [], alive
+            assert run_files(Path(launched["path"]))["state"] == "stopped"
+    finally:
+        subprocess.run(["scancel", holder])
+
+
+@pytest.mark.parametrize("slurm, words", [
+    ({"partition": "gpu", "gres": f"gpu:{lab_slurm.GPUS_PER_NODE + 1}"}, ["no node of partition 'gpu' has gres"]),
+    ({"partition": "debug", "time": "01:00:00"}, ["slurm.time 01:00:00 is over the limit of partition 'debug'"]),
+    ({"partition": "gpus"}, ["the cluster has no partition 'gpus'"]),
+    ({"nodes": 2}, ["slurm.nodes is 2"]),
+    ({"time": "2h"}, ["'2h' is not a Slurm time"]),
+], ids=["more GPUs than a node has", "time over the limit", "no such partition", "two nodes", "bad time"])
+def test_a_job_that_could_never_run_is_refused_in_one_line_and_nothing_is_queued(cluster, make_inventory,
+                                                                                   trusted_known_hosts, slurm, words):
+    entry = {key: value for key, value in lab_entry().items() if key not in ("extract", "description")}
+    entry.update(scheduler="slurm", python="~/venv-cpu/bin/python", workdir=str(WORKDIR), slurm=slurm)
+    inventory = make_inventory({"hosts": {"big": entry}})
+    trusted_known_hosts(inventory)
+    before, runs_before = queue(), sorted((WORKDIR / "runs").glob("*"))
+    result = inv("extract", "--host", "big", "--model", str(MODEL), "--data", str(DATA),
+                 "--out", str(WORKDIR / "test-out" / "never"), inventory=inventory, timeout=300)
+    assert result.returncode == 2, result.stdout + result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and all(word in lines[0] for word in words), result.stderr
+    assert queue() == before and sorted((WORKDIR / "runs").glob("*")) == runs_before
