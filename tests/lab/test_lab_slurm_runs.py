@@ -181,9 +181,9 @@ def test_a_job_array_shards_the_run_and_a_task_cancelled_is_resubmitted_alone(cl
         assert gathered["dataset_samples"] == gathered["samples"] == CONVERSATIONS and not gathered["duplicated"]
 
 
-#: Copies of the tiny chat dataset for the time-limit test: longer than one job of a 1-minute limit
-#: leaves after the model's load (Slurm's shortest limit: the test's minutes are mostly its requeues).
-TIME_LIMIT_COPIES = 20
+#: Copies of the tiny chat dataset for the time-limit test: several minutes of extraction on the lab,
+#: longer than one job of a 2-minute limit leaves after the model's load.
+TIME_LIMIT_COPIES = 60
 
 
 def test_a_job_whose_time_limit_comes_mid_run_is_requeued_and_finishes_every_sample_once(cluster, out, tmp_path):
@@ -191,7 +191,7 @@ def test_a_job_whose_time_limit_comes_mid_run_is_requeued_and_finishes_every_sam
     data = WORKDIR / "test-data" / f"chat-x{TIME_LIMIT_COPIES}.jsonl"
     as_lab_user("mkdir", "-p", str(data.parent))
     as_lab_user("tee", str(data), input=DATA.read_text() * TIME_LIMIT_COPIES)
-    settings = dict(lab_entry_slurm(), time=1)  # 1 minute: USR1 15 s before the end (jobs.signal_before_end_s)
+    settings = dict(lab_entry_slurm(), time=2)  # 2 minutes: USR1 30 s before the end (jobs.signal_before_end_s)
     inventory = private_inventory(tmp_path, HOST, slurm=settings)
     code, launched = inv_json("extract", "--host", HOST, "--model", str(MODEL), "--data", str(data), "--out", str(out),
                               "--max-len", "512", "--batch-size", "4", "--skip-preflight", inventory=inventory,
