@@ -11,6 +11,7 @@ import shutil
 
 import pkgmeta
 import telemetry
+from run.storage import existing_parent
 from slurm import cluster
 
 #: Read in speculators' environment (the host's `python`).
@@ -19,15 +20,6 @@ PACKAGES = ("speculators", "vllm", "torch", "transformers", "hs-connectors")
 SERVER_PACKAGES = ("vllm", "torch", "transformers", "hs-connectors")
 #: Starting an interpreter from a cold network disk can take a while; the laptop gives doctor 60 s.
 SERVER_TIMEOUT_S = 30
-
-
-def _existing_parent(path):
-    while not os.path.exists(path):
-        parent = os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
-    return path
 
 
 def server_environment(python, timeout=SERVER_TIMEOUT_S):
@@ -56,7 +48,7 @@ def run(args):
     if args.get("versions_only"):
         return facts
     workdir = os.path.expanduser(args.get("workdir") or "~")
-    usage = shutil.disk_usage(_existing_parent(workdir))
+    usage = shutil.disk_usage(existing_parent(workdir))
     facts.update({
         "user": pwd.getpwuid(os.getuid()).pw_name,
         "hostname": platform.node(),

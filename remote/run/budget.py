@@ -7,9 +7,9 @@ still missing.
 The bytes a token takes are the run's storage's, from one definition (contract.stored_bytes_per_token:
 bf16 the model's dtype, fp8 one byte a value and a float32 scale a token).
 """
-import shutil
 
 import contract
+from run import disk_watch
 from run import storage as storage_path
 from run.server import client, outputs, prepared
 from units import human_bytes
@@ -22,7 +22,7 @@ def room(directory, *, need, what, fix):
     """{ok, detail, advice, need, free, where}: `need` bytes (`what` says for what) against the free space
     at `directory` (or its nearest existing parent); `fix` finishes the advice."""
     where = storage_path.existing_parent(directory)
-    free = shutil.disk_usage(where).free
+    free = disk_watch.free_bytes(where)
     need = int(need * DISK_MARGIN)
     return {"ok": free >= need, "need": need, "free": free, "where": where,
             "detail": "%s free at %s; %s needs about %s" % (human_bytes(free), where, what, human_bytes(need)),
