@@ -17,6 +17,7 @@ cut short still brings back what it did):
                     --out under DIR; `ram` is a directory on the tmpfs $RAM), hand (the server,
                     prepare-data, generate-offline-data as speculators' docs say),
                     bare (the same server without the speculative config, max_tokens=1: the ceiling)
+                    Any arm takes `profile=1`: a window of its steady part profiled (profiling.py)
     smoke           inv smoke on a DeepSeek-V3-shaped config (MLA, MoE), shrunk, dummy weights
 
 Environment: SG (default /var/tmp/sg: model, data, outputs), OUT (what comes back), SHAPE, N_EXTRACT
@@ -36,6 +37,8 @@ import sys
 import threading
 import time
 import urllib.request
+
+import profiling
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TREE = os.path.dirname(os.path.dirname(HERE))
@@ -61,6 +64,8 @@ FIXTURES = os.path.join(EXTRAS, "nvsmi")
 GPU_QUERY = "index,name,uuid,memory.used,memory.total,memory.free,utilization.gpu,temperature.gpu,power.draw"
 APP_QUERY = "pid,process_name,gpu_uuid,used_gpu_memory"
 FINAL = ("succeeded", "failed", "stopped")
+#: Files written before a profile window opens: past the client's start, in the steady part.
+STEADY_FILES = 24
 T0 = time.time()
 
 try:
@@ -503,6 +508,17 @@ def end_group(proc, grace=30):
         time.sleep(0.5)
 
 
+#: The profile window of the arm running (phase_arm, `profile` among its settings), else None.
+window = None
+
+
+def profile_when(trigger):
+    """Start the arm's profile window, if it has one, once `trigger()` says the arm is in its steady part."""
+    if window is not None:
+        window.trigger = trigger
+        window.start()
+
+
 def arm_specrig(name, concurrency, settings):
     """`settings` are more of inv extract's options, except `out`: the directory the arm's --out goes under
     instead of $SG/out. The value `ram` (for `out` or `staging`) is a directory under $RAM, a tmpfs, which
@@ -514,6 +530,7 @@ def arm_specrig(name, concurrency, settings):
     os.makedirs(out)
     first = FirstFile(out)
     first.start()
+    profile_when(lambda: len(hs_files(out)) >= STEADY_FILES)
     phases = {}
 
     def note(beat, status):
@@ -594,6 +611,8 @@ def arm_by_hand(name, concurrency, bare=False):
             if not os.path.isdir(shared_prepared):
                 arm["error"] = "no prepared data from the by-hand arm"
                 return arm
+            sending = os.path.join(work, "bare.json.sending")
+            profile_when(lambda: os.path.exists(sending) and time.time() - os.path.getmtime(sending) > 1)
             rc, out, err, seconds = run([python, os.path.join(HERE, "gpu_tools.py"), "bare-client", shared_prepared,
                                          str(PORT), MODEL, str(concurrency), str(N_MEASURE),
                                          os.path.join(work, "bare.json")], timeout=560)
@@ -613,6 +632,7 @@ def arm_by_hand(name, concurrency, bare=False):
             arm["prepare_error"] = (out + err)[-2000:]
             return arm
         first.start()
+        profile_when(lambda: len(hs_files(hs_dir)) >= STEADY_FILES)
         rc, out, err, gen_s = run([python, "-m", "speculators", "generate-offline-data", "--model", MODEL,
                                    "--endpoint", endpoint + "/v1", "--preprocessed-data", prepared,
                                    "--output", hs_dir, "--concurrency", str(concurrency),
@@ -640,17 +660,34 @@ def phase_arm(spec):
     parts = spec.split(":")
     name, concurrency = parts[1], int(parts[2]) if len(parts) > 2 else 32
     settings = dict(item.split("=", 1) for item in parts[3].split(",")) if len(parts) > 3 else {}
+    profiled = settings.pop("profile", None) is not None
     label = "%s-c%d" % (name, concurrency) + "".join("-%s=%s" % item for item in settings.items()) + (
         "" if SHAPE == MAIN_SHAPE else "-" + SHAPE)
     waited, port_waited = wait_idle(), wait_port_free()
     log("arm %s: %d samples (waited %s s for the GPU's memory, %s s for the port)"
         % (label, N_MEASURE, waited, port_waited))
-    if name == "specrig":
-        arm = arm_specrig(label, concurrency, settings)
-    elif name in ("hand", "bare"):
-        arm = arm_by_hand(label, concurrency, bare=name == "bare")
-    else:
-        raise SystemExit("unknown arm %r" % name)
+    global window
+    if profiled:
+        label += "-profiled"
+        window = profiling.Window(os.path.join(EXTRAS, "profile-" + label), trigger=None)
+        saved_env = dict(os.environ)
+        os.environ.update(profiling.enable(os.environ, window.directory))
+    try:
+        if name == "specrig":
+            arm = arm_specrig(label, concurrency, settings)
+        elif name in ("hand", "bare"):
+            arm = arm_by_hand(label, concurrency, bare=name == "bare")
+        else:
+            raise SystemExit("unknown arm %r" % name)
+    finally:
+        if profiled:
+            os.environ.clear()
+            os.environ.update(saved_env)
+    if profiled:
+        if window.ident is not None:
+            window.join(timeout=60)
+        arm["profile"] = window.result
+        window = None
     for key, value in (("tokens_per_s", "tokens"), ("samples_per_s", "samples")):
         gen = arm.get("wall_s")
         if arm.get(value) and gen:

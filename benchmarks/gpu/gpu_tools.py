@@ -337,6 +337,7 @@ def bare_client(prepared, port, model, concurrency, n, out_json):
                     errors.append("%d: %s" % (i, exc))
 
     threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    open(out_json + ".sending", "w").close()  # the profile window's cue (profiling.py)
     for t in threads:
         t.start()
     for t in threads:

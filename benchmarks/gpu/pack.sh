@@ -3,7 +3,7 @@
 # <checkout>/.gpu, which .git/info/exclude must ignore):
 #   DEST/whl/        the wheels of ../shared/gpu/wheels-vllm-0.26.0-device.txt (vLLM 0.26.0, speculators 0.9.0,
 #                    hs-connectors 0.9.0 and what the device image lacks) + specrig's laptop-side deps
-#                    the image lacks (fabric, invoke, paramiko and theirs)
+#                    the image lacks (fabric, invoke, paramiko and theirs) + py-spy
 #   DEST/parts/pNN   whl/ as one tar, split into 58 MiB parts: a device call carries 64 MiB at most
 #   DEST/tree/       the specrig tree to run (git archive of REV, default HEAD of this checkout)
 # Usage: benchmarks/gpu/pack.sh [DEST] [REV]
@@ -30,6 +30,8 @@ pynacl==1.6.2
 decorator==5.2.1
 deprecated==1.3.1
 REQ
+# py-spy: the profile of an arm's processes, where the device lets it attach (benchmarks/gpu/profiling.py).
+echo "py-spy==0.4.3" >> "$dest/wheels.txt"
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     $platforms -d "$dest/whl" -r "$dest/wheels.txt"
 n=$(ls "$dest/whl"/*.whl | wc -l)
