@@ -76,6 +76,7 @@ DRIVER_DEFAULTS = {
 SERVER_DEFAULTS = {
     "port": 8000,             # the server's port on 127.0.0.1; preflight checks it is free
     "concurrency": 32,        # generate-offline-data's requests in flight (its own default)
+    "clients": 1,             # generate-offline-data processes sharing them (one: speculators' own way)
     "request_timeout": 120,   # seconds per request (its own default)
     "max_retries": 3,         # tries per sample (its own default)
     "allow_skipped": False,   # samples the client gave up on fail the run unless allowed

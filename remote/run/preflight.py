@@ -413,7 +413,8 @@ def share(samples, driver, *, server):
         return samples
     if not server:
         return samples[index::count]
-    return [samples[i] for i in client.shard_indices(len(samples), None, count, index)]
+    return [samples[i] for i in client.shard_indices(len(samples), None, count, index,
+                                                     driver.get("clients") or contract.SERVER_DEFAULTS["clients"])]
 
 
 def share_words(driver):

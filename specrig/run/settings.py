@@ -53,6 +53,8 @@ SETTINGS = {s.name: s for s in (
     Setting("gpu_memory_utilization", "gpu_memory_utilization", float, "fraction of GPU memory vLLM may take"),
     Setting("port", "port", int, "server mode: the vLLM server's port on the host's 127.0.0.1", mode="server"),
     Setting("concurrency", "concurrency", int, "server mode: requests in flight", mode="server"),
+    Setting("clients", "clients", int, "server mode: generate-offline-data processes sharing the requests "
+            "(one's event loop limits a fast GPU: docs/gpu.md)", mode="server"),
     Setting("request_timeout", "request_timeout", int, "server mode: seconds per request", mode="server"),
     Setting("max_retries", "max_retries", int, "server mode: tries per sample", mode="server"),
     Setting("allow_skipped", "allow_skipped", bool,
@@ -159,6 +161,10 @@ def build_request(host: Host, given: dict) -> Request:
     for name, kind in OPTIONS.items():
         if name in defaults:
             options[name] = _coerce(name, defaults[name], kind, f"hosts.yaml: hosts.{host.name}.extract.{name}")
+    clients, concurrency = driver_args.get("clients"), driver_args.get("concurrency", SERVER_DEFAULTS["concurrency"])
+    if clients is not None and clients > concurrency:
+        raise UsageError(f"{sources['clients']} {clients!r}: more client processes than requests in flight "
+                         f"({concurrency})", hint="give at most --concurrency clients, or raise --concurrency")
     for name in REQUIRED:
         if SETTINGS[name].driver_key not in driver_args:
             raise UsageError(f"no --{name} given and hosts.yaml has no hosts.{host.name}.extract.{name}",

@@ -48,6 +48,9 @@ def test_storage_comes_from_the_command_line_or_hosts_yaml(make_inventory):
     ({"model": "/m", "data": "/d", "out": "/o", "max_num_batched_tokens": "lots"}, {},
      "hosts.h.extract.max_num_batched_tokens 'lots': expected int"),
     ({"model": "/m", "data": "/d", "out": "/o"}, {"storage": "fp16"}, "--storage 'fp16': expected one of bf16, fp8"),
+    ({"model": "/m", "data": "/d", "out": "/o"}, {"clients": "0"}, "--clients '0': expected a positive number"),
+    ({"model": "/m", "data": "/d", "out": "/o", "concurrency": 2}, {"clients": "4"},
+     "--clients 4: more client processes than requests in flight (2)"),
     ({"model": "/m", "data": "/d", "out": "/o", "storage": "FP8"}, {},
      "hosts.yaml: hosts.h.extract.storage 'FP8': expected one of bf16, fp8"),
 ])

@@ -44,6 +44,36 @@ def test_the_shares_equal_speculators_own_split_on_its_release():
                          check=True).stdout
     assert json.loads(out.splitlines()[-1]) == [[client.shard_indices(n, m, w, r) for r in range(w)]
                                                 for n, m, w in cases]
+    # Two client processes a host: each host's share is speculators' chunks of its two ranks, in order.
+    doubled = [(n, m, 2 * w) for n, m, w in cases]
+    out = subprocess.run([str(SPECULATORS_09), "-c", program, json.dumps(doubled)], capture_output=True, text=True,
+                         check=True).stdout
+    assert [[share[2 * r] + share[2 * r + 1] for r in range(len(share) // 2)]
+            for share in json.loads(out.splitlines()[-1])] == [
+        [client.shard_indices(n, m, w, r, 2) for r in range(w)] for n, m, w in cases]
+
+
+@pytest.mark.parametrize("clients", [2, 3, 5])
+@pytest.mark.parametrize(("case", "shares"), SHARES)
+def test_a_share_split_between_client_processes_is_the_same_chunk_of_each_world(case, shares, clients):
+    """Several client processes on one host: client k runs speculators' rank rank*c+k of world*c. Their
+    indices together are one contiguous run, the shares of all hosts together every index once."""
+    total, max_samples, world = case
+    together = [client.shard_indices(total, max_samples, world, rank, clients) for rank in range(world)]
+    assert sorted(i for share in together for i in share) == list(range(min(total, max_samples or total)))
+    assert all(share == list(range(share[0], share[0] + len(share))) for share in together if share)
+    if world == 1:
+        assert together == shares
+
+
+def test_the_client_processes_split_the_concurrency_and_take_their_own_ranks():
+    common = dict(model="/m", prepared="/p", output="/o", port=8765, request_timeout=120, max_retries=3)
+    assert client.generate_argvs("py", clients=1, concurrency=32, **common) == [
+        client.generate_argv("py", concurrency=32, **common)]
+    argvs = client.generate_argvs("py", clients=3, concurrency=32, world_size=2, rank=1, **common)
+    flags = [(argv[argv.index("--concurrency") + 1], argv[argv.index("--world-size") + 1],
+              argv[argv.index("--rank") + 1]) for argv in argvs]
+    assert flags == [("11", "6", "3"), ("11", "6", "4"), ("10", "6", "5")]
 
 
 def test_skipped_samples_are_read_from_the_clients_last_summary():

@@ -81,9 +81,9 @@ def _out() -> Path:
     return HOME / "specrig-work" / "out" / f"server-test-{uuid.uuid4().hex[:8]}"
 
 
-def _launch(out: Path, *more: str, host: str = HOST) -> str:
+def _launch(out: Path, *more: str, host: str = HOST, concurrency: int = 1) -> str:
     code, result = inv_json("extract", "--host", host, "--out", str(out), "--port", str(_free_port()),
-                            "--concurrency", "1", *more, timeout=300)
+                            "--concurrency", str(concurrency), *more, timeout=300)
     assert code == 0 and result["launched"], result
     return result["run_id"]
 
@@ -175,12 +175,19 @@ def test_extract_survives_kill_9_of_server_and_client_then_stop_truncation_and_r
         server_host):
     """One run on lab-server (speculators 0.9) through every phase: the server killed with kill -9 and
     restarted, the client killed and restarted, `inv stop` mid-generation, a file truncated, `inv resume`
-    to success; then the states against transformers'. One run, not two: each attempt loads the model."""
+    to success; then the states against transformers'. One run, not two: each attempt loads the model.
+    Its client step is two processes (`--clients 2`, one request each): the one killed ends its sibling,
+    and the two shares together are every sample once."""
     out = _out()
-    run_id = _launch(out)
+    run_id = _launch(out, "--clients", "2", concurrency=2)
     try:
         with phase("kill -9 of the server"):
             run = _wait(run_id, _generating(3), "three samples")
+            clients = {name: job["argv"] for name, job in run["jobs"].items() if name.startswith("client")}
+            assert sorted(clients) == ["client", "client-2"], run["jobs"]
+            assert [argv[argv.index("--rank") + 1:][:1] + argv[argv.index("--world-size") + 1:][:1]
+                    + argv[argv.index("--concurrency") + 1:][:1] for argv in clients.values()] == [
+                ["0", "2", "1"], ["1", "2", "1"]], clients
             server_pid = run["jobs"]["server"]["pid"]
             _kill(server_pid)
             run = _wait(run_id, lambda r: len(r["attempts"]) >= 2 and _generating(0)(r),
@@ -191,7 +198,7 @@ def test_extract_survives_kill_9_of_server_and_client_then_stop_truncation_and_r
             assert not _processes_with_pid(server_pid)
 
         with phase("kill -9 of the client"):
-            client_pid = run["jobs"]["client"]["pid"]
+            client_pid, sibling_pid = run["jobs"]["client"]["pid"], run["jobs"]["client-2"]["pid"]
             _kill(client_pid)
             run = _wait(run_id, lambda r: len(r["attempts"]) >= 3 and _generating(4)(r),
                         "a third attempt generating, four samples done")
@@ -200,6 +207,7 @@ def test_extract_survives_kill_9_of_server_and_client_then_stop_truncation_and_r
                 and second["restarted"], second
             assert second["explain"].startswith("generate-offline-data was killed by SIGKILL"), second
             assert len(run["attempts"]) == 3, run["attempts"]
+            assert not _processes_with_pid(sibling_pid)
 
         done, victim, size = _stop_and_truncate(HOST, run_id, out, run)
         run = _resume(HOST, run_id)

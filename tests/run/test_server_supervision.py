@@ -24,7 +24,8 @@ def workload(tmp_path: Path, *, allow_skipped: bool = False) -> ServerExtraction
     out = tmp_path / "out"
     plan = {"out": str(out), "staging": str(out / ".specrig-staging" / "r"), "layer_ids": [2, 4, 5, 8],
             "layer_convention": "id k = the input of decoder layer k", "num_hidden_layers": 8, "hidden_size": WIDTH,
-            "allow_skipped": allow_skipped, "max_samples": None, "world_size": 1, "rank": 0, "port": 1, "storage": "bf16"}
+            "allow_skipped": allow_skipped, "max_samples": None, "world_size": 1, "rank": 0, "clients": 1, "port": 1,
+            "storage": "bf16"}
     (Path(run.path) / "run.json").write_text(json.dumps({"server": plan, "options": {}, "driver_args": {"model": "m"},
                                                          "out": str(out)}))
     return Supervisor(run, ServerExtraction).workload

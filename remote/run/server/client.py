@@ -54,19 +54,38 @@ def generate_argv(python, *, model, prepared, output, port, concurrency, request
     return argv
 
 
-def shard_indices(num_samples, max_samples=None, world_size=1, rank=0):
-    """The global sample indices rank `rank` of `world_size` writes, as generate-offline-data splits
-    them (speculators 0.9.0 data_generation/offline.py get_indices_to_process, 0.8.x the same):
-    target = min(max_samples, N) samples in contiguous chunks, the first `target % world_size`
-    ranks one longer."""
+def generate_argvs(python, *, clients, concurrency, world_size=None, rank=None, **common):
+    """generate_argv of each of this host's `clients` processes. One process's event loop is the limit on a
+    fast GPU (docs/gpu.md, "The fourth run"), so the share can be split between several: client k is
+    speculators' own rank rank*clients+k of world_size*clients (client_ranks), and the `concurrency`
+    requests in flight are shared out between them. One client: the share's own --world-size/--rank."""
+    if clients == 1:
+        return [generate_argv(python, concurrency=concurrency, world_size=world_size, rank=rank, **common)]
+    world, ranks = client_ranks(world_size, rank, clients)
+    return [generate_argv(python, concurrency=concurrency // clients + (1 if k < concurrency % clients else 0),
+                          world_size=world, rank=sub_rank, **common)
+            for k, sub_rank in enumerate(ranks)]
+
+
+def client_ranks(world_size, rank, clients):
+    """(the world size, this share's ranks) its `clients` processes pass to generate-offline-data."""
+    world_size, rank = world_size or 1, rank or 0
+    return world_size * clients, [rank * clients + k for k in range(clients)]
+
+
+def shard_indices(num_samples, max_samples=None, world_size=1, rank=0, clients=1):
+    """The global sample indices this share writes: rank `rank` of `world_size`, its `clients` processes'
+    ranks together (client_ranks), as generate-offline-data splits them (speculators 0.9.0
+    data_generation/offline.py get_indices_to_process, 0.8.x the same): target = min(max_samples, N)
+    samples in contiguous chunks, the first `target % world` ranks one longer."""
     target = num_samples if max_samples is None else min(max_samples, num_samples)
-    world_size = world_size or 1
-    rank = rank or 0
     if target <= 0:
         return []
-    chunk, remainder = divmod(target, world_size)
-    start = rank * chunk + min(rank, remainder)
-    return list(range(start, start + chunk + (1 if rank < remainder else 0)))
+    world, ranks = client_ranks(world_size, rank, clients or 1)
+    chunk, remainder = divmod(target, world)
+    return [index for sub_rank in ranks
+            for index in range(sub_rank * chunk + min(sub_rank, remainder),
+                               sub_rank * chunk + min(sub_rank, remainder) + chunk + (sub_rank < remainder))]
 
 
 def skipped(log_text):

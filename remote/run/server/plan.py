@@ -91,7 +91,7 @@ def staging_dir(settings, key):
 
 
 def make(run_path, run_id, driver_args, *, client_python, server_python=None, nodes=None):
-    """The plan of run `run_id` in `run_path` ({"server_argv", "prepare_argv", "generate_argv", ...});
+    """The plan of run `run_id` in `run_path` ({"server_argv", "prepare_argv", "generate_argvs", ...});
     `nodes`: this node's part of a multi-node job (server/nodes.py record), whose workers run the server
     alone (no client steps: None)."""
     settings = settings_of(driver_args)
@@ -101,6 +101,9 @@ def make(run_path, run_id, driver_args, *, client_python, server_python=None, no
         layers, layer_ids = launch.resolve_layer_ids({"model_config": config, "layer_ids": settings["layer_ids"]})
     except (OSError, ValueError) as exc:
         raise PlanError("model %s: %s" % (model, exc)) from None
+    if not 1 <= settings["clients"] <= settings["concurrency"]:
+        raise PlanError("clients %r: a whole number from 1 to the concurrency (%d): each client process keeps "
+                        "at least one request in flight" % (settings["clients"], settings["concurrency"]))
     storage = settings["storage"]
     if storage not in contract.STORAGES:
         raise PlanError("storage %r: expected one of %s" % (storage, ", ".join(contract.STORAGES)))
@@ -148,14 +151,15 @@ def make(run_path, run_id, driver_args, *, client_python, server_python=None, no
         "hidden_size": launch.text_config(config).get("hidden_size"),
         "max_samples": settings["max_samples"], "allow_skipped": bool(settings["allow_skipped"]),
         "world_size": settings["shard_count"] if sharded else 1, "rank": settings["shard_index"] if sharded else 0,
+        "clients": settings["clients"],
         "server_argv": server_argv,
         "prepare_argv": client.prepare_argv(
             client_python, model=model, dataset=settings["dataset"], output=prepared_dir, port=settings["port"],
             seq_length=settings["max_length"], max_samples=settings["max_samples"], seed=settings["seed"])
         if clients else None,
-        "generate_argv": client.generate_argv(
-            client_python, model=model, prepared=prepared_dir, output=out, port=settings["port"],
-            concurrency=settings["concurrency"], request_timeout=settings["request_timeout"],
+        "generate_argvs": client.generate_argvs(
+            client_python, clients=settings["clients"], model=model, prepared=prepared_dir, output=out,
+            port=settings["port"], concurrency=settings["concurrency"], request_timeout=settings["request_timeout"],
             max_retries=settings["max_retries"], max_samples=settings["max_samples"],
             world_size=settings["shard_count"] if sharded else None, rank=settings["shard_index"])
         if clients else None,

@@ -70,8 +70,8 @@ COUNT_EVERY_S = 2.0
 #: end). A quarter of the host's cores, 4 at most, keep up without taking the server's; on a small host
 #: one thread of the supervisor does it.
 CHECK_WORKERS = max(1, min(4, (os.cpu_count() or 1) // 4))
-#: The attempt's jobs (status.json "jobs"), in the order they start.
-JOBS = ("server", "client")
+#: The attempt's jobs (status.json "jobs"): the server, then the client step's processes (client_job).
+SERVER, CLIENT = "server", "client"
 #: speculators' client steps, as logs and failures (`role`) name them.
 PREPARE, GENERATE = "prepare-data", "generate-offline-data"
 #: Written into the output: the stored layer ids and which activation each one is.
@@ -101,8 +101,28 @@ class Heartbeat:
         atomic.write_json(self.path, self.beat)
 
 
+def client_job(k):
+    """The job name of a client step's k-th process: "client", then "client-2", ... (plan's generate_argvs)."""
+    return CLIENT if k == 0 else "%s-%d" % (CLIENT, k + 1)
+
+
+class ClientStep:
+    """A client step's processes, followed as one: ended when all have ended, 0 when all exited 0, else the
+    first failure's status (its siblings are ended with it: they share the share and its log)."""
+
+    def __init__(self, processes):
+        self.processes = processes
+
+    def poll(self):
+        statuses = [proc.poll() for proc in self.processes]
+        failed = [status for status in statuses if status not in (None, 0)]
+        if failed:
+            return failed[0]
+        return None if None in statuses else 0
+
+
 class Jobs:
-    """The attempt's jobs by name (JOBS), each a session of its own; status.json's "jobs" names them with the
+    """The attempt's jobs by name (SERVER, client_job), each a session of its own; status.json's "jobs" names them with the
     processes seen in each, so that `inv stop` finds them too."""
 
     def __init__(self, supervisor):
@@ -138,7 +158,7 @@ class Jobs:
 
     def end_all(self):
         merged = {"orphans_ended": None, "left_behind": None, "gpu_memory": None}
-        for name in [n for n in JOBS if n in self.running][::-1]:  # the client first: it talks to the server
+        for name in sorted(self.running, key=lambda n: n == SERVER):  # the clients first: they talk to the server
             for key, value in self.end(name).items():
                 if value:
                     merged[key] = (merged[key] or []) + value
@@ -234,7 +254,8 @@ class ServerExtraction:
         return len(set(present) & wanted) if wanted is not None else len(present)
 
     def share(self, total):
-        return client.shard_indices(total, self.plan["max_samples"], self.plan["world_size"], self.plan["rank"])
+        return client.shard_indices(total, self.plan["max_samples"], self.plan["world_size"], self.plan["rank"],
+                                    self.plan["clients"])
 
     # -- one attempt ---------------------------------------------------------------------------------
 
@@ -249,7 +270,7 @@ class ServerExtraction:
 
     def run(self, entry):
         try:
-            self.server = self.jobs.start("server", self.plan["server_argv"], self.server_log)
+            self.server = self.jobs.start(SERVER, self.plan["server_argv"], self.server_log)
         except OSError as exc:
             raise NotStarted(self.plan["server_argv"], exc) from None
         entry["pid"] = self.server.pid
@@ -277,7 +298,7 @@ class ServerExtraction:
         else:
             shutil.rmtree(self.plan["prepared"], ignore_errors=True)  # a part-written one would be skipped
             self.heartbeat.update(phase=PHASE_PREPARING)
-            status, found = self.client_step(PREPARE, self.plan["prepare_argv"])
+            status, found = self.client_step(PREPARE, [self.plan["prepare_argv"]])
             if status != 0 or found:
                 return status, found
         try:
@@ -292,7 +313,7 @@ class ServerExtraction:
         sup.status["samples_total"] = total
         self.heartbeat.update(phase=PHASE_GENERATING, samples_total=len(wanted), samples_done=self.count_done(wanted))
         with ArrivalCheck(self, wanted) as arrivals:
-            status, found = self.client_step(GENERATE, self.plan["generate_argv"])
+            status, found = self.client_step(GENERATE, self.plan["generate_argvs"])
             if status != 0 or found:
                 return status, found
             self.heartbeat.update(phase=PHASE_VALIDATING)
@@ -308,18 +329,23 @@ class ServerExtraction:
         return found_failure(DISK_LOW, "disk low: " + room["detail"], room["advice"], False, path=room["where"],
                              free_bytes=room["free"], need_bytes=room["need"])
 
-    def client_step(self, name, argv):
+    def client_step(self, name, argvs):
+        """Run one of speculators' steps: its processes (`argvs`, one each) into the client's log."""
         sup = self.supervisor
-        sup.log_marker("%s: %s" % (name, " ".join(argv[1:4])))
+        sup.log_marker("%s: %s%s" % (name, " ".join(argvs[0][1:4]),
+                                     " (%d processes)" % len(argvs) if len(argvs) > 1 else ""))
+        started = []
         try:
-            step = self.jobs.start("client", argv, self.client_log)
-        except OSError as exc:
-            return None, found_failure("client-not-started", "%s could not be started: %s" % (name, exc),
-                                       "check `python` of the host in hosts.yaml (`inv doctor`)", False)
-        try:
-            status, found = self.follow(name, step)
+            try:
+                for k, argv in enumerate(argvs):
+                    started.append(self.jobs.start(client_job(k), argv, self.client_log))
+            except OSError as exc:
+                return None, found_failure("client-not-started", "%s could not be started: %s" % (name, exc),
+                                           "check `python` of the host in hosts.yaml (`inv doctor`)", False)
+            status, found = self.follow(name, ClientStep(started))
         finally:
-            self.jobs.end("client")
+            for k in range(len(started)):
+                self.jobs.end(client_job(k))
         if status not in (None, 0):
             sup.log_marker("%s exited with status %s" % (name, status))
             found = classify.classify(self.attempt_log(), status, host=sup.host(), subject=name)
@@ -387,7 +413,7 @@ class ServerExtraction:
 
     def server_died(self, exit_status, unhealthy=None):
         return server_failure(self.supervisor, self.offsets[self.server_log], exit_status, unhealthy,
-                              ending_client="client" in self.jobs.running)
+                              ending_client=CLIENT in self.jobs.running)
 
     def progress(self, started, done_at_start, total):
         done = self.count_done(set(self.share(self.supervisor.status["samples_total"])))
@@ -577,7 +603,7 @@ class HeadlessServer:
         head's attempt being over ends it from the node role's look (AttemptEnds)."""
         sup = self.supervisor
         try:
-            self.server = self.jobs.start("server", self.plan["server_argv"], self.server_log)
+            self.server = self.jobs.start(SERVER, self.plan["server_argv"], self.server_log)
         except OSError as exc:
             raise NotStarted(self.plan["server_argv"], exc) from None
         entry["pid"] = self.server.pid
