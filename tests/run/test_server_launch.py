@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from run.server import launch
+from run.server import preflight as server_preflight
 
 SPECULATORS_MIRROR = Path("/work/.mirror/vllm-project+speculators/repo")
 SCRIPT_COMMIT = "899a41b8"
@@ -213,3 +215,27 @@ def test_same_argv_as_the_repo_script(lab, tmp_path):  # `lab`: its venvs have t
         ours = launch.server_argv({"model": str(model), "model_config": launch.read_model_config(str(model)),
                                    "python": recorded["executable"], **settings})
         assert ours == recorded["argv"], (arguments, ours, recorded["argv"])
+
+
+def test_the_port_check_refuses_a_listener_but_not_a_port_a_server_just_left():
+    """After a server on the port ends, its connections stay in TIME_WAIT for a minute; vLLM binds with
+    SO_REUSEADDR and starts there, so the preflight must not refuse the port (the GPU run's fourth run
+    was refused so, with nothing listening). A listener is refused."""
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as vLLM's server socket
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    try:
+        assert not server_preflight.port_free(port)["ok"]
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            accepted, _ = listener.accept()
+            accepted.close()  # the server's side closes first: its end of the connection is in TIME_WAIT
+            client.recv(1)
+    finally:
+        listener.close()
+    plain = socket.socket()
+    with pytest.raises(OSError):
+        plain.bind(("127.0.0.1", port))  # what the old probe did: refused while nothing listens
+    plain.close()
+    assert server_preflight.port_free(port)["ok"]

@@ -81,8 +81,11 @@ def planned(driver, server_python):
 
 
 def port_free(port):
-    """Nothing listens on 127.0.0.1:`port`: the server binds it there."""
+    """Nothing listens on 127.0.0.1:`port`: the server binds it there. Probed as vLLM binds it, with
+    SO_REUSEADDR (vllm==0.26.0 vllm/entrypoints/openai/api_server.py:582-586): the connections a server
+    that just ended leaves in TIME_WAIT do not keep the next one from the port, a listener does."""
     probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         probe.bind(("127.0.0.1", port))
     except OSError as exc:
