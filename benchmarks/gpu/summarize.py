@@ -1,7 +1,7 @@
 """The committed results of the GPU run, from what device_run.py brought back.
 
     python3 benchmarks/gpu/summarize.py RAW.json --device-minutes M [--date YYYY-MM-DD] [--name NAME]
-        [--not-run JSON] [--notes JSON]
+        [--not-run JSON] [--notes JSON] [--extras DIR]
 
 writes benchmarks/gpu/results/NAME.json (default h200-<date>) (every field tests/test_gpu_results.py checks) and
 h200-<date>.md (the table), and prints the markdown.
@@ -10,6 +10,7 @@ import argparse
 import datetime
 import json
 import os
+import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ARM_ORDER = ("hand", "specrig", "bare")
@@ -154,6 +155,62 @@ def ratios(rows, shape="llama8b"):
     return out
 
 
+#: The standard library's top-level names (py-spy shows a frame's file from its import root).
+STDLIB = set(sys.stdlib_module_names) | {"<frozen"}
+
+
+def frame_package(frame):
+    """`name (openai/_utils/_transform.py:393)` -> "openai"; "typing" for `(typing.py:1574)`; the code
+    torch.compile generates -> "torch-compiled"."""
+    path = frame.rpartition(" (")[2]
+    if path.startswith("<frozen"):
+        return "<frozen"
+    name = path.split("/")[0].split(".py")[0]
+    # torch.compile's generated modules: hashed names, or code compiled from a string
+    return "torch-compiled" if path.startswith("<string>") or len(name) >= 40 else name
+
+
+def main_thread_packages(path, top=6):
+    """A py-spy raw (collapsed) file's main thread: the share of its samples in each package, a sample
+    counted for the innermost frame outside the standard library (a stack all in the standard library, the
+    event loop's wait or a thread's join, counts as "stdlib")."""
+    counts, total = {}, 0
+    with open(path) as f:
+        for line in f:
+            stack, _, n = line.rstrip().rpartition(" ")
+            frames = stack.split(";")
+            if not stack or "MainThread" not in frames[0]:
+                continue
+            total += int(n)
+            packages = [frame_package(frame) for frame in frames[1:]]
+            owner = next((p for p in reversed(packages) if p not in STDLIB), "stdlib")
+            counts[owner] = counts.get(owner, 0) + int(n)
+    shares = sorted(((name, round(n / total, 3)) for name, n in counts.items()), key=lambda item: -item[1])
+    return {"samples": total, "packages": [list(item) for item in shares[:top]]}
+
+
+def profiles(raw, extras):
+    """Each profiled arm's window: GPU utilization, each process's busiest threads, and (from the py-spy
+    files under `extras`, where given) what each process's main thread was on."""
+    found = {}
+    for label, arm in (raw.get("arms") or {}).items():
+        window = arm.get("profile")
+        if not window:
+            continue
+        entry = {"window_s": window.get("window_s"), "error": window.get("error"),
+                 "gpu_utilization_mean": (window.get("gpu_utilization") or {}).get("mean"),
+                 "cpu_cores_by_process": {role: threads[-1][2] for role, threads in
+                                          (window.get("cpu_by_thread") or {}).items()},
+                 "busiest_threads": {role: [[tid, share] for tid, _, share in threads[:-1][:4]]
+                                     for role, threads in (window.get("cpu_by_thread") or {}).items()}}
+        for role in (window.get("cpu_by_thread") or {}):
+            path = os.path.join(extras or "", "profile-%s" % label, "py-spy-%s.txt" % role)
+            if extras and os.path.exists(path):
+                entry.setdefault("main_thread", {})[role] = main_thread_packages(path)
+        found[label] = entry
+    return found
+
+
 def markdown(summary):
     keys = ("arm", "concurrency", "samples", "tokens", "wall_s", "server_ready_s", "after_load_s", "first_sample_s",
             "generate_s", "steady_s", "tokens_per_s", "tokens_per_s_after_load", "tokens_per_s_generate",
@@ -166,6 +223,13 @@ def markdown(summary):
     lines.append("")
     for shape, found in summary["ratios_by_shape"].items():
         lines += ["", "%s:" % shape, ""] + ["- %s: %s" % item for item in found.items()]
+    for label, window in (summary.get("profiles") or {}).items():
+        lines += ["", "profile of %s (%s s of its steady part): GPU busy %s %%; CPU cores: %s" % (
+            label, window["window_s"], window["gpu_utilization_mean"],
+            ", ".join("%s %s" % item for item in window["cpu_cores_by_process"].items()))]
+        for role, main in (window.get("main_thread") or {}).items():
+            lines.append("- %s main thread, by package: %s" % (role, ", ".join(
+                "%s %d %%" % (name, round(share * 100)) for name, share in main["packages"])))
     return "\n".join(lines) + "\n"
 
 
@@ -177,6 +241,7 @@ def main():
     parser.add_argument("--name", help="the results' file name (default h200-DATE); tests check the last by name")
     parser.add_argument("--not-run", default="[]", help="JSON list of {what, why}")
     parser.add_argument("--notes", default="[]", help="JSON list of strings")
+    parser.add_argument("--extras", help="the unpacked extras.tgz's extras/: the profiles' py-spy files")
     parser.add_argument("--bf16-drift", help="bf16_drift.py's output: the yardstick beside the fixed tolerance")
     args = parser.parse_args()
     with open(args.raw) as f:
@@ -212,7 +277,7 @@ def main():
         "states": states_block, "kill9": kill9(raw), "stop": stop(raw),
         "table": rows, "ratios": ratios(rows),
         "ratios_by_shape": {shape: ratios(rows, shape) for shape in sorted({row["shape"] for row in rows})},
-        "smoke_deepseek_v3": raw.get("smoke_deepseek_v3"),
+        "smoke_deepseek_v3": raw.get("smoke_deepseek_v3"), "profiles": profiles(raw, args.extras),
         "nvidia_smi_fixtures": "tests/fixtures/nvidia-smi/h200-vllm",
         "errors": raw.get("errors", []), "not_run": json.loads(args.not_run), "notes": json.loads(args.notes),
     }
