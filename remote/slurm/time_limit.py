@@ -5,8 +5,9 @@ The job is requeued to go on where it stopped, which is progress only when this 
 that wrote none (its time went to the model's load, or to prepare-data) would be requeued, wait, load
 again and be warned at the same point, forever: its run fails instead, as TIME_LIMIT_TOO_SHORT, naming
 a longer `slurm.time`. What a job wrote is what the supervisor already records of each attempt:
-`samples_written`, the sample files new or rewritten during it (whole files: each is renamed into
-place), the check the restart policy makes of a repeated failure.
+`samples_written`, the sample files new or rewritten during it (in-process each is renamed into place
+whole; in server mode the next attempt checks them), the check the restart policy makes of a repeated
+failure.
 """
 from contract import TIME_LIMIT_TOO_SHORT
 from slurm.jobs import signal_before_end_s
@@ -22,9 +23,9 @@ def too_short(attempts, *, settings, ran_s, phase):
     limit = settings.get("time")
     named = "slurm.time %s" % limit if limit is not None else "the partition's time limit (slurm.time unset)"
     doing = ", while %s" % phase if phase else ""
-    explain = ("the Slurm job's time limit came %.0f s into the job%s, before any sample was written (%s, warned about "
-               "%d s before its end): requeued, the next job would end the same way" % (ran_s, doing, named,
-                                                                                        signal_before_end_s(settings)))
+    explain = ("the Slurm job was warned of its time limit %.0f s after it started%s, before any sample was written "
+               "(%s, warned about %d s before its end): requeued, the next job would end the same way"
+               % (ran_s, doing, named, signal_before_end_s(settings)))
     advice = ("set a longer slurm.time for the host in hosts.yaml (%s), long enough for the model's load and "
               "some samples, then `inv resume`: a resumed job takes hosts.yaml's slurm: settings"
               % ("now %s" % limit if limit is not None else "unset now"))

@@ -30,9 +30,9 @@ def test_a_job_that_wrote_samples_is_requeued(attempts):
 def test_a_job_that_wrote_no_sample_fails_naming_its_time_limit(attempts):
     found = time_limit.too_short(attempts, settings={"time": "00:01:00"}, ran_s=31.4, phase="loading")
     assert found["kind"] == TIME_LIMIT_TOO_SHORT == "time-limit-too-short"
-    assert found["explain"] == ("the Slurm job's time limit came 31 s into the job, while loading, before any sample "
-                                "was written (slurm.time 00:01:00, warned about 15 s before its end): requeued, the "
-                                "next job would end the same way")
+    assert found["explain"] == ("the Slurm job was warned of its time limit 31 s after it started, while loading, before "
+                                "any sample was written (slurm.time 00:01:00, warned about 15 s before its end): "
+                                "requeued, the next job would end the same way")
     assert found["advice"].startswith("set a longer slurm.time for the host in hosts.yaml (now 00:01:00)")
     assert "`inv resume`" in found["advice"]
 
