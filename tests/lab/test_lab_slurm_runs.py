@@ -1,9 +1,10 @@
 """`inv extract` on the lab's Slurm login node, lab-slurm, as one Slurm job (docs/slurm.md, "extract: one run,
 one job"), through the real CLI, sshd, sbatch, slurmctld and slurmd: in-process and in server mode, each
 checked against transformers' own forward; `status` on a pending job, `stop` of it; a request that could
-never run refused with nothing queued.
+never run refused with nothing queued; a job requeued by its time limit and by the admin (preemption), and
+one warned before any sample, failed and not requeued; a job array in-process and in server mode.
 
-One model load a mode: the lab has two cores, shared. They skip when the Slurm lab or the runnable
+As few model loads as each case needs: the lab has two cores, shared. They skip when the Slurm lab or the runnable
 environments are not built, and fail then under CI's SPECRIG_REQUIRE_LAB=1.
 """
 from __future__ import annotations
@@ -230,8 +231,8 @@ def admin(*words: str) -> None:
 
 def released(job_id: str) -> dict:
     """What Slurm says of the job, once let go of the hold Slurm 22.05 puts on a requeued job (pending two
-    minutes, reason BeginTime): the admin lets it start now (StartTime=now), with the lab's partition's
-    time limit again, so that the test waits on the run rather than on the hold."""
+    minutes, reason BeginTime): the admin lets it start now (StartTime=now), with its own limit again
+    (hosts.yaml's slurm.time), so that the test waits on the run rather than on the hold."""
     job = jobs.lookup(job_id)
     if (job["state"], job["reason"]) == ("PENDING", "BeginTime"):
         admin("update", f"JobId={job_id}", "StartTime=now", f"TimeLimit={lab_entry_slurm()['time']}")
@@ -302,7 +303,7 @@ def test_a_job_warned_of_its_time_limit_before_any_sample_fails_naming_slurm_tim
     with phase("warned while the model loads"):
         wait_for("the model's load", lambda: run_files(run)["heartbeat"].get("phase") == "loading", timeout=300)
         # The warning Slurm gives before the time limit (--signal=B:USR1@<s>: USR1 to the job's shell alone),
-        # given now, as a limit too short for the model's load would. (Slurm looks at time limits every
+        # given now, as a limit too short for the model's load would. (slurmctld looks at time limits about every
         # 30 s, and the lab's load takes 10 to 75 s: a real short limit's warning cannot be placed in it.)
         as_lab_user_slurm("scancel", "--batch", "--signal=USR1", job_id)
         assert ended(run)["state"] == "failed", log_text(run)[-3000:]
