@@ -296,7 +296,8 @@ def test_a_job_requeued_by_its_time_limit_and_by_the_admin_finishes_every_sample
         assert found["indices"] == list(range(total)) and found["unloadable"] == [], found["unloadable"]
 
 
-def test_a_job_warned_of_its_time_limit_before_any_sample_fails_naming_slurm_time_and_is_not_requeued(cluster, out):
+def test_a_job_warned_of_its_time_limit_before_any_sample_fails_naming_slurm_time_and_is_not_requeued(cluster, out,
+                                                                                                    tmp_path):
     runnable_env_or_skip(cluster)
     launched = extract(out, "--max-len", "512", "--skip-preflight")
     run, job_id = Path(launched["path"]), launched["slurm"]["job_id"]
@@ -320,6 +321,13 @@ def test_a_job_warned_of_its_time_limit_before_any_sample_fails_naming_slurm_tim
         log = log_text(run)
         assert log.count("stopped (SIGUSR1)") == 1 and "; not requeued" in log, log[-3000:]
         assert not list(out.glob("data_*.pt"))
+    with phase("resumed with a longer slurm.time, as the advice says"):
+        longer = private_inventory(tmp_path, HOST, slurm=dict(lab_entry_slurm(), time="00:45:00"))
+        code, resumed = inv_json("resume", "--host", HOST, "--run", launched["run_id"], inventory=longer)
+        assert code == 0, resumed
+        again = resumed["slurm"]["job_id"]
+        assert again != job_id and jobs.lookup(again)["time_limit"] == "00:45:00"
+        assert ended(run)["state"] == "succeeded", log_text(run)[-3000:]
 
 
 def log_text(run: Path) -> str:
