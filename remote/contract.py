@@ -37,6 +37,11 @@ FINAL_STATES = (SUCCEEDED, FAILED, STOPPED)
 DISK_LOW = "disk-low"
 #: A directory the run writes (the output, the staging directory) cannot be made or written.
 OUTPUT_UNWRITABLE = "output-unwritable"
+#: A Slurm job's time limit came (USR1, slurm/jobs.py) before any of its attempts wrote a sample: the run
+#: fails rather than stop for the job to be requeued, since the next job, as long, would spend its time
+#: the same way (the model's load) and be requeued again, forever (slurm/time_limit.py). Not retried; the
+#: fix is a longer `slurm.time`, which `inv resume` then takes from hosts.yaml.
+TIME_LIMIT_TOO_SHORT = "time-limit-too-short"
 
 # -- heartbeat phases (heartbeat.json "phase"): what the workload is doing now ---------------------
 # Another word than the run's state: a RUNNING run goes PHASE_LOADING -> PHASE_EXTRACTING -> PHASE_DONE.

@@ -27,7 +27,7 @@ import string
 
 import procs
 from atomic import read_json
-from contract import ACTIVE_STATES, LOST, RESTARTING, STARTING, STOPPED
+from contract import ACTIVE_STATES, FINAL_STATES, LOST, RESTARTING, STARTING, STOPPED
 from slurm import jobs
 
 RUNS = "runs"
@@ -116,7 +116,9 @@ class RunDir:
 
     def state(self):
         """The status's state, corrected by the facts: a dead supervisor without an exit record is LOST; a
-        Slurm job requeued after its supervisor stopped (its time limit) is RESTARTING until it runs again."""
+        Slurm job requeued after its supervisor stopped (its time limit) is RESTARTING until it runs again,
+        and STARTING once its shell removed the exit record, until its supervisor writes (its status still
+        says how the last job ended), as is a job `inv resume` submitted, while it is queued."""
         exit_record = self.exit_record
         if exit_record:
             if exit_record["state"] == STOPPED and self.slurm_job_id() and self.supervisor_alive():
@@ -125,6 +127,8 @@ class RunDir:
         state = self.status.get("state", STARTING)
         if state in ACTIVE_STATES and not self.supervisor_alive():
             return LOST
+        if state in FINAL_STATES and self.slurm_job_id() and self.supervisor_alive():
+            return STARTING
         return state
 
     def is_active(self):

@@ -243,6 +243,10 @@ def resume(args):
         # The driver runs on this call's python: the environment may have been fixed or moved since.
         record = run.record
         record.update(python=sys.executable, resumed_at=record.get("resumed_at", []) + [rundir.now_iso()])
+        if record.get("slurm") and args.get("slurm"):
+            # hosts.yaml's `slurm:` now: a run that failed for a time limit too short (slurm/time_limit.py)
+            # resumes with a longer one. (A task of a job array is submitted again from its array's script.)
+            record["slurm"]["settings"] = args["slurm"]
         resumed_environment(record, stored)
         if record.get("server"):
             record["server"] = _server_plan(run, record["driver_args"], record.get("server_python"),

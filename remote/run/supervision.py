@@ -42,7 +42,8 @@ unless the attempt wrote no sample and failed exactly as this supervisor's previ
 loads the model anew. No new phase, sample or output file for `stall_timeout_s` (`load_timeout_s`
 while loading) marks the run stalled, and ends the attempt when `stall_restart` is set or the stall
 has a cause that will not go away. SIGTERM (inv stop) ends the attempt's processes: SIGTERM, grace,
-SIGKILL. This shape follows SkyPilot's managed-job controller (one loop that watches and decides)
+SIGKILL. So does USR1, a Slurm job's warning before its time limit; the run then stops, for the job to
+be requeued, only when this supervisor's attempts wrote samples, and fails otherwise (slurm/time_limit.py). This shape follows SkyPilot's managed-job controller (one loop that watches and decides)
 and its StrategyExecutor (what to launch and recover, held by the loop).
 """
 import errno
@@ -65,6 +66,7 @@ from contract import (
     SUCCEEDED,
 )
 from run import classify, disk_watch, rundir
+from slurm import time_limit
 
 POLL_S = 0.5
 #: Seconds between rewrites of status.json while nothing changes.
@@ -194,6 +196,10 @@ class Supervisor:
         self.disk = use and disk_watch.DiskWatch(out=os.path.expanduser(self.record["out"]),
                                                  sample_file=self.workload.SAMPLE_FILE, **use)
         self.stop_signal = None
+        #: When this supervisor started, and its first attempt's index in status.json's attempts: what this
+        #: supervisor (a Slurm job's) did, when its time limit comes.
+        self.started_at, self.first_attempt = time.time(), len(self.status["attempts"])
+        self.signalled_at = None
         self.last_telemetry = 0.0
         #: This supervisor's previous attempt's failure: a failure repeated without progress ends the run.
         self.previous_failure = None
@@ -220,6 +226,7 @@ class Supervisor:
 
     def on_signal(self, signum, frame):
         self.stop_signal = signal.Signals(signum).name
+        self.signalled_at = time.time()
 
     def stop_requested(self):
         return self.stop_signal is not None or self.run.stop_requested()
@@ -238,8 +245,32 @@ class Supervisor:
         outcome = self.refused()
         if outcome is None:
             self.save()
-            outcome = self.role.open() or self.attempts()
+            outcome = self.at_time_limit(self.role.open() or self.attempts())
         return self.conclude(outcome)
+
+    def at_time_limit(self, outcome):
+        """The outcome, or, when a Slurm job's time limit (USR1) stopped the run before this supervisor's
+        attempts wrote a sample, the run failed as TIME_LIMIT_TOO_SHORT: requeued, the job would do the same
+        again (slurm/time_limit.py). The job's shell requeues a run that stopped, not one that failed."""
+        if outcome["state"] != STOPPED or self.stop_signal != "SIGUSR1" or self.workload.SAMPLE_FILE is None:
+            return outcome
+        found = time_limit.too_short(self.status["attempts"][self.first_attempt:],
+                                     settings=(self.record.get("slurm") or {}).get("settings") or {},
+                                     ran_s=self.signalled_at - self.started_at, phase=self.phase_now())
+        if found is None:
+            return outcome
+        failure = found_failure(found["kind"], found["explain"], found["advice"], False)
+        self.log_marker("%s; not requeued" % failure["explain"])
+        self.save(last_failure=failure)
+        return {"state": FAILED, "failure": failure}
+
+    def phase_now(self):
+        """The workload's phase in its heartbeat, when written since this supervisor started; else None."""
+        try:
+            fresh = os.path.getmtime(self.run.file("heartbeat.json")) >= self.started_at
+        except OSError:
+            return None
+        return (self.run.heartbeat or {}).get("phase") if fresh else None
 
     def refused(self):
         """The run's failed outcome when a directory the workload writes cannot be made or written, or

@@ -156,8 +156,10 @@ def signal_before_end_s(settings):
 def supervised(python):
     """The shell lines that run the supervisor of the run at $RUN inside its job, and requeue the job
     when its time limit comes: USR1 (`--signal=B:USR1`, to this shell alone) is handed to the supervisor,
-    which stops the attempt cleanly (exit.json: stopped), then `scontrol requeue` puts the job back in the
-    queue. SIGTERM (scancel) is handed on too, and the shell waits: a shell that died first would leave
+    which stops the attempt cleanly, then `scontrol requeue` puts the job back in the queue. The supervisor
+    ends the run `stopped` (exit.json) only when this job's attempts wrote samples, and `failed` otherwise
+    (slurm/time_limit.py): a job whose time goes to the model's load is not requeued forever. SIGTERM
+    (scancel) is handed on too, and the shell waits: a shell that died first would leave
     the supervisor outside the job where Slurm tracks processes by their parents (proctrack/linuxproc). The requeued job (SLURM_RESTART_COUNT set) continues the run from its files, as `inv resume`
     does: exit.json removed, unless the run had succeeded."""
     return [

@@ -4,14 +4,16 @@ on it (docs/slurm.md, "A sharded run as a job array"). Data only (run/view.py sh
 Task k of N is shard k of a sharded run (run/sharded_runs.py): its own run, launched on the login node
 as any run (runs.launch with `array`: the run directory, not yet submitted), shard_index k and
 shard_count N (in-process: i % N == k; server mode: speculators' --world-size N --rank k), its output
-`<out>/task-<k>`; then one `sbatch --array=0-(N-1)` runs each task's supervisor
+`<out>/task-<k>`, in server mode its server on port + k (tasks may share a node); then one `sbatch --array=0-(N-1)` runs each task's supervisor
 (runs.submit-array). `inv resume --run <a task's run id>` resubmits that task alone; `inv gather`
 checks the tasks' union.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 
+from specrig.contract import SERVER, SERVER_DEFAULTS
 from specrig.doctor import check_extraction_mode
 from specrig.errors import Findings, SpecrigError, UsageError
 from specrig.exit_status import ExitStatus
@@ -44,6 +46,13 @@ def task_requests(host: Host, given: dict, tasks: int) -> list[Request]:
                     options=request.options, env=request.env) for task in range(tasks)]
 
 
+def own_port(request: Request, task: int) -> Request:
+    """A server-mode task's request with its server on the run's port + `task`: Slurm may put several tasks
+    on one node (a task a GPU), where one port would serve only the first."""
+    port = request.driver_args.get("port", SERVER_DEFAULTS["port"]) + task
+    return dataclasses.replace(request, driver_args=dict(request.driver_args, port=port))
+
+
 def extract_array(host: Host, given: dict, *, tasks: int, skip_preflight: bool) -> dict:
     """Check, launch each task's run, submit the array: {fleet_run_id, job_id, script, runs: [{task,
     run_id, out}], preflight}. A failed check is Findings (its payload: the checks); nothing is queued."""
@@ -51,6 +60,8 @@ def extract_array(host: Host, given: dict, *, tasks: int, skip_preflight: bool) 
     with connect(host) as remote:
         mode = check_extraction_mode(remote, host, "extract")["mode"]
         requests = [request.for_mode(mode, host) for request in requests]
+        if mode == SERVER:
+            requests = [own_port(request, task) for task, request in enumerate(requests)]
         refuse_impossible(remote, host, paths=[f"{host.workdir}/runs", requests[0].driver_args["output_dir"]])
         # One host, one environment: the first task's checks stand for every task's.
         checks = [] if skip_preflight else preflight(remote, host, requests[0])

@@ -100,8 +100,12 @@ def resume(host: Host, run_id: str | None, *, whole_run: bool = False,
     connection until it ends, each status handed to on_update (a group's live board); `final` is its
     last. `whole_run` (a sharded run or a multi-node job resumed on every host): a host whose run
     succeeded or is active is left as it is."""
+    slurm = slurm_settings(host)
     with connect(host) as remote:
-        resumed = runs_call(remote, host, "resume", {"run": run_id, "fleet": whole_run})
+        if slurm:
+            # The job takes hosts.yaml's `slurm:` now (a longer slurm.time): checked as a launch's.
+            refuse_impossible(remote, host, paths=[])
+        resumed = runs_call(remote, host, "resume", {"run": run_id, "fleet": whole_run, "slurm": slurm})
         if on_update is None:
             return resumed
         return {**resumed, "final": watch_run(remote, host, resumed["run_id"], on_update)}

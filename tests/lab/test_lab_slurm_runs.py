@@ -1,9 +1,10 @@
 """`inv extract` on the lab's Slurm login node, lab-slurm, as one Slurm job (docs/slurm.md, "extract: one run,
 one job"), through the real CLI, sshd, sbatch, slurmctld and slurmd: in-process and in server mode, each
 checked against transformers' own forward; `status` on a pending job, `stop` of it; a request that could
-never run refused with nothing queued.
+never run refused with nothing queued; a job requeued by its time limit and by the admin (preemption), and
+one warned before any sample, failed and not requeued; a job array in-process and in server mode.
 
-One model load a mode: the lab has two cores, shared. They skip when the Slurm lab or the runnable
+As few model loads as each case needs: the lab has two cores, shared. They skip when the Slurm lab or the runnable
 environments are not built, and fail then under CI's SPECRIG_REQUIRE_LAB=1.
 """
 from __future__ import annotations
@@ -16,9 +17,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from slurm import jobs
+from run.server import client, outputs
+from slurm import formats, jobs
 from specrig.lab import READY
 from specrig.lab import slurm as lab_slurm
+from specrig.run.sharded_runs import verify_output
 from support.lab import inv, inv_json, lab_entry, phase, require_lab, wait_for
 from support.patchenv import as_lab_user
 from support.paths import REPO
@@ -123,14 +126,20 @@ def test_extract_in_process_is_one_job_whose_states_equal_transformers(cluster, 
         assert max(report["max_abs_diff"].values()) < TOLERANCE, report
 
 
-def test_extract_in_server_mode_is_one_job_whose_states_equal_transformers(cluster, out, tmp_path):
+def server_mode_inventory(directory: Path, **changes) -> Path:
+    """lab-slurm in server mode, in a hosts.yaml of its own in `directory` (with `changes`): speculators'
+    client python, the server venv lab-server uses (the same files), patched as its tests patch it."""
     if not (CLIENT / "bin" / "python").exists():
         pytest.skip("server mode's environments are not built (inv lab.up --runnable)")
-    # The server venv lab-server uses (the same files), patched as its tests patch it.
     patched = inv("apply-patches", "--host", "lab-server", timeout=300)
     assert patched.returncode == 0, patched.stdout + patched.stderr
-    inventory = private_inventory(tmp_path, HOST, python=str(CLIENT / "bin" / "python"),
-                                  server_python="~/venv-server-0.32/bin/python", env={"VLLM_CPU_KVCACHE_SPACE": 2})
+    return private_inventory(directory, HOST, python=str(CLIENT / "bin" / "python"),
+                             server_python="~/venv-server-0.32/bin/python", env={"VLLM_CPU_KVCACHE_SPACE": 2},
+                             **changes)
+
+
+def test_extract_in_server_mode_is_one_job_whose_states_equal_transformers(cluster, out, tmp_path):
+    inventory = server_mode_inventory(tmp_path)
     before = queue()
     launched = extract(out, "--max-len", "1024", inventory=inventory)
     submitted(launched, before)
@@ -181,49 +190,144 @@ def test_a_job_array_shards_the_run_and_a_task_cancelled_is_resubmitted_alone(cl
         assert gathered["dataset_samples"] == gathered["samples"] == CONVERSATIONS and not gathered["duplicated"]
 
 
-#: Copies of the tiny chat dataset for the time-limit test: several minutes of extraction on the lab,
-#: longer than one job of a 2-minute limit leaves after the model's load.
+#: Server mode's rows in the job array's test: the server-mode fleet test's (tests/fleet/test_fleet_server_lab.py).
+ARRAY_ROWS = 24
+
+
+def test_a_job_array_in_server_mode_shards_the_rows_as_speculators_does(cluster, out, tmp_path):
+    inventory = server_mode_inventory(tmp_path)
+    code, launched = inv_json("extract", "--host", HOST, "--model", str(MODEL), "--data", str(DATA), "--out", str(out),
+                              "--max-len", "1024", "--max-samples", str(ARRAY_ROWS), "--concurrency", "2",
+                              "--port", "18400", "--array", "2", "--skip-preflight", inventory=inventory, timeout=600)
+    assert code == 0, launched
+    paths = {run["task"]: WORKDIR / "runs" / run["run_id"] for run in launched["runs"]}
+    with phase("a task a shard: speculators' --world-size and --rank"):
+        for task, path in paths.items():
+            plan = json.loads((path / "run.json").read_text())["server"]
+            assert (plan["world_size"], plan["rank"], plan["port"]) == (2, task, 18400 + task), plan
+            assert " ".join(plan["generate_argv"]).endswith(f"--world-size 2 --rank {task}"), plan["generate_argv"]
+    with phase("both tasks"):
+        assert [ended(paths[task])["state"] for task in (0, 1)] == ["succeeded", "succeeded"], \
+            [log_text(paths[task])[-2000:] for task in (0, 1)]
+    with phase("gather"):
+        code, gathered = inv_json("gather", "--host", HOST, "--run", launched["fleet_run_id"], inventory=inventory,
+                                  timeout=600)
+        assert code == 0 and gathered["complete"], gathered
+        assert gathered["dataset_samples"] == gathered["samples"] == ARRAY_ROWS and not gathered["duplicated"]
+        for task in (0, 1):
+            # speculators' contiguous chunks: 0-11 and 12-23.
+            assert outputs.existing_indices(str(out / f"task-{task}")) == client.shard_indices(ARRAY_ROWS, None, 2, task)
+
+
+#: Copies of the tiny chat dataset for the time-limit test: more than a job writes between its warning and
+#: its end, and between the admin's requeue and the job's end (a job wrote 900 to 4400 a minute in the lab).
 TIME_LIMIT_COPIES = 60
 
 
-def test_a_job_whose_time_limit_comes_mid_run_is_requeued_and_finishes_every_sample_once(cluster, out, tmp_path):
-    runnable = runnable_env_or_skip(cluster)
+def admin(*words: str) -> None:
+    """`scontrol <words>` as root, the cluster's admin."""
+    subprocess.run(["scontrol", *words], check=True, capture_output=True, text=True)
+
+
+def released(job_id: str) -> dict:
+    """What Slurm says of the job, once let go of the hold Slurm 22.05 puts on a requeued job (pending two
+    minutes, reason BeginTime): the admin lets it start now (StartTime=now), with its own limit again
+    (hosts.yaml's slurm.time), so that the test waits on the run rather than on the hold."""
+    job = jobs.lookup(job_id)
+    if (job["state"], job["reason"]) == ("PENDING", "BeginTime"):
+        admin("update", f"JobId={job_id}", "StartTime=now", f"TimeLimit={lab_entry_slurm()['time']}")
+    return job
+
+
+def sample_count(out: Path) -> int:
+    return len(list(out.glob("data_*.pt")))
+
+
+def test_a_job_requeued_by_its_time_limit_and_by_the_admin_finishes_every_sample_once(cluster, out):
+    runnable_env_or_skip(cluster)
     data = WORKDIR / "test-data" / f"chat-x{TIME_LIMIT_COPIES}.jsonl"
     as_lab_user("mkdir", "-p", str(data.parent))
     as_lab_user("tee", str(data), input=DATA.read_text() * TIME_LIMIT_COPIES)
-    settings = dict(lab_entry_slurm(), time=2)  # 2 minutes: USR1 30 s before the end (jobs.signal_before_end_s)
-    inventory = private_inventory(tmp_path, HOST, slurm=settings)
     code, launched = inv_json("extract", "--host", HOST, "--model", str(MODEL), "--data", str(data), "--out", str(out),
-                              "--max-len", "512", "--batch-size", "4", "--skip-preflight", inventory=inventory,
-                              timeout=600)
+                              "--max-len", "512", "--batch-size", "4", "--skip-preflight", timeout=600)
     assert code == 0, launched
-    run = Path(launched["path"])
-    with phase("the time limit"):
-        # Each job's time ends before the run: the supervisor stops the attempt, the job asks to be requeued.
+    run, job_id = Path(launched["path"]), launched["slurm"]["job_id"]
+    with phase("the time limit, mid-run"):
+        wait_for("the job's first sample", lambda: sample_count(out), timeout=RUN_TIMEOUT_S)
+        # The admin shortens the job's limit to what it has run and two minutes more: within the warning's
+        # 120 s (--signal=B:USR1@120 of its 30 minutes), so Slurm warns the job at its next look, mid-run,
+        # however long the model's load took. The supervisor stops the attempt, which wrote samples, and the
+        # job's shell requeues it.
+        ran_min = formats.seconds(jobs.lookup(job_id)["run_time"]) // 60
+        admin("update", f"JobId={job_id}", f"TimeLimit={ran_min + 2}")
         wait_for("the job to be requeued", lambda: "stopped (SIGUSR1)" in log_text(run), timeout=RUN_TIMEOUT_S)
-        code, status = inv_json("status", "--host", HOST, "--run", launched["run_id"], inventory=inventory)
+        code, status = inv_json("status", "--host", HOST, "--run", launched["run_id"])
         assert code == 0 and status["runs"][0]["state"] in ("restarting", "running", "starting"), status["runs"][0]
-    with phase("requeued to the end"):
-        # exit.json says `stopped` while the job waits to run again: the end is the state `inv status` shows.
-        def settled() -> str | None:
-            code, found = inv_json("status", "--host", HOST, "--run", launched["run_id"], inventory=inventory)
-            state = found["runs"][0]["state"]
-            return state if state not in ("starting", "running", "restarting", "stalled") else None
+        assert 0 < sample_count(out) < CONVERSATIONS * TIME_LIMIT_COPIES
+    with phase("requeued by the admin, as preemption does"):
+        wait_for("the requeued job's attempt", lambda: released(job_id) and "attempt 2: " in log_text(run),
+                 timeout=RUN_TIMEOUT_S)
+        before = sample_count(out)
+        wait_for("its first new sample", lambda: sample_count(out) > before, timeout=RUN_TIMEOUT_S)
+        # Slurm ends the running job (SIGTERM, KillWait, SIGKILL) and queues it again, as PreemptMode=REQUEUE.
+        admin("requeue", job_id)
+    with phase("to the end"):
+        def settled() -> dict | None:
+            released(job_id)
+            code, found = inv_json("status", "--host", HOST, "--run", launched["run_id"])
+            return found["runs"][0] if found["runs"][0]["state"] not in ("starting", "running", "restarting",
+                                                                          "stalled") else None
 
-        assert wait_for("the run to end", settled, timeout=RUN_TIMEOUT_S, interval=5) == "succeeded", \
-            log_text(run)[-3000:]
-        job = jobs.lookup(launched["slurm"]["job_id"])
-        assert int(job["restarts"]) >= 1, job
-        log = log_text(run)
-        assert log.count("stopped (SIGUSR1)") == int(job["restarts"]), log[-3000:]
+        last = wait_for("the run to end", settled, timeout=RUN_TIMEOUT_S, interval=5)
+        assert last["state"] == "succeeded", (last["slurm"], log_text(run)[-3000:])
+        job = jobs.lookup(job_id)
+        # The time limit's requeue and the admin's: three jobs, an attempt each.
+        assert job["restarts"] == "2" and log_text(run).count("stopped (SIGUSR1)") == 1, (job, log_text(run)[-3000:])
+        assert len(json.loads((run / "status.json").read_text())["attempts"]) == 3
     with phase("every sample once"):
         total = CONVERSATIONS * TIME_LIMIT_COPIES
         names = sorted(path.name for path in out.iterdir())
         assert [name for name in names if name.startswith("data_") and name.endswith(".pt")] == sorted(
             f"data_{i}.pt" for i in range(total))
         assert not [name for name in names if ".tmp." in name]
-        report = runnable.run_program("hidden_states_reference.py", str(out), str(MODEL))
-        assert report["samples"] == total and report["bad_shapes"] == [], report
+        # Each one whole, as a resume's scan checks it (`inv gather`'s check; the one-job test compares the
+        # states with transformers').
+        found = verify_output(cluster.host(HOST), launched["run_id"])
+        assert found["indices"] == list(range(total)) and found["unloadable"] == [], found["unloadable"]
+
+
+def test_a_job_warned_of_its_time_limit_before_any_sample_fails_naming_slurm_time_and_is_not_requeued(cluster, out,
+                                                                                                    tmp_path):
+    runnable_env_or_skip(cluster)
+    launched = extract(out, "--max-len", "512", "--skip-preflight")
+    run, job_id = Path(launched["path"]), launched["slurm"]["job_id"]
+    with phase("warned while the model loads"):
+        wait_for("the model's load", lambda: run_files(run)["heartbeat"].get("phase") == "loading", timeout=300)
+        # The warning Slurm gives before the time limit (--signal=B:USR1@<s>: USR1 to the job's shell alone),
+        # given now, as a limit too short for the model's load would. (slurmctld looks at time limits about every
+        # 30 s, and the lab's load takes 10 to 75 s: a real short limit's warning cannot be placed in it.)
+        as_lab_user_slurm("scancel", "--batch", "--signal=USR1", job_id)
+        assert ended(run)["state"] == "failed", log_text(run)[-3000:]
+        code, status = inv_json("status", "--host", HOST, "--run", launched["run_id"])
+        assert code == 0 and status["runs"][0]["state"] == "failed"
+        failure = status["runs"][0]["last_failure"]
+        assert failure["kind"] == "time-limit-too-short" and not failure["retryable"], failure
+        assert ", while loading, before any sample was written (slurm.time 00:30:00," in failure["explain"], failure
+        assert failure["advice"].startswith("set a longer slurm.time for the host in hosts.yaml (now 00:30:00)")
+    with phase("not requeued"):
+        job = wait_for("the job to end", lambda: (lambda job: None if jobs.holds_processes(job) else job)(
+            jobs.lookup(job_id)), timeout=300)
+        assert (job["state"], job["restarts"]) == ("COMPLETED", "0"), job
+        log = log_text(run)
+        assert log.count("stopped (SIGUSR1)") == 1 and "; not requeued" in log, log[-3000:]
+        assert not list(out.glob("data_*.pt"))
+    with phase("resumed with a longer slurm.time, as the advice says"):
+        longer = private_inventory(tmp_path, HOST, slurm=dict(lab_entry_slurm(), time="00:45:00"))
+        code, resumed = inv_json("resume", "--host", HOST, "--run", launched["run_id"], inventory=longer)
+        assert code == 0, resumed
+        again = resumed["slurm"]["job_id"]
+        assert again != job_id and jobs.lookup(again)["time_limit"] == "00:45:00"
+        assert ended(run)["state"] == "succeeded", log_text(run)[-3000:]
 
 
 def log_text(run: Path) -> str:

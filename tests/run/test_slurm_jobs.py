@@ -1,11 +1,13 @@
 """A run as one Slurm job, as data (remote/slurm/jobs.py): the job script made from hosts.yaml's
 `slurm:` settings (and docs/slurm.md showing exactly what it makes), scontrol's real lines
 (tests/fixtures/slurm/) read, and how `inv status` words the job."""
+import json
 from pathlib import Path
 
 import pytest
 import yaml
 
+from run import rundir
 from slurm import jobs
 from specrig.contract import SLURM_SETTINGS
 from specrig.run.view import slurm_job_text
@@ -124,3 +126,28 @@ def test_status_words_the_job_as_slurm_says_it(job, text):
 def test_the_filesystem_of_a_path_is_its_longest_mount():
     assert jobs.filesystem_type("/proc/self") == "proc"
     assert jobs.filesystem_type("/") is not None
+
+
+def run_between_jobs(tmp_path: Path, *, status_state: str, exit_state: str | None, job_file: str) -> rundir.RunDir:
+    """A Slurm run's directory as its files say, and what Slurm said of its job (a captured scontrol line):
+    the answer state() weighs, given as the one lookup a RunDir makes."""
+    (tmp_path / "run.json").write_text(json.dumps({"slurm": {"job_id": "41", "job_ids": ["41"]}}))
+    (tmp_path / "status.json").write_text(json.dumps({"state": status_state}))
+    if exit_state:
+        (tmp_path / "exit.json").write_text(json.dumps({"state": exit_state}))
+    run = rundir.RunDir(str(tmp_path))
+    run._slurm_job = dict(jobs.parse_job((FIXTURES / job_file).read_text()), job_id="41", source="scontrol")
+    return run
+
+
+@pytest.mark.parametrize("status_state, exit_state, job_file, state", [
+    ("stopped", "stopped", "requeued.scontrol", "restarting"),  # requeued at its time limit, held
+    ("stopped", None, "running.scontrol", "starting"),  # the next job removed exit.json; its supervisor not up yet
+    ("failed", None, "pending.scontrol", "starting"),  # `inv resume` submitted it: queued
+    ("running", None, "running.scontrol", "running"),
+    ("stopped", "stopped", "ended.scontrol", "stopped"),
+], ids=["requeued, held", "requeued, starting", "resumed, queued", "running", "ended"])
+def test_a_slurm_runs_state_between_its_jobs_is_active_while_its_job_is(tmp_path, status_state, exit_state,
+                                                                          job_file, state):
+    assert run_between_jobs(tmp_path, status_state=status_state, exit_state=exit_state,
+                            job_file=job_file).state() == state

@@ -116,6 +116,39 @@ def test_a_failure_after_new_samples_is_restarted_until_the_restarts_are_spent(l
     assert sorted(os.listdir(tmp_path / "out")) == ["data_0.pt", "data_1.pt", "data_2.pt"]
 
 
+def supervisor_warned_of_its_time_limit(local, run_id: str) -> dict:
+    """USR1 to the run's supervisor, as its Slurm job's shell hands on the warning before the time limit
+    (slurm/jobs.py supervised()): the run once it ended."""
+    host, remote = local
+    run = remote.call("runs.status", {"workdir": host.workdir, "run": run_id})["runs"][0]
+    os.kill(run["supervisor_pid"], signal.SIGUSR1)
+    return wait_state(local, run_id, ("stopped", "failed"))
+
+
+def test_a_time_limit_after_new_samples_stops_the_run_for_its_job_to_be_requeued(local, tmp_path):
+    run_id = launch(local, tmp_path, {"samples": 600, "write_samples": True})
+    wait_state(local, run_id, ("running",))
+    wait_for_file = time.monotonic() + 60
+    while not (tmp_path / "out" / "data_0.pt").exists() and time.monotonic() < wait_for_file:
+        time.sleep(0.2)
+    run = supervisor_warned_of_its_time_limit(local, run_id)
+    assert run["state"] == "stopped" and run["attempts"][-1]["samples_written"] >= 1, run
+    assert run["last_failure"] is None
+
+
+def test_a_time_limit_before_any_sample_fails_the_run_naming_a_longer_slurm_time(local, tmp_path):
+    host, _ = local
+    run_id = launch(local, tmp_path, {"samples": 600})  # counts samples, writes none: a model still loading
+    wait_state(local, run_id, ("running",))
+    run = supervisor_warned_of_its_time_limit(local, run_id)
+    assert run["state"] == "failed" and run["attempts"][-1]["samples_written"] == 0, run
+    failure = run["last_failure"]
+    assert failure["kind"] == "time-limit-too-short" and not failure["retryable"]
+    assert "before any sample was written" in failure["explain"] and "slurm.time" in failure["advice"]
+    log = (Path(host.workdir) / "runs" / run_id / "driver.log").read_text()
+    assert "attempt 1: stopped (SIGUSR1)" in log and "; not requeued" in log
+
+
 def test_a_lost_run_whose_driver_outlived_its_supervisor_is_resumed_with_one_driver(local, tmp_path):
     host, remote = local
     run_id = launch(local, tmp_path, {})
