@@ -308,7 +308,7 @@ def test_a_worker_serves_each_head_attempt_reports_its_dead_server_and_ends_as_t
     supervisor = subprocess.Popen([sys.executable, str(SUPERVISOR), str(run)], start_new_session=True)
     try:
         def worker(serving, server):
-            answer = node_roles.ask("127.0.0.2", port) or {}
+            answer = node_roles.ask("127.0.0.2", nodes.watch_port(job, 1)) or {}
             return answer if (answer.get("serving"), answer.get("server")) == (serving, server) else None
 
         first = wait_for("the worker to serve attempt 1", lambda: worker(1, "running"), timeout=60, interval=0.2)

@@ -23,6 +23,7 @@ import threading
 import time
 
 from contract import FAILED, FINAL_STATES, RESTARTING, RUNNING, STALLED, STOPPED
+from run.server import nodes as node_layout
 from run.server.workload import SERVER_EXITED, SERVER_RUNNING
 from run.supervision import POLL_S, RETRY, AttemptEnds, NodeRole, found_failure
 
@@ -120,7 +121,7 @@ class Node:
         return "%s (%s, %s)" % (role, self.nodes["hosts"][rank], self.nodes["addresses"][rank])
 
     def watch_address(self, rank):
-        return self.nodes["addresses"][rank], self.nodes["watch_port"]
+        return self.nodes["addresses"][rank], node_layout.watch_port(self.nodes, rank)
 
     def ask(self, rank):
         answer = ask(*self.watch_address(rank))
