@@ -239,6 +239,11 @@ class Worker(NodeRole):
         failed = self.node.open(serving=None, server=None)
         if failed:
             return failed
+        # A supervisor started again on its run (a resume; a Slurm job's worker step killed and started
+        # again) never joins a head attempt it served before: that attempt's engines started without this
+        # node's new server, and its requests would hang. It waits for the head's next attempt.
+        self.served = max([entry.get("head_attempt") or 0 for entry in self.supervisor.status.get("attempts") or []]
+                          + [0])
         self.supervisor.workload.wait()
         self.supervisor.log_marker("node %d of job %s: waiting for %s" % (self.node.rank, self.node.nodes["job_id"],
                                                                          self.node.name(0)))
