@@ -165,8 +165,10 @@ def node_steps(settings, python):
     VLLM_HOST_IP; NCCL's and gloo's interface pinned to slurm.fabric_interface; then each worker's
     supervisor in a step of its own on its node (`srun --overlap`: beside the batch step, on the
     allocation's resources), started again when the step ends while the worker's run has not (the step
-    killed: the node lost; the head's next attempt waits for it), as `inv resume` would. A requeued job
-    starts each worker's run again as supervised() starts the head's."""
+    killed: the node lost; the head's next attempt waits for it), as `inv resume` would, until the head's
+    run has ended (checked after a step: a requeued job's head still has its old exit.json until
+    supervised() removes it). A requeued job starts each worker's run again as supervised() starts the
+    head's."""
     interface = settings.get("fabric_interface")
     step = ("srun --overlap --nodes=1 --ntasks=1 -w \"${NODES[$rank]}\" --job-name=node-$rank "
             '%s "$run/code/run/supervisor.py" "$run"' % shlex.quote(python))
@@ -183,6 +185,8 @@ def node_steps(settings, python):
         '    (until [ -e "$run/exit.json" ]; do',
         '        VLLM_HOST_IP="${ADDRESSES[$rank]}" %s' % step,
         '        sleep %d' % NODE_STEP_RESTART_S,
+        '        # The head\'s run ended: there is no next attempt to serve (a worker that cannot start ends here).',
+        '        [ -e "${RUNS[0]}/exit.json" ] && break',
         '    done) &',
         'done',
         'export VLLM_HOST_IP="${ADDRESSES[0]}"',
