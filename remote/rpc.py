@@ -39,6 +39,7 @@ COMMANDS = {
     "runs.resume": "run.runs:resume",
     "runs.verify-output": "run.runs:verify_output",         # run: the run's output, each sample loaded
     "runs.submit-array": "run.runs:submit_array",           # run: a sharded run's tasks as one Slurm job array
+    "runs.submit-nodes": "run.runs:submit_nodes",           # run: a multi-node job's runs as one Slurm job
     "slurm.check": "slurm.jobs:check_request",              # run: could a job of `slurm:` run, its paths shared
 }
 _print_lock = threading.Lock()

@@ -12,7 +12,9 @@
                                                   speculators >= 0.8 on this python: a server-mode
                                                   run (run/server/plan.py); nodes: this node's part
                                                   of a multi-node job (run/server/nodes.py), server
-                                                  mode whatever this python holds
+                                                  mode whatever this python holds; with slurm:
+                                                  submitted by runs.submit-nodes
+    runs.submit-nodes {"workdir", "job_id"}       a multi-node job's runs submitted as one job of its nodes
     runs.status   {"workdir", "run": id|null}     null: every run
     runs.logs     {"workdir", "run": id|null, "offset": int|null, "lines": int,
                    "log": "driver"|"server"}      driver.log: the driver, or speculators' CLI steps;
@@ -346,8 +348,12 @@ def _submit(run):
     submitted with its array (submit_array) at its launch, and alone, from the array's script, again."""
     record = run.record
     slurm = record["slurm"]
-    if slurm.get("array") and not slurm["job_id"]:
+    if (slurm.get("array") or record.get("nodes")) and not slurm["job_id"]:
         return
+    if record.get("nodes"):
+        raise RemoteFailure("bad-argument", "run %s is node %d of multi-node job %s, one Slurm job: resuming it "
+                            "alone is not built; start the job again with `inv extract --nodes`"
+                            % (run.run_id, record["nodes"]["node_rank"], record["nodes"]["job_id"]))
     try:
         if slurm.get("array"):
             submitted = {"job_id": slurm_jobs.resubmit_task(slurm["script"], slurm["array"]["task"])}
@@ -392,6 +398,45 @@ def submit_array(args):
     for task, run in enumerate(tasks):
         _record_job(run, run.record, {"job_id": "%s_%d" % (job_id, task), "script": script})
     return {"job_id": job_id, "script": script, "runs": [run.run_id for run in tasks]}
+
+
+def submit_nodes(args):
+    """`runs.submit-nodes` {"workdir", "job_id"}: the runs launched as the nodes of a multi-node job on a
+    Slurm login node (launch's `nodes` and `slurm`), submitted as one job of as many nodes (slurm/jobs.py
+    nodes_script): its script and output in <workdir>/runs/<job_id>/. {job_id (Slurm's), script, runs:
+    [run ids by node rank]}. Refused by sbatch: the runs are removed, nothing was queued."""
+    workdir = workdir_of(args)
+    job_id = args.get("job_id")
+    members = sorted((run for run in rundir.all_runs(workdir) if (run.record.get("nodes") or {}).get("job_id") == job_id
+                      and run.record.get("slurm")), key=lambda run: run.record["nodes"]["node_rank"])
+    ranks = [run.record["nodes"]["node_rank"] for run in members]
+    if len(members) < 2 or ranks != list(range(members[0].record["nodes"]["nnodes"])):
+        raise RemoteFailure("bad-argument", "no multi-node job's runs of %r under %s (ranks found: %s)"
+                            % (job_id, workdir, ranks))
+    directory = os.path.join(rundir.runs_root(workdir), job_id)
+    first = members[0].record
+    try:
+        slurm_job_id = slurm_jobs.submit_nodes(first["slurm"]["settings"], directory=directory, job_id=job_id,
+                                               run_paths=[run.path for run in members], python=first["python"])
+    except slurm_jobs.JobRefused as refused:
+        for run in members:
+            shutil.rmtree(run.path, ignore_errors=True)
+        shutil.rmtree(directory, ignore_errors=True)
+        raise RemoteFailure("slurm-refused", "multi-node job %s: %s; nothing was queued" % (job_id, refused)) from None
+    script = os.path.join(directory, slurm_jobs.SCRIPT)
+    for run in members:
+        _record_job(run, run.record, {"job_id": slurm_job_id, "script": script})
+    return {"job_id": slurm_job_id, "script": script, "runs": [run.run_id for run in members]}
+
+
+def place_node(run, *, hosts, addresses):
+    """Node `run` of a multi-node job in a Slurm allocation, at its job's start (slurm/allocation.py): its
+    part of the job made from the allocation's nodes (`hosts`, `addresses`, the head first), and its
+    server's command made again with them, as resume() makes it."""
+    record = run.record
+    record["nodes"].update(hosts=list(hosts), addresses=list(addresses), master_addr=addresses[0])
+    record["server"] = _server_plan(run, record["driver_args"], record.get("server_python"), record["nodes"])
+    atomic.write_json(run.file("run.json"), record)
 
 
 def status(args):
@@ -513,16 +558,24 @@ def _stop_job(run, state):
     supervisor's own end of its jobs, on its node, is what there is (its last attempt's left_behind)."""
     job_id = run.slurm_job_id()
     before = run.slurm_job()
-    jobs = _jobs(run)
+    # A multi-node job's runs (one a node) share its Slurm job: the scancel ends every one of them.
+    runs = [run] + ([other for other in rundir.all_runs(run.record["workdir"])
+                     if other.run_id != run.run_id and other.slurm_job_id() == job_id] if run.record.get("nodes") else [])
+    was = {member.run_id: member.state() for member in runs}
+    jobs = [job for member in runs for job in _jobs(member)]
     here = slurm_jobs.on_this_machine(before.get("nodes") or before.get("batch_host"))
     pids = {m["pid"] for m in _members(jobs)} if here else set()
-    with open(run.file("stop.request"), "w") as handle:
-        handle.write(rundir.now_iso() + "\n")
+    for member in runs:
+        with open(member.file("stop.request"), "w") as handle:
+            handle.write(rundir.now_iso() + "\n")
     after = slurm_jobs.cancel(job_id) if slurm_jobs.holds_processes(before) else before
-    if not run.exit_record:
-        atomic.write_json(run.file("exit.json"), {"state": STOPPED, "ended_at": rundir.now_iso(),
-                                                  "stopped_by": "inv stop (scancel %s)" % job_id, "was": state})
-    left = (_members(jobs) + [m for m in _marked(run) if m["pid"] not in {p["pid"] for p in _members(jobs)}]
+    for member in runs:
+        if not member.exit_record:
+            atomic.write_json(member.file("exit.json"), {"state": STOPPED, "ended_at": rundir.now_iso(),
+                                                         "stopped_by": "inv stop (scancel %s)" % job_id,
+                                                         "was": was[member.run_id]})
+    grouped = {m["pid"] for m in _members(jobs)}
+    left = (_members(jobs) + [m for member in runs for m in _marked(member) if m["pid"] not in grouped]
             if here else None)
     attempts = run.status.get("attempts") or [{}]
     return {"run_id": run.run_id, "was": state, "state": rundir.RunDir(run.path).state(), "pids": sorted(pids),

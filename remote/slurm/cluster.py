@@ -125,17 +125,18 @@ def shared_home(settings):
     return seen_by_a_node(settings, directory)
 
 
-def seen_by_a_node(settings, directory, *, prefix=""):
-    """Whether a compute node sees `directory` as this node does: a file named `prefix` and a random
-    token (0600) written there, a one-task job that prints it (hosts.yaml's partition, account and qos),
-    the file removed. {shared: True, False or None (not tested: no node free in ALLOCATION_WAIT_S, the job
-    refused), path, detail}."""
+def seen_by_a_node(settings, directory, *, prefix="", nodes=1):
+    """Whether `nodes` compute nodes at once see `directory` as this node does: a file named `prefix` and
+    a random token (0600) written there, a job of one task on each node that prints it (hosts.yaml's
+    partition, account and qos), the file removed. {shared: True, False or None (not tested: no `nodes`
+    nodes free in ALLOCATION_WAIT_S, the job refused), path, detail}."""
     token = secrets.token_hex(16)
     path = os.path.join(directory, prefix + token)
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(descriptor, "w") as out:
         out.write(token + "\n")
-    argv = ["srun", "--job-name=" + HOME_TEST_JOB, "--nodes=1", "--ntasks=1", "--time=1",
+    argv = ["srun", "--job-name=" + HOME_TEST_JOB, "--nodes=%d" % nodes, "--ntasks=%d" % nodes,
+            "--ntasks-per-node=1", "--time=1",
             "--immediate=%d" % ALLOCATION_WAIT_S, "--quiet"] + job_options(settings) + ["cat", path]
     try:
         printed = slurm_output(argv, timeout=HOME_TEST_TIMEOUT_S)
@@ -143,9 +144,11 @@ def seen_by_a_node(settings, directory, *, prefix=""):
         return _home_failure(path, failure)
     finally:
         os.unlink(path)
-    if printed.strip() == token:
-        return {"shared": True, "path": path, "detail": "a job on a compute node read the file written here"}
-    return {"shared": False, "path": path, "detail": "a job printed %r, not the token written here" % printed[:80]}
+    if printed.split() == [token] * nodes:
+        where = "a job on a compute node" if nodes == 1 else "a job's task on each of %d compute nodes" % nodes
+        return {"shared": True, "path": path, "detail": "%s read the file written here" % where}
+    return {"shared": False, "path": path, "detail": "a job printed %r, not the token written here%s"
+            % (printed[:80], "" if nodes == 1 else " by each of its %d nodes" % nodes)}
 
 
 def _home_failure(path, failure):

@@ -48,6 +48,8 @@ NETWORK_FILESYSTEMS = ("nfs", "nfs4", "lustre", "gpfs", "beegfs", "cephfs", "cep
 #: The name the shared-filesystem test's file starts with (it is removed at once).
 CHECK_FILE = ".specrig-shared-check-"
 CANCEL_WAIT_S = 120
+#: Seconds between a worker's step that ended and its next (a multi-node job's node_steps()).
+NODE_STEP_RESTART_S = 5
 
 
 class JobRefused(Exception):
@@ -75,8 +77,9 @@ def check(settings, paths):
 
 def shared(settings, path):
     """Whether the compute nodes see `path` (or, while it does not exist, the directory it will be made
-    in) as this node does: a network filesystem's mount says so; any other is tested by a job that
-    reads a file written there (cluster.seen_by_a_node)."""
+    in) as this node does: a network filesystem's mount says so; any other is tested by a job of as many
+    nodes as the settings' (slurm.nodes: every node of a multi-node job's allocation, at once) that
+    reads a file written there on each (cluster.seen_by_a_node)."""
     path = os.path.abspath(os.path.expanduser(path))
     existing = path
     while not os.path.isdir(existing):
@@ -84,7 +87,7 @@ def shared(settings, path):
     fstype = filesystem_type(existing)
     if fstype in NETWORK_FILESYSTEMS:
         return {"path": path, "fstype": fstype, "shared": True, "detail": "a %s mount" % fstype}
-    seen = cluster.seen_by_a_node(settings, existing, prefix=CHECK_FILE)
+    seen = cluster.seen_by_a_node(settings, existing, prefix=CHECK_FILE, nodes=settings.get("nodes") or 1)
     return {"path": path, "fstype": fstype, "shared": seen["shared"],
             "detail": "%s (%s, tested in %s)" % (seen["detail"], fstype, existing)}
 
@@ -137,6 +140,57 @@ def array_script(settings, *, directory, sharded_run_id, run_paths, python):
     runs = "RUNS=(%s)" % " ".join(shlex.quote(path) for path in run_paths)
     return _script(sbatch, [runs, 'RUN="${RUNS[$SLURM_ARRAY_TASK_ID]}"'] + supervised(python), directory=directory,
                    about="specrig sharded run %s: task k runs the supervisor of shard k" % sharded_run_id)
+
+
+def nodes_script(settings, *, directory, job_id, run_paths, python):
+    """The job script of a multi-node job (server/nodes.py) in one allocation of len(run_paths) nodes: run
+    k is node k's part. The allocation's first node, where the script runs, is the head: its supervisor
+    runs there as script()'s does (supervised()); each worker's supervisor runs in a job step on its node
+    (node_steps()), and starts the headless vLLM there as over SSH."""
+    for path in run_paths:
+        _check_directory(path)
+    sbatch = options(settings, name="specrig-%s" % job_id, directory=directory) + requeue_options(settings)
+    runs = "RUNS=(%s)" % " ".join(shlex.quote(path) for path in run_paths)
+    return _script(sbatch, [runs] + node_steps(settings, python) + ['RUN="${RUNS[0]}"'] + supervised(python)
+                   + ["# The workers follow the head's end within seconds (node_roles.py): wait for their steps.",
+                      "wait"], directory=directory,
+                   about="specrig multi-node job %s: the head's supervisor here, each worker's in a step on its "
+                         "node" % job_id)
+
+
+def node_steps(settings, python):
+    """The shell lines before supervised() in a multi-node job: the allocation's nodes, the head first
+    (`scontrol show hostnames`; the batch script runs on the first); each run's part of the job made from
+    them (slurm/allocation.py: hosts, addresses, the server's command), the addresses printed for
+    VLLM_HOST_IP; NCCL's and gloo's interface pinned to slurm.fabric_interface; then each worker's
+    supervisor in a step of its own on its node (`srun --overlap`: beside the batch step, on the
+    allocation's resources), started again when the step ends while the worker's run has not (the step
+    killed: the node lost; the head's next attempt waits for it), as `inv resume` would, until the head's
+    run has ended (checked after a step: a requeued job's head still has its old exit.json until
+    supervised() removes it). A requeued job starts each worker's run again as supervised() starts the
+    head's."""
+    interface = settings.get("fabric_interface")
+    step = ("srun --overlap --nodes=1 --ntasks=1 -w \"${NODES[$rank]}\" --job-name=node-$rank "
+            '%s "$run/code/run/supervisor.py" "$run"' % shlex.quote(python))
+    return [
+        'NODES=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))',
+        'ADDRESSES=($(%s "${RUNS[0]}/code/slurm/allocation.py" "${RUNS[@]}" "${NODES[@]}")) || exit 1'
+        % shlex.quote(python),
+    ] + (["export NCCL_SOCKET_IFNAME=%s GLOO_SOCKET_IFNAME=%s" % ((shlex.quote(interface),) * 2)] if interface else []) + [
+        'for rank in $(seq 1 $((${#RUNS[@]} - 1))); do',
+        '    run="${RUNS[$rank]}"',
+        '    if [ -n "${SLURM_RESTART_COUNT:-}" ] && ! grep -qs \'"state": "succeeded"\' "$run/exit.json"; then',
+        '        rm -f "$run/exit.json"',
+        '    fi',
+        '    (until [ -e "$run/exit.json" ]; do',
+        '        VLLM_HOST_IP="${ADDRESSES[$rank]}" %s' % step,
+        '        sleep %d' % NODE_STEP_RESTART_S,
+        '        # The head\'s run ended: there is no next attempt to serve (a worker that cannot start ends here).',
+        '        [ -e "${RUNS[0]}/exit.json" ] && break',
+        '    done) &',
+        'done',
+        'export VLLM_HOST_IP="${ADDRESSES[0]}"',
+    ]
 
 
 def requeue_options(settings):
@@ -219,6 +273,13 @@ def submit_array(settings, *, directory, sharded_run_id, run_paths, python):
     os.makedirs(directory, mode=0o700, exist_ok=True)
     return _sbatch(os.path.join(directory, SCRIPT), array_script(settings, directory=directory,
                                                                  sharded_run_id=sharded_run_id,
+                                                                 run_paths=run_paths, python=python))
+
+
+def submit_nodes(settings, *, directory, job_id, run_paths, python):
+    """Write a multi-node job's script in `directory` and submit it: the job's id (every node's run's)."""
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    return _sbatch(os.path.join(directory, SCRIPT), nodes_script(settings, directory=directory, job_id=job_id,
                                                                  run_paths=run_paths, python=python))
 
 

@@ -13,7 +13,7 @@ from specrig.contract import SERVER
 from specrig.errors import UsageError
 from specrig.exit_status import ExitStatus, most_serious
 from specrig.inventory import Host
-from specrig.run import array_runs, live, node_runs, runs, sharded_runs, view
+from specrig.run import array_runs, live, node_runs, runs, sharded_runs, slurm_node_runs, view
 from specrig.slurm.submit import refuse_slurm_hosts, slurm_settings
 
 
@@ -60,8 +60,12 @@ def extract_sharded(spec: str, hosts: Sequence[Host], given: dict, *, shared_out
 def extract_job(spec: str, hosts: Sequence[Host], given: dict, *, mode: str, sizes: dict, skip_preflight: bool,
                 attach: bool, as_json: bool) -> ExitStatus:
     """Check, launch the head then each worker, and follow the job's nodes as one (attach False: return at
-    once). `sizes`: pp, dp_local, rendezvous_port, watch_port (None: their defaults)."""
-    refuse_slurm_hosts(hosts, "a multi-node job (--nodes)")
+    once). `sizes`: pp, dp_local, rendezvous_port, watch_port (None: their defaults). On one Slurm login
+    node the job is one Slurm job of slurm.nodes nodes, submitted (slurm_node_runs.py)."""
+    if len(hosts) == 1 and slurm_settings(hosts[0]) is not None:
+        return run_on_host(hosts[0], lambda target: slurm_node_runs.extract_job(
+            target, given, mode=mode, sizes=sizes, skip_preflight=skip_preflight), view.SLURM_NODES, as_json=as_json)
+    refuse_slurm_hosts(hosts, "a multi-node job over several login nodes (--nodes)")
     request, records = node_runs.plan_job(hosts, given, mode=mode, **sizes)
     head = hosts[0]
     node_runs.refuse_in_process(head)

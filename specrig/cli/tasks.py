@@ -96,7 +96,7 @@ NODE_OPTIONS = {
     "pp": "--nodes tp-pp: pipeline-parallel size (default: the number of nodes)",
     "dp_local": "--nodes dp: data-parallel engines per node (default 1)",
     "rendezvous_port": "--nodes: the head's rendezvous port (default: vLLM's, 29550 for dp, 29501 for tp-pp)",
-    "watch_port": "--nodes: the port where each node's supervisor answers the others (default 29650)",
+    "watch_port": "--nodes: node k's supervisor answers the others on this port + k (default 29650)",
 }
 
 

@@ -206,7 +206,7 @@ def rendezvous(hosts: Sequence[Host], request: Request, records: dict[str, dict]
             staging.append(not_shared(host.name, head, result))
     return [check("rendezvous", not problems,
                   "; ".join(problems) or f"{len(hosts) - 1} worker(s) reached {where}; the head reached their watch "
-                                         f"port {record['watch_port']}",
+                                         f"ports ({record['watch_port']} + their rank)",
                   "open the rendezvous and watch ports between the nodes (vLLM also opens ports it picks at "
                   "random: the nodes must reach each other on any port), or set VLLM_HOST_IP in each host's env:"),
             check("staging-shared", not staging,

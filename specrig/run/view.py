@@ -561,6 +561,26 @@ ARRAY = TaskView("extract", show=show_array, figures=lambda result: f"job array 
                  show_findings=show_preflight_failed)
 
 
+def show_slurm_nodes(result: dict, *, host: Host, as_json: bool) -> None:
+    """`inv extract --nodes` on a Slurm login node: the checks, the job, each node's run."""
+    if as_json:
+        print_json(result)
+        return
+    if result["preflight"]:
+        show_checks(result["preflight"])
+    console.print(f"submitted multi-node job [bold]{markup(result['job_id'])}[/] ({markup(result['describe'])}) on "
+                  f"{host.name} as Slurm job {markup(result['slurm_job_id'])} (its script: {markup(result['script'])})")
+    for run in result["runs"]:
+        console.print(f"  node {run['rank']} ({run['role']}): run {markup(run['run_id'])}")
+    console.print(f"`inv status --host {host.name}` shows the nodes' runs, `inv stop --host {host.name} --run "
+                  f"{markup(result['job_id'])}` cancels the job")
+
+
+SLURM_NODES = TaskView("extract", show=show_slurm_nodes,
+                       figures=lambda result: f"multi-node job {result['job_id']} submitted",
+                       show_findings=show_preflight_failed)
+
+
 # ---- a multi-node job ---------------------------------------------------------------------------
 
 def show_job_preflight(nodes: GroupResult, job: list[dict], status: ExitStatus, *, as_json: bool) -> None:

@@ -28,12 +28,13 @@ def refuse_nodes(host: Host) -> None:
     nodes = host.slurm.get("nodes") or 1
     if nodes > 1:
         raise UsageError(f"hosts.{host.name}.slurm.nodes is {nodes!r}, and `inv extract` without --nodes runs on "
-                         f"one node", hint="set slurm.nodes to 1 (a multi-node job on Slurm is not built yet)")
+                         f"one node", hint="set slurm.nodes to 1 (`inv extract --nodes dp|tp-pp` is the job that uses "
+                                           "several nodes: docs/slurm.md)")
 
 
 def refuse_slurm_hosts(hosts: Sequence[Host], what: str) -> None:
     """Sharded runs and multi-node jobs over SSH start supervisors on the hosts themselves: never on a
-    cluster's login node."""
+    cluster's login node (one login node's multi-node job is one Slurm job: run/slurm_node_runs.py)."""
     for host in hosts:
         if slurm_settings(host) is not None:
             raise UsageError(f"{what} on {host.name!r}, a Slurm login node, is not built yet",

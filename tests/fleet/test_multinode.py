@@ -308,7 +308,7 @@ def test_a_worker_serves_each_head_attempt_reports_its_dead_server_and_ends_as_t
     supervisor = subprocess.Popen([sys.executable, str(SUPERVISOR), str(run)], start_new_session=True)
     try:
         def worker(serving, server):
-            answer = node_roles.ask("127.0.0.2", port) or {}
+            answer = node_roles.ask("127.0.0.2", nodes.watch_port(job, 1)) or {}
             return answer if (answer.get("serving"), answer.get("server")) == (serving, server) else None
 
         first = wait_for("the worker to serve attempt 1", lambda: worker(1, "running"), timeout=60, interval=0.2)
@@ -335,6 +335,56 @@ def test_a_worker_serves_each_head_attempt_reports_its_dead_server_and_ends_as_t
     log = (run / "driver.log").read_text()
     assert "attempt 2: starting the headless vLLM server for the head's attempt 2" in log
     assert "the head's attempt 1 is over: ending this node's server" in log and "ends with it" in log
+
+def test_a_worker_started_again_on_its_run_waits_for_the_heads_next_attempt(tmp_path):
+    """A worker whose supervisor is started again (a resume; a Slurm worker step killed and started again)
+    while the head's attempt it served still runs never joins that attempt (its engines started without this
+    node's new server): it serves the next one."""
+    port, run = free_port(), tmp_path / "20261201-000000-wkr2"
+    job = dict(nodes.layout("dp", 2), job_id="nodes-test", role=nodes.WORKER, node_rank=1, hosts=["h0", "h1"],
+               addresses=["127.0.0.1", "127.0.0.2"], master_addr="127.0.0.1", rendezvous_port=1, watch_port=port)
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({
+        "host": "h1", "nodes": job, "options": {**contract.SUPERVISOR_DEFAULTS, "grace_s": 1, "telemetry_interval_s": 1},
+        "server": {"server_argv": [sys.executable, "-c", "import time; time.sleep(600)"]}}))
+    # What a worker killed during the head's attempt 1 left: that attempt, never ended.
+    (run / "status.json").write_text(json.dumps({"state": "running", "attempts": [
+        {"attempt": 1, "head_attempt": 1, "started_at": "2026-12-01T00:00:00+00:00", "ended_at": None}]}))
+    asked = threading.Event()
+
+    class Head(node_roles.Beacon):
+        def _serve(self):  # the head's beacon, noting that the worker asked it
+            while not self.closed:
+                try:
+                    connection, _ = self.socket.accept()
+                except OSError:
+                    if self.closed:
+                        return
+                    continue
+                with connection:
+                    connection.sendall((json.dumps(self.answer) + "\n").encode())
+                asked.set()
+
+    head = Head("127.0.0.1", port, {"job_id": "nodes-test", "state": "running", "attempt": 1})
+    supervisor = subprocess.Popen([sys.executable, str(SUPERVISOR), str(run)], start_new_session=True)
+    try:
+        assert asked.wait(timeout=60)
+        asked.clear()
+        assert asked.wait(timeout=60)  # a second look at attempt 1 running: the worker chose, and waits
+        answer = node_roles.ask("127.0.0.2", nodes.watch_port(job, 1))
+        assert answer["serving"] is None and answer["server"] is None, answer
+        head.update(attempt=2)
+        wait_for("the worker to serve attempt 2", lambda: (node_roles.ask("127.0.0.2", nodes.watch_port(job, 1)) or {})
+                 .get("serving") == 2, timeout=60, interval=0.2)
+        head.update(state="succeeded")
+        assert supervisor.wait(timeout=60) == 0
+    finally:
+        head.close()
+        if supervisor.poll() is None:
+            os.killpg(supervisor.pid, signal.SIGKILL)
+    status = json.loads((run / "status.json").read_text())
+    assert [a["head_attempt"] for a in status["attempts"]] == [1, 2], status["attempts"]
+
 
 # ---- refusals, before any host is reached ------------------------------------------------------------------
 

@@ -151,3 +151,37 @@ def test_a_slurm_runs_state_between_its_jobs_is_active_while_its_job_is(tmp_path
                                                                           job_file, state):
     assert run_between_jobs(tmp_path, status_state=status_state, exit_state=exit_state,
                             job_file=job_file).state() == state
+
+
+#: The multi-node job docs/slurm.md shows: lab-slurm with two nodes and a fabric interface, in server mode.
+NODES_JOB = "nodes-20261202-002818-letv"
+NODE_RUNS = [f"/home/specrig/specrig-slurm/runs/20261202-0028{suffix}" for suffix in ("18-qrv2", "21-mhum")]
+
+
+def nodes_script(**changes) -> str:
+    return jobs.nodes_script({**lab_settings(), "nodes": 2, **changes},
+                             directory=f"/home/specrig/specrig-slurm/runs/{NODES_JOB}", job_id=NODES_JOB,
+                             run_paths=NODE_RUNS, python=DOC_SCRIPTS["server mode"])
+
+
+def test_docs_show_the_multi_node_job_script_the_code_makes():
+    made = nodes_script(fabric_interface="ib0")
+    assert "#SBATCH --nodes=2" in made.splitlines()
+    assert f"```bash\n{made}```" in (REPO / "docs" / "slurm.md").read_text(), \
+        f"docs/slurm.md no longer shows the multi-node job script; put this in its place:\n{made}"
+
+
+def test_the_multi_node_script_pins_the_fabric_only_when_hosts_yaml_names_one_and_keeps_supervised_whole():
+    pinned, unpinned = nodes_script(fabric_interface="ib0"), nodes_script()
+    assert "export NCCL_SOCKET_IFNAME=ib0 GLOO_SOCKET_IFNAME=ib0" in pinned.splitlines()
+    assert "SOCKET_IFNAME" not in unpinned
+    # The head's lines are a one-node run's, unchanged (the worker steps come before them).
+    assert "\n".join(jobs.supervised(DOC_SCRIPTS["server mode"])) in unpinned
+    # The head is the allocation's first node: where the batch script runs; the workers' steps name theirs.
+    assert 'NODES=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))' in unpinned
+    assert 'srun --overlap --nodes=1 --ntasks=1 -w "${NODES[$rank]}"' in unpinned
+
+
+def test_a_multi_node_job_directory_a_sbatch_line_cannot_hold_is_refused():
+    with pytest.raises(jobs.JobRefused, match="holds a space"):
+        jobs.nodes_script(lab_settings(), directory="/tmp/a b", job_id=NODES_JOB, run_paths=NODE_RUNS, python="py")

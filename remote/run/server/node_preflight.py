@@ -52,7 +52,7 @@ def facts(args):
             checks.append(preflight.check("pipeline-parallel", False, str(exc), "install vLLM on this node"))
     if args["driver_args"].get("storage") == contract.FP8:
         checks.append(fp8_check(server_python))
-    ports = [("watch port", address, nodes["watch_port"])]
+    ports = [("watch port", address, node_layout.watch_port(nodes, nodes["node_rank"]))]
     if nodes["role"] == node_layout.HEAD:
         ports.append(("rendezvous port", nodes["master_addr"], nodes["rendezvous_port"]))
     checks += [port_check(*port) for port in ports]
@@ -235,7 +235,7 @@ def _head(nodes, deadline, token_path, token):
         while listener is not None and time.monotonic() < deadline and (
                 len(peers) < len(workers) or any(value is not True for value in reached.values())):
             for rank in [r for r in workers if reached[r] is not True]:
-                connection, reason = _connect(nodes["addresses"][rank], nodes["watch_port"])
+                connection, reason = _connect(nodes["addresses"][rank], node_layout.watch_port(nodes, rank))
                 reached[rank] = reason or True
                 if connection:
                     connection.close()
@@ -256,7 +256,8 @@ def _head(nodes, deadline, token_path, token):
 
 
 def _worker(nodes, deadline, token_path, token):
-    listener, error = _listen(nodes["addresses"][nodes["node_rank"]], nodes["watch_port"])
+    rank = nodes["node_rank"]
+    listener, error = _listen(nodes["addresses"][rank], node_layout.watch_port(nodes, rank))
     reached, staging, head_came = "not tried", None, False
     try:
         while time.monotonic() < deadline and (reached is not True or (listener is not None and not head_came)):

