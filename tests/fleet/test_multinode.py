@@ -311,11 +311,16 @@ def test_a_worker_serves_each_head_attempt_reports_its_dead_server_and_ends_as_t
             answer = node_roles.ask("127.0.0.2", nodes.watch_port(job, 1)) or {}
             return answer if (answer.get("serving"), answer.get("server")) == (serving, server) else None
 
+        def recorded(attempts):
+            status = json.loads((run / "status.json").read_text())
+            return status if len(status["attempts"]) == attempts else None
+
         first = wait_for("the worker to serve attempt 1", lambda: worker(1, "running"), timeout=60, interval=0.2)
         assert first["node_rank"] == 1 and first["state"] == "running"
         head.update(attempt=2)  # the head restarted: the worker's server of attempt 1 ends, another starts
         wait_for("the worker to serve attempt 2", lambda: worker(2, "running"), timeout=60, interval=0.2)
-        status = json.loads((run / "status.json").read_text())
+        # The worker answers from memory at once; status.json follows at the supervisor's next save.
+        status = wait_for("status.json to record attempt 2", lambda: recorded(2), timeout=30, interval=0.2)
         assert [(a["attempt"], a["head_attempt"]) for a in status["attempts"]] == [(1, 1), (2, 2)]
         assert status["attempts"][0]["failure"] is None and status["attempts"][0]["exit_status"] == -15
         os.kill(status["jobs"]["server"]["pid"], signal.SIGKILL)
