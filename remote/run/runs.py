@@ -247,7 +247,7 @@ def resume(args):
         record.update(python=sys.executable, resumed_at=record.get("resumed_at", []) + [rundir.now_iso()])
         if record.get("slurm") and args.get("slurm"):
             # hosts.yaml's `slurm:` now: a run that failed for a time limit too short (slurm/time_limit.py)
-            # resumes with a longer one. (A task of a job array is submitted again from its array's script.)
+            # resumes with a longer one (a task of a job array too: its sbatch line carries them, jobs.task_argv).
             record["slurm"]["settings"] = args["slurm"]
         resumed_environment(record, stored)
         if record.get("server"):
@@ -356,7 +356,8 @@ def _submit(run):
                             % (run.run_id, record["nodes"]["node_rank"], record["nodes"]["job_id"]))
     try:
         if slurm.get("array"):
-            submitted = {"job_id": slurm_jobs.resubmit_task(slurm["script"], slurm["array"]["task"])}
+            submitted = {"job_id": slurm_jobs.resubmit_task(slurm["script"], slurm["array"]["task"],
+                                                            slurm["settings"])}
         else:
             submitted = slurm_jobs.submit(slurm["settings"], run_path=run.path, run_id=run.run_id,
                                           python=record["python"])

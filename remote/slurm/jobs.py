@@ -110,13 +110,17 @@ def filesystem_type(path):
 
 # -- the job script and the submission ---------------------------------------------------------
 
-def options(settings, *, name, directory, logs=(OUTPUT, ERROR)):
-    """A job's sbatch options: hosts.yaml's settings (SLURM_SETTINGS' order), its extra_sbatch, then
-    specrig's own: the name, the directory, the output and error there (`logs`: their names)."""
+def settings_options(settings):
+    """hosts.yaml's `slurm:` as sbatch options: its settings (SLURM_SETTINGS' order), then its extra_sbatch."""
     found = ["%s=%s" % (spec["sbatch"], settings[key]) for key, spec in SLURM_SETTINGS.items()
              if spec["sbatch"] and settings.get(key) is not None]
-    found += list(settings.get("extra_sbatch") or [])
-    return found + ["--job-name=%s" % name, "--chdir=%s" % directory, "--output=%s" % os.path.join(directory, logs[0]),
+    return found + list(settings.get("extra_sbatch") or [])
+
+
+def options(settings, *, name, directory, logs=(OUTPUT, ERROR)):
+    """A job's sbatch options: hosts.yaml's settings (settings_options), then specrig's own: the name, the
+    directory, the output and error there (`logs`: their names)."""
+    return settings_options(settings) + ["--job-name=%s" % name, "--chdir=%s" % directory, "--output=%s" % os.path.join(directory, logs[0]),
                     "--error=%s" % os.path.join(directory, logs[1])]
 
 
@@ -283,13 +287,21 @@ def submit_nodes(settings, *, directory, job_id, run_paths, python):
                                                                  run_paths=run_paths, python=python))
 
 
-def resubmit_task(script_path, task):
-    """Task `task` of an array alone, from the array's script (`sbatch --array=<task>`): its job id."""
+def resubmit_task(script_path, task, settings):
+    """Task `task` of an array alone, from the array's script: its job id."""
     try:
-        printed = slurm_output(["sbatch", "--parsable", "--array=%d" % task, script_path])
+        printed = slurm_output(task_argv(script_path, task, settings))
     except SlurmError as failure:
         raise JobRefused(str(failure)) from None
     return "%s_%d" % (printed.strip().split(";")[0], task)
+
+
+def task_argv(script_path, task, settings):
+    """`sbatch --array=<task>` of the array's script, with hosts.yaml's `slurm:` now on the command line,
+    where it overrides the script's #SBATCH lines: a task resumed after a time limit too short for it
+    (slurm/time_limit.py) takes the longer `slurm.time` its advice asks for, as a one-job run does."""
+    return (["sbatch", "--parsable", "--array=%d" % task] + settings_options(settings) + requeue_options(settings)
+            + [script_path])
 
 
 def _sbatch(path, text):

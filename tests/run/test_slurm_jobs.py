@@ -185,3 +185,13 @@ def test_the_multi_node_script_pins_the_fabric_only_when_hosts_yaml_names_one_an
 def test_a_multi_node_job_directory_a_sbatch_line_cannot_hold_is_refused():
     with pytest.raises(jobs.JobRefused, match="holds a space"):
         jobs.nodes_script(lab_settings(), directory="/tmp/a b", job_id=NODES_JOB, run_paths=NODE_RUNS, python="py")
+
+
+def test_a_task_resubmitted_alone_carries_hosts_yamls_slurm_settings_now():
+    """A task resumed after `time-limit-too-short` takes the longer slurm.time its advice asks for: sbatch's
+    command line overrides the array script's #SBATCH lines."""
+    argv = jobs.task_argv("/runs/x/slurm-job.sh", 2, {**lab_settings(), "time": "01:30:00"})
+    assert argv[:3] == ["sbatch", "--parsable", "--array=2"] and argv[-1] == "/runs/x/slurm-job.sh"
+    assert "--time=01:30:00" in argv and "--requeue" in argv and "--signal=B:USR1@120" in argv
+    assert argv[3:-1] == jobs.settings_options({**lab_settings(), "time": "01:30:00"}) + jobs.requeue_options(
+        {**lab_settings(), "time": "01:30:00"})
