@@ -205,7 +205,8 @@ def test_a_job_array_in_server_mode_shards_the_rows_as_speculators_does(cluster,
         for task, path in paths.items():
             plan = json.loads((path / "run.json").read_text())["server"]
             assert (plan["world_size"], plan["rank"], plan["port"]) == (2, task, 18400 + task), plan
-            assert " ".join(plan["generate_argv"]).endswith(f"--world-size 2 --rank {task}"), plan["generate_argv"]
+            (argv,) = plan["generate_argvs"]  # one client process (--clients' default)
+            assert " ".join(argv).endswith(f"--world-size 2 --rank {task}"), argv
     with phase("both tasks"):
         assert [ended(paths[task])["state"] for task in (0, 1)] == ["succeeded", "succeeded"], \
             [log_text(paths[task])[-2000:] for task in (0, 1)]
