@@ -38,7 +38,7 @@ def share_room(plan, *, fix):
         counts = prepared.token_counts(plan["prepared"])
     except (OSError, prepared.PreparedDataError):
         return None
-    share = client.shard_indices(len(counts), plan["max_samples"], plan["world_size"], plan["rank"], plan["clients"])
+    share = client.plan_share(plan, len(counts))
     present = set(outputs.existing_indices(plan["out"]))
     missing = [index for index in share if index not in present]
     # The served targets are bf16 (the plan records no dtype): a bf16 file holds 2 bytes a value.

@@ -655,8 +655,9 @@ def _server_output(run):
     fleet = run.record.get("fleet") or {}
     if fleet.get("shared_out") and total is not None:
         # One directory holds every shard (`inv extract --shared-out`): this shard is its own indices there.
+        # (a run made before --clients has no "clients": one process)
         own = set(client.shard_indices(total, server["max_samples"], fleet["shard_count"], fleet["shard_index"],
-                                       server["clients"]))
+                                       server.get("clients", 1)))
         present = [index for index in present if index in own]
     report = outputs.check_dataset(server["out"], None, indices=present, n_layers=len(server["layer_ids"]),
                                    hidden_size=server["hidden_size"], storage=_storage(server))

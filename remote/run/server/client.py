@@ -88,6 +88,12 @@ def shard_indices(num_samples, max_samples=None, world_size=1, rank=0, clients=1
                                sub_rank * chunk + min(sub_rank, remainder) + chunk + (sub_rank < remainder))]
 
 
+def plan_share(plan, num_samples):
+    """shard_indices of a server-mode plan (plan.py make) over `num_samples` rows: the share its clients write.
+    A plan made before --clients has no "clients": one process."""
+    return shard_indices(num_samples, plan["max_samples"], plan["world_size"], plan["rank"], plan.get("clients", 1))
+
+
 def skipped(log_text):
     """The indices generate-offline-data reported skipped, sorted: its `Skipping sample` lines and its
     last `Skipped ...` summary (a summary line wrapped by the log's handler still leaves the former)."""

@@ -254,8 +254,7 @@ class ServerExtraction:
         return len(set(present) & wanted) if wanted is not None else len(present)
 
     def share(self, total):
-        return client.shard_indices(total, self.plan["max_samples"], self.plan["world_size"], self.plan["rank"],
-                                    self.plan["clients"])
+        return client.plan_share(self.plan, total)
 
     # -- one attempt ---------------------------------------------------------------------------------
 
