@@ -125,8 +125,10 @@ def test_doctor_without_a_controller_reports_what_failed(cluster, make_inventory
     folder = Path(tempfile.mkdtemp(prefix="specrig-slurm-down-"))
     try:
         os.chmod(folder, 0o755)
+        # MessageTimeout: each command gives up on the controller after 1-2 s instead of its default 10 s of
+        # retries (the same failure, sooner: doctor asks four of them, twice here).
         text = lab_slurm.SLURM_CONF.read_text().replace(f"SlurmctldPort={lab_slurm.CONTROLLER_PORT}",
-                                                         "SlurmctldPort=16899")
+                                                         "SlurmctldPort=16899") + "MessageTimeout=2\n"
         (folder / "slurm.conf").write_text(text)
         os.chmod(folder / "slurm.conf", 0o644)
         entry = {key: value for key, value in lab_entry().items() if key not in ("extract", "description")}
