@@ -32,8 +32,9 @@ from support.server_lab import CLIENT, run_files, states_against_transformers
 HOST = "lab-slurm"
 WORKDIR = HOME / "specrig-slurm"
 MODEL, DATA = HOME / "models" / "tiny-llama", HOME / "data" / "tiny-chat.jsonl"
-#: tests/fleet/test_multinode_lab.py's count: a file a row.
-SAMPLES = 40
+#: Rows served (a file a row): enough for both engines of dp 2 to serve some; the job, not the count, is under
+#: test (tests/fleet/test_multinode_lab.py serves 40 over SSH).
+SAMPLES = 16
 #: Two servers load on this 2-core machine, once per attempt: 60-120 s each (test_multinode_lab.py's).
 LOAD_TIMEOUT_S = 600
 CALL_TIMEOUT_S = 600

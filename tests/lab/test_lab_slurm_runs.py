@@ -32,7 +32,10 @@ HOST = "lab-slurm"
 WORKDIR = HOME / "specrig-slurm"
 MODEL, DATA = HOME / "models" / "tiny-llama", HOME / "data" / "tiny-chat.jsonl"
 #: The tiny chat dataset: 96 conversations; server mode's rows, one per assistant turn.
-CONVERSATIONS, ROWS = 96, 189
+CONVERSATIONS = 96
+#: Server mode's rows in its tests here (of the dataset's 189): the server-mode fleet test's
+#: (tests/fleet/test_fleet_server_lab.py); the job's path, not the rows' number, is under test.
+ROWS = 24
 #: In-process states against transformers' (tests/run/test_extraction_driver.py's bound).
 TOLERANCE = 2e-2
 RUN_TIMEOUT_S = 900
@@ -141,7 +144,7 @@ def server_mode_inventory(directory: Path, **changes) -> Path:
 def test_extract_in_server_mode_is_one_job_whose_states_equal_transformers(cluster, out, tmp_path):
     inventory = server_mode_inventory(tmp_path)
     before = queue()
-    launched = extract(out, "--max-len", "1024", inventory=inventory)
+    launched = extract(out, "--max-len", "1024", "--max-samples", str(ROWS), inventory=inventory)
     submitted(launched, before)
     with phase("the job"):
         assert finished(launched)["state"] == "succeeded", (Path(launched["path"]) / "driver.log").read_text()[-3000:]
@@ -190,14 +193,10 @@ def test_a_job_array_shards_the_run_and_a_task_cancelled_is_resubmitted_alone(cl
         assert gathered["dataset_samples"] == gathered["samples"] == CONVERSATIONS and not gathered["duplicated"]
 
 
-#: Server mode's rows in the job array's test: the server-mode fleet test's (tests/fleet/test_fleet_server_lab.py).
-ARRAY_ROWS = 24
-
-
 def test_a_job_array_in_server_mode_shards_the_rows_as_speculators_does(cluster, out, tmp_path):
     inventory = server_mode_inventory(tmp_path)
     code, launched = inv_json("extract", "--host", HOST, "--model", str(MODEL), "--data", str(DATA), "--out", str(out),
-                              "--max-len", "1024", "--max-samples", str(ARRAY_ROWS), "--concurrency", "2",
+                              "--max-len", "1024", "--max-samples", str(ROWS), "--concurrency", "2",
                               "--port", "18400", "--array", "2", "--skip-preflight", inventory=inventory, timeout=600)
     assert code == 0, launched
     paths = {run["task"]: WORKDIR / "runs" / run["run_id"] for run in launched["runs"]}
@@ -214,10 +213,10 @@ def test_a_job_array_in_server_mode_shards_the_rows_as_speculators_does(cluster,
         code, gathered = inv_json("gather", "--host", HOST, "--run", launched["fleet_run_id"], inventory=inventory,
                                   timeout=600)
         assert code == 0 and gathered["complete"], gathered
-        assert gathered["dataset_samples"] == gathered["samples"] == ARRAY_ROWS and not gathered["duplicated"]
+        assert gathered["dataset_samples"] == gathered["samples"] == ROWS and not gathered["duplicated"]
         for task in (0, 1):
             # speculators' contiguous chunks: 0-11 and 12-23.
-            assert outputs.existing_indices(str(out / f"task-{task}")) == client.shard_indices(ARRAY_ROWS, None, 2, task)
+            assert outputs.existing_indices(str(out / f"task-{task}")) == client.shard_indices(ROWS, None, 2, task)
 
 
 #: Copies of the tiny chat dataset for the time-limit test: more than a job writes between its warning and
