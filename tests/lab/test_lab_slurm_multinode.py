@@ -74,8 +74,10 @@ def queue() -> dict[str, str]:
 
 
 def submit(inventory: Path, out: Path) -> dict:
+    # Ports of its own: CI runs these tests beside the rest, tests/fleet/test_multinode_lab.py's job among them.
     code, launched = inv_json("extract", "--host", HOST, "--nodes", "dp", "--model", str(MODEL), "--data", str(DATA),
                               "--out", str(out), "--max-samples", str(SAMPLES), "--concurrency", "1",
+                              "--rendezvous-port", str(free_port()), "--watch-port", str(free_port()),
                               "--skip-preflight", inventory=inventory, timeout=CALL_TIMEOUT_S)
     assert code == 0 and launched["launched"], launched
     return launched
