@@ -387,18 +387,10 @@ def submit_array(args):
         raise RemoteFailure("bad-argument", "no job array's runs of %r under %s" % (fleet_run_id, workdir))
     directory = os.path.join(rundir.runs_root(workdir), fleet_run_id)
     first = tasks[0].record
-    try:
-        job_id = slurm_jobs.submit_array(first["slurm"]["settings"], directory=directory, sharded_run_id=fleet_run_id,
-                                         run_paths=[run.path for run in tasks], python=first["python"])
-    except slurm_jobs.JobRefused as refused:
-        for run in tasks:
-            shutil.rmtree(run.path, ignore_errors=True)
-        shutil.rmtree(directory, ignore_errors=True)
-        raise RemoteFailure("slurm-refused", "sharded run %s: %s; nothing was queued" % (fleet_run_id, refused)) from None
-    script = os.path.join(directory, slurm_jobs.SCRIPT)
-    for task, run in enumerate(tasks):
-        _record_job(run, run.record, {"job_id": "%s_%d" % (job_id, task), "script": script})
-    return {"job_id": job_id, "script": script, "runs": [run.run_id for run in tasks]}
+    return _submit_together(
+        tasks, directory, "sharded run %s" % fleet_run_id, lambda job_id, task: "%s_%d" % (job_id, task),
+        lambda: slurm_jobs.submit_array(first["slurm"]["settings"], directory=directory, sharded_run_id=fleet_run_id,
+                                        run_paths=[run.path for run in tasks], python=first["python"]))
 
 
 def submit_nodes(args):
@@ -416,18 +408,27 @@ def submit_nodes(args):
                             % (job_id, workdir, ranks))
     directory = os.path.join(rundir.runs_root(workdir), job_id)
     first = members[0].record
+    return _submit_together(
+        members, directory, "multi-node job %s" % job_id, lambda slurm_job_id, rank: slurm_job_id,
+        lambda: slurm_jobs.submit_nodes(first["slurm"]["settings"], directory=directory, job_id=job_id,
+                                        run_paths=[run.path for run in members], python=first["python"]))
+
+
+def _submit_together(runs, directory, what, job_of, submit):
+    """`runs` submitted as one Slurm submission (`submit()`: its job id, its script in `directory`), each
+    run's job recorded (job_of(job id, its index)): {job_id, script, runs}. Refused by sbatch: the runs and
+    `directory` are removed, nothing was queued (RemoteFailure slurm-refused, naming `what`)."""
     try:
-        slurm_job_id = slurm_jobs.submit_nodes(first["slurm"]["settings"], directory=directory, job_id=job_id,
-                                               run_paths=[run.path for run in members], python=first["python"])
+        job_id = submit()
     except slurm_jobs.JobRefused as refused:
-        for run in members:
+        for run in runs:
             shutil.rmtree(run.path, ignore_errors=True)
         shutil.rmtree(directory, ignore_errors=True)
-        raise RemoteFailure("slurm-refused", "multi-node job %s: %s; nothing was queued" % (job_id, refused)) from None
+        raise RemoteFailure("slurm-refused", "%s: %s; nothing was queued" % (what, refused)) from None
     script = os.path.join(directory, slurm_jobs.SCRIPT)
-    for run in members:
-        _record_job(run, run.record, {"job_id": slurm_job_id, "script": script})
-    return {"job_id": slurm_job_id, "script": script, "runs": [run.run_id for run in members]}
+    for index, run in enumerate(runs):
+        _record_job(run, run.record, {"job_id": job_of(job_id, index), "script": script})
+    return {"job_id": job_id, "script": script, "runs": [run.run_id for run in runs]}
 
 
 def place_node(run, *, hosts, addresses):
