@@ -294,16 +294,23 @@ def test_a_beacon_answers_its_current_state_until_closed():
 SUPERVISOR = REPO / "remote" / "run" / "supervisor.py"
 
 
-def test_a_worker_serves_each_head_attempt_reports_its_dead_server_and_ends_as_the_head_ends(tmp_path):
-    """The supervisor's loop with a worker's role and workload, on real processes: a head that is only a
-    beacon, a 'server' that only sleeps (the loop, not vLLM, is under test; test_multinode_lab.py runs vLLM)."""
-    port, run = free_port(), tmp_path / "20261201-000000-wkr1"
+def worker_run(run, port):
+    """Node 1's run directory at `run` of a dp 2 job whose head answers on 127.0.0.1:`port`, its 'server' a
+    sleep: the job's record."""
     job = dict(nodes.layout("dp", 2), job_id="nodes-test", role=nodes.WORKER, node_rank=1, hosts=["h0", "h1"],
                addresses=["127.0.0.1", "127.0.0.2"], master_addr="127.0.0.1", rendezvous_port=1, watch_port=port)
     run.mkdir()
     (run / "run.json").write_text(json.dumps({
         "host": "h1", "nodes": job, "options": {**contract.SUPERVISOR_DEFAULTS, "grace_s": 1, "telemetry_interval_s": 1},
         "server": {"server_argv": [sys.executable, "-c", "import time; time.sleep(600)"]}}))
+    return job
+
+
+def test_a_worker_serves_each_head_attempt_reports_its_dead_server_and_ends_as_the_head_ends(tmp_path):
+    """The supervisor's loop with a worker's role and workload, on real processes: a head that is only a
+    beacon, a 'server' that only sleeps (the loop, not vLLM, is under test; test_multinode_lab.py runs vLLM)."""
+    port, run = free_port(), tmp_path / "20261201-000000-wkr1"
+    job = worker_run(run, port)
     head = node_roles.Beacon("127.0.0.1", port, {"job_id": "nodes-test", "state": "running", "attempt": 1})
     supervisor = subprocess.Popen([sys.executable, str(SUPERVISOR), str(run)], start_new_session=True)
     try:
@@ -346,12 +353,7 @@ def test_a_worker_started_again_on_its_run_waits_for_the_heads_next_attempt(tmp_
     while the head's attempt it served still runs never joins that attempt (its engines started without this
     node's new server): it serves the next one."""
     port, run = free_port(), tmp_path / "20261201-000000-wkr2"
-    job = dict(nodes.layout("dp", 2), job_id="nodes-test", role=nodes.WORKER, node_rank=1, hosts=["h0", "h1"],
-               addresses=["127.0.0.1", "127.0.0.2"], master_addr="127.0.0.1", rendezvous_port=1, watch_port=port)
-    run.mkdir()
-    (run / "run.json").write_text(json.dumps({
-        "host": "h1", "nodes": job, "options": {**contract.SUPERVISOR_DEFAULTS, "grace_s": 1, "telemetry_interval_s": 1},
-        "server": {"server_argv": [sys.executable, "-c", "import time; time.sleep(600)"]}}))
+    job = worker_run(run, port)
     # What a worker killed during the head's attempt 1 left: that attempt, never ended.
     (run / "status.json").write_text(json.dumps({"state": "running", "attempts": [
         {"attempt": 1, "head_attempt": 1, "started_at": "2026-12-01T00:00:00+00:00", "ended_at": None}]}))
