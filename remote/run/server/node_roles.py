@@ -234,6 +234,9 @@ class Worker(NodeRole):
         self.waiting_since = time.monotonic()
         #: During an attempt: the last look at the head, and looks in a row without an answer.
         self.last_look, self.attempt_misses = 0.0, 0
+        #: The head's final answer when an attempt's look saw it. Ending this node's server can outlast the
+        #: head's LINGER_S on a loaded host; the head then no longer answers, and the run has still ended so.
+        self.head_ended = None
 
     def open(self):
         failed = self.node.open(serving=None, server=None)
@@ -256,6 +259,8 @@ class Worker(NodeRole):
         """Wait for the head's next attempt (None: serve it); the run's outcome when the head's run ends,
         the head is gone, or a stop comes."""
         sup = self.supervisor
+        if self.head_ended is not None:
+            return self.as_head_ended(self.head_ended)
         while not sup.stop_requested():
             head = self.node.ask(0)
             if head is None:
@@ -288,6 +293,8 @@ class Worker(NodeRole):
         self.last_look = time.monotonic()
         head = self.node.ask(0)
         self.attempt_misses = self.attempt_misses + 1 if head is None else 0
+        if head is not None and head.get("state") in FINAL_STATES:
+            self.head_ended = head
         if self.attempt_misses >= MISSES or (head is not None and (head.get("attempt") != self.served
                                                                    or head.get("state") not in HEAD_RUNNING)):
             self.supervisor.log_marker("the head's attempt %d is over: ending this node's server" % self.served)
