@@ -88,6 +88,7 @@ SERVER_DEFAULTS = {
     "staging": None,          # the connector's staging directory; None: <out>/.specrig-staging/<run-id>
     "writer_threads": None,   # the connector's file writers (num_writer_threads); None: its own (8 on 0.26-0.32)
     "max_num_batched_tokens": None,  # vLLM's per-step token budget; None: vLLM's own default
+    "enforce_eager": False,   # vLLM without torch.compile and CUDA graphs: no compiling at start-up, slower steps
     "storage": "bf16",        # how the files hold the hidden states: a storage type of STORAGES
 }
 

@@ -2,7 +2,8 @@
 
 args: {"model": directory or Hugging Face repo id (required), "samples": int, "timeout_s": float, "keep": bool,
        "server_python": path|null (server mode: the vLLM server's interpreter), "host": its name in hosts.yaml,
-       "storage": server mode's storage type (contract.STORAGES) or null: the default,
+       "server_settings": {setting: value} of server mode's run (storage, enforce_eager; the driver's
+                          argument names), each absent: the default,
        "slurm": hosts.yaml's `slurm:` of a login node|null (the call runs as a job on a node, slurm/jobs.py)}
 
 speculators >= 0.8 takes server mode: run/server/smoke.py, the same differences on `inv extract`'s
@@ -139,7 +140,7 @@ def run(args):
         if server_mode:
             result = server_smoke.run(sys.modules[__name__], model=model, config=config, samples=samples, work=work,
                                       timeout_s=timeout_s, server_python=args.get("server_python"),
-                                      host=args.get("host"), storage=args.get("storage"))
+                                      host=args.get("host"), settings=args.get("server_settings") or {})
         else:
             result = _run_driver(model, config, samples, work, timeout_s)
         return dict(result, model_id=found.repo_id, resolved=hfcache.describe(found))

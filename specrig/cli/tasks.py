@@ -103,7 +103,7 @@ NODE_OPTIONS = {
 @task(help={"host": HOST_HELP + "; several hosts split the dataset, one shard each (docs/runs.md, 'Fleet runs')",
             **task_help("model", "data", "out", "tp", "layers", "batch_size", "max_len", "max_samples", "port",
                         "concurrency", "clients", "allow_skipped", "staging", "writer_threads",
-                        "max_num_batched_tokens", "storage"),
+                        "max_num_batched_tokens", "enforce_eager", "storage"),
             **NODE_OPTIONS,
             "shared_out": "several hosts, server mode: every shard writes one --out on storage they all mount "
                           "(the preflight proves it is one)",
@@ -115,8 +115,9 @@ NODE_OPTIONS = {
 @guarded
 def extract(c, host, model=None, data=None, out=None, tp=None, layers=None, batch_size=None, max_len=None,
             max_samples=None, port=None, concurrency=None, clients=None, allow_skipped=False, staging=None,
-            writer_threads=None, max_num_batched_tokens=None, storage=None, nodes=None, pp=None, dp_local=None, rendezvous_port=None,
-            watch_port=None, shared_out=False, array=None, skip_preflight=False, detach=False, json=False):
+            writer_threads=None, max_num_batched_tokens=None, enforce_eager=False, storage=None, nodes=None, pp=None,
+            dp_local=None, rendezvous_port=None, watch_port=None, shared_out=False, array=None, skip_preflight=False,
+            detach=False, json=False):
     """Preflight, launch the supervised extraction on a host, and show it live (Ctrl-C detaches; the run goes on).
 
     The host's speculators picks the mode: <= 0.4 drives vLLM in-process; >= 0.8 runs a vLLM server and
@@ -139,7 +140,8 @@ def extract(c, host, model=None, data=None, out=None, tp=None, layers=None, batc
     given = {"model": model, "data": data, "out": out, "tp": tp, "layers": layers, "batch_size": batch_size,
              "max_len": max_len, "max_samples": max_samples, "port": port, "concurrency": concurrency,
              "clients": clients, "allow_skipped": allow_skipped or None, "staging": staging,
-             "writer_threads": writer_threads, "max_num_batched_tokens": max_num_batched_tokens, "storage": storage}
+             "writer_threads": writer_threads, "max_num_batched_tokens": max_num_batched_tokens,
+             "enforce_eager": enforce_eager or None, "storage": storage}
     sizes = {"pp": whole_number(pp, option="--pp", default=None),
              "dp_local": whole_number(dp_local, option="--dp-local", default=None),
              "rendezvous_port": whole_number(rendezvous_port, option="--rendezvous-port", default=None),

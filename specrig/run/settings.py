@@ -65,6 +65,9 @@ SETTINGS = {s.name: s for s in (
             "the connector's own", mode="server"),
     Setting("max_num_batched_tokens", "max_num_batched_tokens", int, "server mode: vLLM's tokens per "
             "scheduler step", "vLLM's own", mode="server"),
+    Setting("enforce_eager", "enforce_eager", bool, "server mode: vLLM without torch.compile and CUDA graphs "
+            "(--enforce-eager): no compiling at each start, as speculators' in-process generator runs it; slower "
+            "steps", mode="server"),
     Setting("storage", "storage", str, "server mode: how the files hold the hidden states: bf16 (the model's "
             "dtype) or fp8 (hs-connectors' FP8HiddenStatesConnector, about half the bytes; train with "
             "--hidden-states-backend fp8)", mode="server", choices=STORAGES),

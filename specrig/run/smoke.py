@@ -23,6 +23,11 @@ DRIVER_TIMEOUT_S = 540
 SLURM_QUEUE_S = 120
 
 
+#: Server-mode settings the smoke's run takes as `inv extract`'s would (hosts.yaml's extract:, storage also
+#: --storage): the server it starts is the one extract would start, only on a shrunk model.
+SERVER_SETTINGS = ("storage", "enforce_eager")
+
+
 def smoke(host: Host, *, model: str | None = None, samples: int = 6, storage: str | None = None) -> dict:
     """The host's smoke result dict, or Findings naming what broke (its payload: the classified failure).
     `storage`: server mode's storage type (else hosts.yaml's extract.storage, else the host's default)."""
@@ -33,26 +38,38 @@ def smoke(host: Host, *, model: str | None = None, samples: int = 6, storage: st
                               f"hosts.{host.name}.extract.model in hosts.yaml")
     if samples < 3:
         raise UsageError(f"--samples {samples!r}: give 3 or more (the driver must call generate() twice)")
-    where = "--storage" if storage is not None else f"hosts.yaml: hosts.{host.name}.extract.storage"
-    storage = storage if storage is not None else host.extract.get("storage")
-    if storage is not None:
-        storage = coerce(SETTINGS["storage"], storage, where)
+    given = server_settings(host, storage=storage)
     slurm = slurm_settings(host)
     if slurm:
         refuse_nodes(host)
     with connect(host) as remote:
         mode = check_extraction_mode(remote, host, "smoke")["mode"]  # speculators 0.5-0.7: exit 2
-        if storage is not None:
-            refuse_other_mode(SETTINGS["storage"], where, storage, mode, host)
+        for name, (value, where) in given.items():
+            refuse_other_mode(SETTINGS[name], where, value, mode, host)
         if slurm:
             # The job's call and its output live under ~/.cache/specrig (remote/slurm/jobs.py: run_call).
             refuse_impossible(remote, host, paths=["~/.cache/specrig"])
+        settings = {SETTINGS[name].driver_key: value for name, (value, _) in given.items()}
         try:
             return remote.call("smoke", {"model": model, "samples": samples, "timeout_s": DRIVER_TIMEOUT_S,
                                          "server_python": host.server_python, "host": host.name,
-                                         "storage": storage, "slurm": slurm},
+                                         "server_settings": settings, "slurm": slurm},
                                timeout=DRIVER_TIMEOUT_S + 60 + (SLURM_QUEUE_S if slurm else 0))
         except Findings as failed:
             raise Findings(f"{host.name}: smoke failed: {failed.error.get('message')}", payload=failed.payload,
                            hint=failed.hint, detail=failed.payload.get("traceback"), kind=failed.kind,
                            error=failed.error) from None
+
+
+def server_settings(host: Host, *, storage: str | None) -> dict[str, tuple]:
+    """{name: (value, where it was given)} of SERVER_SETTINGS given for the smoke, each checked as `inv extract`
+    checks it; a bad one is a UsageError."""
+    given = {}
+    for name in SERVER_SETTINGS:
+        if name == "storage" and storage is not None:
+            value, where = storage, "--storage"
+        else:
+            value, where = host.extract.get(name), f"hosts.yaml: hosts.{host.name}.extract.{name}"
+        if value is not None:
+            given[name] = (coerce(SETTINGS[name], value, where), where)
+    return given

@@ -38,6 +38,15 @@ def test_storage_comes_from_the_command_line_or_hosts_yaml(make_inventory):
     assert build_request(host, {"storage": "bf16"}).sources["storage"] == "--storage"
 
 
+def test_enforce_eager_comes_from_the_command_line_or_hosts_yaml(make_inventory):
+    host = load_inventory(make_inventory({"hosts": {"h": {"extract": {"model": "/m", "data": "/d", "out": "/o",
+                                                                      "enforce_eager": True}}}})).host("h")
+    assert build_request(host, {}).driver_args["enforce_eager"] is True
+    plain = load_inventory(make_inventory({"hosts": {"h": {"extract": {"model": "/m", "data": "/d", "out": "/o"}}}}))
+    assert "enforce_eager" not in build_request(plain.host("h"), {}).driver_args  # the host's default: compiled
+    assert build_request(plain.host("h"), {"enforce_eager": True}).sources["enforce_eager"] == "--enforce-eager"
+
+
 @pytest.mark.parametrize("extract, given, message", [
     ({"model": "/m", "data": "/d", "out": "/o", "gpus_per_node": 8}, {}, "hosts.h.extract.gpus_per_node: unknown key"),
     ({"model": "/m", "data": "/d", "out": "/o", "tp": "eight"}, {}, "hosts.h.extract.tp 'eight': expected int"),
@@ -51,6 +60,8 @@ def test_storage_comes_from_the_command_line_or_hosts_yaml(make_inventory):
     ({"model": "/m", "data": "/d", "out": "/o"}, {"clients": "0"}, "--clients '0': expected a positive number"),
     ({"model": "/m", "data": "/d", "out": "/o", "concurrency": 2}, {"clients": "4"},
      "--clients 4: more client processes than requests in flight (2)"),
+    ({"model": "/m", "data": "/d", "out": "/o", "enforce_eager": "yes"}, {},
+     "hosts.h.extract.enforce_eager 'yes': expected true or false"),
     ({"model": "/m", "data": "/d", "out": "/o", "storage": "FP8"}, {},
      "hosts.yaml: hosts.h.extract.storage 'FP8': expected one of bf16, fp8"),
 ])
@@ -74,6 +85,8 @@ def test_bad_layers_are_refused(text):
     ({}, {"writer_threads": "8"}, "in-process", "--writer-threads 8: writer_threads applies to server mode"),
     ({}, {"storage": "fp8"}, "in-process", "--storage 'fp8': storage applies to server mode (speculators >= 0.8), "
                                            "and h takes speculators <= 0.4's in-process extraction"),
+    ({"enforce_eager": True}, {}, "in-process", "hosts.yaml: hosts.h.extract.enforce_eager True: enforce_eager "
+                                                "applies to server mode"),
     ({}, {"batch_size": "4"}, "server", "--batch-size 4: batch_size applies to speculators <= 0.4's in-process "
                                         "extraction, and h takes server mode (speculators >= 0.8)"),
 ])

@@ -248,8 +248,12 @@ def test_stop_ends_both_groups_and_a_resume_regenerates_a_truncated_file_on_the_
     _check_regenerated(run, out, done, victim, size)
 
 
-def test_smoke_runs_the_server_path_on_the_shrunk_model(server_host):
-    code, result = inv_json("smoke", "--host", HOST, timeout=600)
+def test_smoke_runs_the_server_path_on_the_shrunk_model(server_host, tmp_path):
+    """With vLLM's own start-up, torch.compile included: the lab's other servers run eager (lab-server's
+    extract.enforce_eager), so this is the suite's run of the default."""
+    extract = load_inventory().host(HOST).extract
+    inventory = private_inventory(tmp_path, HOST, extract={k: v for k, v in extract.items() if k != "enforce_eager"})
+    code, result = inv_json("smoke", "--host", HOST, inventory=inventory, timeout=600)
     assert code == 0, result
     assert result["mode"] == "server" and result["samples"] == 6 and result["layer_ids"] == LAYERS, result
     assert result["versions"] == {"speculators": "0.9.0", "vllm": "0.32.0"}, result
@@ -297,6 +301,7 @@ def test_extract_with_fp8_storage_matches_transformers_in_half_the_bytes(server_
             assert launched["storage"] == {"type": "fp8", "connector": "FP8HiddenStatesConnector"}, launched
             plan = json.loads((RUNS / run_id / "run.json").read_text())["server"]
             assert (plan["storage"], plan["connector"]) == ("fp8", "FP8HiddenStatesConnector"), plan
+            assert "--enforce-eager" in plan["server_argv"]  # lab-server's extract.enforce_eager
             sent = json.loads(plan["server_argv"][plan["server_argv"].index("--kv_transfer_config") + 1])
             assert sent["kv_connector_module_path"] == "hs_connectors.fp8_hidden_states_connector", sent
         with phase("the run"):

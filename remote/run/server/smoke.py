@@ -32,16 +32,17 @@ def free_port():
         return probe.getsockname()[1]
 
 
-def run(smoke, *, model, config, samples, work, timeout_s, server_python, host=None, storage=None):
-    """Extract `samples` rows through the server on the shrunk model, stored as `storage` (None: the
-    default); `smoke` is run/smoke.py (the conversations, the shrinking, the naming of failures)."""
+def run(smoke, *, model, config, samples, work, timeout_s, server_python, host=None, settings=None):
+    """Extract `samples` rows through the server on the shrunk model, with `settings` of `inv extract`'s
+    (storage, enforce_eager; the defaults' otherwise); `smoke` is run/smoke.py (the conversations, the
+    shrinking, the naming of failures)."""
     dataset = smoke.write_conversations(work)
     overrides = smoke.shrunk_overrides(config)
     run_dir = rundir.RunDir(os.path.join(work, "run"))
     os.makedirs(run_dir.path)
     driver_args = {"model": model, "dataset": dataset, "output_dir": os.path.join(work, "out"),
                    "max_length": smoke.MAX_LENGTH, "max_samples": samples, "load_format": "dummy",
-                   "hf_overrides": overrides, "port": free_port(), "concurrency": 2, "storage": storage}
+                   "hf_overrides": overrides, "port": free_port(), "concurrency": 2, **(settings or {})}
     try:
         made = plan.make(run_dir.path, "smoke", driver_args, client_python=sys.executable,
                          server_python=server_python)
