@@ -41,7 +41,8 @@ def launch_flags(decided: dict) -> list[str]:
         "model": "M", "num_hidden_layers": 8, "tensor_parallel_size": 1, "data_parallel_size": 2, "port": 1,
         "host": "h", "distribution": "vllm", "enable_scale_out": True,
         "extra_args": ["--load-format", "dummy", "--hf-overrides", "{}", "--gpu-memory-utilization", "0.5",
-                       "--model", "M", "--headless"] + [e["flag"] for e in decided["startup_flags"]]})
+                       "--max-num-batched-tokens", "8192", "--enforce-eager", "--model", "M", "--headless"]
+        + [e["flag"] for e in decided["startup_flags"]]})
     return [w for w in argv if w.startswith("--")]
 
 

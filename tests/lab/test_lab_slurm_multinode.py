@@ -27,7 +27,7 @@ from support.lab import inv, inv_json, phase, require_lab, wait_for
 from support.patchenv import as_lab_user
 from support.paths import REPO
 from support.runnable_env import HOME, private_inventory
-from support.server_lab import CLIENT, LAB_SERVER_EXTRACT, run_files, states_against_transformers
+from support.server_lab import CLIENT, LAB_SERVER_ENV, run_files, states_against_transformers
 
 HOST = "lab-slurm"
 WORKDIR = HOME / "specrig-slurm"
@@ -60,9 +60,10 @@ def job(lab, tmp_path):
 
     def inventory(**more) -> Path:
         return private_inventory(tmp_path, HOST, python=str(CLIENT / "bin" / "python"),
-                                 server_python="~/venv-server-0.32/bin/python", env={"VLLM_CPU_KVCACHE_SPACE": 1},
-                                 slurm=dict(slurm, **more), extract={"port": free_port(), "load_timeout_s": LOAD_TIMEOUT_S,
-                                                                     **LAB_SERVER_EXTRACT})
+                                 server_python="~/venv-server-0.32/bin/python",
+                                 env={"VLLM_CPU_KVCACHE_SPACE": 1, **LAB_SERVER_ENV},
+                                 slurm=dict(slurm, **more), extract={"port": free_port(),
+                                                                     "load_timeout_s": LOAD_TIMEOUT_S})
     out = WORKDIR / "test-out" / f"nodes-{uuid.uuid4().hex[:8]}"
     yield inventory, out
     as_lab_user("rm", "-rf", str(out))

@@ -26,7 +26,7 @@ from support.lab import inv, inv_json, lab_entry, phase, require_lab, wait_for
 from support.patchenv import as_lab_user
 from support.paths import REPO
 from support.runnable_env import HOME, private_inventory, runnable_env_or_skip
-from support.server_lab import CLIENT, LAB_SERVER_EXTRACT, run_files, states_against_transformers
+from support.server_lab import CLIENT, LAB_SERVER_ENV, run_files, states_against_transformers
 
 HOST = "lab-slurm"
 WORKDIR = HOME / "specrig-slurm"
@@ -137,8 +137,8 @@ def server_mode_inventory(directory: Path, **changes) -> Path:
     patched = inv("apply-patches", "--host", "lab-server", timeout=300)
     assert patched.returncode == 0, patched.stdout + patched.stderr
     return private_inventory(directory, HOST, python=str(CLIENT / "bin" / "python"),
-                             server_python="~/venv-server-0.32/bin/python", env={"VLLM_CPU_KVCACHE_SPACE": 2},
-                             extract=LAB_SERVER_EXTRACT, **changes)
+                             server_python="~/venv-server-0.32/bin/python",
+                             env={"VLLM_CPU_KVCACHE_SPACE": 2, **LAB_SERVER_ENV}, **changes)
 
 
 def test_extract_in_server_mode_is_one_job_whose_states_equal_transformers(cluster, out, tmp_path):

@@ -248,12 +248,8 @@ def test_stop_ends_both_groups_and_a_resume_regenerates_a_truncated_file_on_the_
     _check_regenerated(run, out, done, victim, size)
 
 
-def test_smoke_runs_the_server_path_on_the_shrunk_model(server_host, tmp_path):
-    """With vLLM's own start-up, torch.compile included: the lab's other servers run eager (lab-server's
-    extract.enforce_eager), so this is the suite's run of the default."""
-    extract = load_inventory().host(HOST).extract
-    inventory = private_inventory(tmp_path, HOST, extract={k: v for k, v in extract.items() if k != "enforce_eager"})
-    code, result = inv_json("smoke", "--host", HOST, inventory=inventory, timeout=600)
+def test_smoke_runs_the_server_path_on_the_shrunk_model(server_host):
+    code, result = inv_json("smoke", "--host", HOST, timeout=600)
     assert code == 0, result
     assert result["mode"] == "server" and result["samples"] == 6 and result["layer_ids"] == LAYERS, result
     assert result["versions"] == {"speculators": "0.9.0", "vllm": "0.32.0"}, result
@@ -285,11 +281,12 @@ def test_extract_with_fp8_storage_matches_transformers_in_half_the_bytes(server_
     """`inv extract --storage fp8`: hs-connectors' FP8HiddenStatesConnector writes the files, specrig's own check
     reads their layout (F8_E4M3 states, F32 scales [T, 1, 1]), the dequantized states equal transformers' forward
     within FP8_REL_L2 (and a pairing shifted by one token does not), and the hidden states take half the bytes
-    of bf16 files of the same samples (what vLLM's own connector writes for them, measured by the reference)."""
+    of bf16 files of the same samples (what vLLM's own connector writes for them, measured by the reference).
+    It runs eager: `--enforce-eager` reaches the server's command."""
     out = _out()
     code, launched = inv_json("extract", "--host", HOST, "--out", str(out), "--port", str(_free_port()),
                               "--concurrency", "4", "--max-samples", str(FP8_SAMPLES), "--storage", "fp8",
-                              "--detach", timeout=300)
+                              "--enforce-eager", "--detach", timeout=300)
     assert code == 0 and launched["launched"], launched
     run_id = launched["run_id"]
     try:
@@ -301,7 +298,7 @@ def test_extract_with_fp8_storage_matches_transformers_in_half_the_bytes(server_
             assert launched["storage"] == {"type": "fp8", "connector": "FP8HiddenStatesConnector"}, launched
             plan = json.loads((RUNS / run_id / "run.json").read_text())["server"]
             assert (plan["storage"], plan["connector"]) == ("fp8", "FP8HiddenStatesConnector"), plan
-            assert "--enforce-eager" in plan["server_argv"]  # lab-server's extract.enforce_eager
+            assert "--enforce-eager" in plan["server_argv"]
             sent = json.loads(plan["server_argv"][plan["server_argv"].index("--kv_transfer_config") + 1])
             assert sent["kv_connector_module_path"] == "hs_connectors.fp8_hidden_states_connector", sent
         with phase("the run"):

@@ -29,9 +29,11 @@ TOLERANCE = 2 ** -6
 #: dequantization in bf16 adds 2^-9. What the server computes differs from transformers' forward by bf16 rounding
 #: (measured on the lab's bf16 files: relative L2 0.007 at most, layer 8): 2^-6 is left for it.
 FP8_REL_L2 = 2 ** -4 + 2 ** -6
-#: The server-mode settings of lab-server's hosts.yaml entry that every lab server takes: its reason is there.
-LAB_SERVER_EXTRACT = {"enforce_eager": yaml.safe_load((REPO / "hosts.yaml").read_text())["hosts"]["lab-server"]
-                      ["extract"]["enforce_eager"]}
+#: What every lab server's environment holds beside its KV cache's size: lab-server's hosts.yaml `env:`, whose
+#: comment says why.
+LAB_SERVER_ENV = {name: value for name, value in
+                  yaml.safe_load((REPO / "hosts.yaml").read_text())["hosts"]["lab-server"]["env"].items()
+                  if name != "VLLM_CPU_KVCACHE_SPACE"}
 
 
 def require_server_fleet(hosts: list[str]) -> dict:
@@ -54,7 +56,8 @@ def server_fleet_inventory(directory: Path, fleet: dict, hosts: list[str], *, ex
         written[host] = dict(fleet[host], identity_file=str(REPO / ".lab" / "client_key"),
                              python="~/venv-spec-0.9/bin/python", server_python="~/venv-server-0.32/bin/python",
                              **entry)
-        written[host]["extract"] = dict(fleet[host]["extract"], **LAB_SERVER_EXTRACT, **extract(number))
+        written[host]["env"] = dict(written[host].get("env") or {}, **LAB_SERVER_ENV)
+        written[host]["extract"] = dict(fleet[host]["extract"], **extract(number))
     inventory = directory / "hosts.yaml"
     inventory.write_text(yaml.safe_dump({"hosts": written, "groups": {"pair": hosts}}))
     (directory / ".specrig").mkdir()
