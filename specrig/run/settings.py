@@ -140,10 +140,28 @@ class Request:
 
     def for_mode(self, mode: str | None, host: Host) -> Request:
         """This request in the host's extraction mode: a setting of the other mode is refused."""
-        for name, setting in SETTINGS.items():
-            if setting.driver_key in self.driver_args and setting.mode and mode and setting.mode != mode:
-                refuse_other_mode(setting, self.sources[name], self.driver_args[setting.driver_key], mode, host)
+        refuse_other_modes(self.driver_args, self.sources, mode, host)
         return self
+
+
+def refuse_other_modes(driver_args: dict, sources: dict, mode: str | None, host: Host) -> None:
+    """A UsageError for the first of `driver_args` (from settings_given) that belongs to the other mode than `mode`."""
+    for name, where in sources.items():
+        refuse_other_mode(SETTINGS[name], where, driver_args[SETTINGS[name].driver_key], mode, host)
+
+
+def settings_given(host: Host, given: dict, names=tuple(SETTINGS)) -> tuple[dict, dict]:
+    """({driver key: value}, {name: where it came from}) of the settings `names`: the command line's value
+    (`given`), else hosts.yaml's `extract:`; each coerced, a bad one named in a UsageError."""
+    driver_args, sources = {}, {}
+    for name in names:
+        value, where = given.get(name), f"--{name.replace('_', '-')}"
+        if value is None:
+            value, where = host.extract.get(name), f"hosts.yaml: hosts.{host.name}.extract.{name}"
+        if value is not None:
+            driver_args[SETTINGS[name].driver_key] = coerce(SETTINGS[name], value, where)
+            sources[name] = where
+    return driver_args, sources
 
 
 def build_request(host: Host, given: dict) -> Request:
@@ -153,14 +171,8 @@ def build_request(host: Host, given: dict) -> Request:
     if unknown:
         raise UsageError(f"hosts.yaml: hosts.{host.name}.extract.{unknown[0]}: unknown key",
                          hint=f"allowed: {', '.join([*SETTINGS, *OPTIONS])}")
-    driver_args, options, sources = {}, {}, {}
-    for name, setting in SETTINGS.items():
-        value, where = given.get(name), f"--{name.replace('_', '-')}"
-        if value is None:
-            value, where = defaults.get(name), f"hosts.yaml: hosts.{host.name}.extract.{name}"
-        if value is not None:
-            driver_args[setting.driver_key] = coerce(setting, value, where)
-            sources[name] = where
+    driver_args, sources = settings_given(host, given)
+    options = {}
     for name, kind in OPTIONS.items():
         if name in defaults:
             options[name] = _coerce(name, defaults[name], kind, f"hosts.yaml: hosts.{host.name}.extract.{name}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from specrig.doctor import check_extraction_mode
 from specrig.errors import Findings, UsageError
 from specrig.inventory import Host
-from specrig.run.settings import SETTINGS, coerce, refuse_other_mode
+from specrig.run.settings import refuse_other_modes, settings_given
 from specrig.slurm.submit import refuse_impossible, refuse_nodes, slurm_settings
 from specrig.transport import connect
 
@@ -38,18 +38,16 @@ def smoke(host: Host, *, model: str | None = None, samples: int = 6, storage: st
                               f"hosts.{host.name}.extract.model in hosts.yaml")
     if samples < 3:
         raise UsageError(f"--samples {samples!r}: give 3 or more (the driver must call generate() twice)")
-    given = server_settings(host, storage=storage)
+    settings, sources = settings_given(host, {"storage": storage}, SERVER_SETTINGS)
     slurm = slurm_settings(host)
     if slurm:
         refuse_nodes(host)
     with connect(host) as remote:
         mode = check_extraction_mode(remote, host, "smoke")["mode"]  # speculators 0.5-0.7: exit 2
-        for name, (value, where) in given.items():
-            refuse_other_mode(SETTINGS[name], where, value, mode, host)
+        refuse_other_modes(settings, sources, mode, host)
         if slurm:
             # The job's call and its output live under ~/.cache/specrig (remote/slurm/jobs.py: run_call).
             refuse_impossible(remote, host, paths=["~/.cache/specrig"])
-        settings = {SETTINGS[name].driver_key: value for name, (value, _) in given.items()}
         try:
             return remote.call("smoke", {"model": model, "samples": samples, "timeout_s": DRIVER_TIMEOUT_S,
                                          "server_python": host.server_python, "host": host.name,
@@ -60,16 +58,3 @@ def smoke(host: Host, *, model: str | None = None, samples: int = 6, storage: st
                            hint=failed.hint, detail=failed.payload.get("traceback"), kind=failed.kind,
                            error=failed.error) from None
 
-
-def server_settings(host: Host, *, storage: str | None) -> dict[str, tuple]:
-    """{name: (value, where it was given)} of SERVER_SETTINGS given for the smoke, each checked as `inv extract`
-    checks it; a bad one is a UsageError."""
-    given = {}
-    for name in SERVER_SETTINGS:
-        if name == "storage" and storage is not None:
-            value, where = storage, "--storage"
-        else:
-            value, where = host.extract.get(name), f"hosts.yaml: hosts.{host.name}.extract.{name}"
-        if value is not None:
-            given[name] = (coerce(SETTINGS[name], value, where), where)
-    return given
