@@ -70,7 +70,7 @@ DRIVER_DEFAULTS = {
     # One shard of a fleet run (docs/runs.md, "Fleet runs"): the driver takes the global sample indices
     # i with i % shard_count == shard_index. Both null: every sample (one host).
     "shard_index": None, "shard_count": None,
-    # The Hugging Face repo id `model` was found by in the host's cache (runs.host_paths sets it; the
+    # The Hugging Face repo id `model` was found by in the host's cache (run/launching.py host_paths sets it; the
     # driver reads `model`, the snapshot directory): kept so that the run's record names both.
     "model_id": None,
 }

@@ -32,14 +32,14 @@ COMMANDS = {
     "shared-token.read": "run.storage:read_token",
     "shared-token.remove": "run.storage:remove_token",
     "smoke": "run.smoke:run",                               # run: the driver on a shrunk model
-    "runs.launch": "run.runs:launch",                       # run: start a supervised run
-    "runs.status": "run.runs:status",
-    "runs.logs": "run.runs:logs",
-    "runs.stop": "run.runs:stop",
-    "runs.resume": "run.runs:resume",
-    "runs.verify-output": "run.runs:verify_output",         # run: the run's output, each sample loaded
-    "runs.submit-array": "run.runs:submit_array",           # run: a sharded run's tasks as one Slurm job array
-    "runs.submit-nodes": "run.runs:submit_nodes",           # run: a multi-node job's runs as one Slurm job
+    "runs.launch": "run.launching:launch",                  # run: start a supervised run
+    "runs.resume": "run.launching:resume",                  # run: start it again where it stopped
+    "runs.status": "run.status:status",                     # run: every run, or one and its log's tail
+    "runs.logs": "run.status:logs",
+    "runs.stop": "run.stop:stop",                           # run: stop it, then check what is left
+    "runs.verify-output": "run.output_check:verify_output",  # run: the run's output, each sample loaded
+    "runs.submit-array": "slurm.submission:submit_array",   # run: a sharded run's tasks as one Slurm job array
+    "runs.submit-nodes": "slurm.submission:submit_nodes",   # run: a multi-node job's runs as one Slurm job
     "slurm.check": "slurm.jobs:check_request",              # run: could a job of `slurm:` run, its paths shared
 }
 _print_lock = threading.Lock()

@@ -6,7 +6,7 @@
     -> {"checks": [{"name", "ok", "detail", "advice"}], "estimate": {...}}
 
 Every check runs (one failing does not hide the others) and none changes anything. The model may be
-a directory or a Hugging Face repo id in this host's cache (runs.host_paths): one that is neither fails
+a directory or a Hugging Face repo id in this host's cache (launching.host_paths): one that is neither fails
 the call itself ("bad-argument", "model-not-found"), as the launch would.
 """
 import json
@@ -21,7 +21,7 @@ import hfcache
 import pkgmeta
 import procs
 import telemetry
-from run import budget, runs
+from run import budget, launching, rundir
 from run.server import client, launch
 from run.server import preflight as server_preflight
 from run.storage import existing_parent
@@ -44,7 +44,7 @@ def check(name, ok, detail, advice=None):
 
 
 def run(args):
-    driver = runs.host_paths(args.get("driver_args"))
+    driver = launching.host_paths(args.get("driver_args"))
     workdir = args.get("workdir") or "~"
     # What the driver will run with where the launch leaves a setting to its default.
     max_len = driver.get("max_length") or contract.DRIVER_DEFAULTS["max_length"]
@@ -91,7 +91,7 @@ def _dtype(config):
 
 
 def model_config(model, model_id):
-    """The model's config.json and its check; `model` is the directory runs.host_paths found (a snapshot
+    """The model's config.json and its check; `model` is the directory launching.host_paths found (a snapshot
     of the hub cache when the run names the model by `model_id`)."""
     if not model:
         return None, check("model", False, "no model given", "pass --model or set extract.model in hosts.yaml")
@@ -452,7 +452,7 @@ def reorder_hazard(batch_size, max_length):
 def output_free(workdir, output_dir):
     if not output_dir:
         return check("output-free", False, "no output directory given", "pass --out")
-    busy = runs.writers_of(workdir, output_dir)
+    busy = rundir.writers_of(workdir, output_dir)
     existing = os.path.exists(os.path.join(output_dir, "data_config.json"))
     detail = "%s%s" % (output_dir, " (holds samples: the run resumes them)" if existing else "")
     if busy:

@@ -28,6 +28,7 @@ import string
 import procs
 from atomic import read_json
 from contract import ACTIVE_STATES, FINAL_STATES, LOST, RESTARTING, STARTING, STOPPED
+from rpc import RemoteFailure
 from slurm import jobs
 
 RUNS = "runs"
@@ -154,3 +155,50 @@ def all_runs(workdir):
     except FileNotFoundError:
         return []
     return [RunDir(os.path.join(root, name)) for name in names]
+
+
+# -- the runs a call names ----------------------------------------------------------------------
+
+def workdir_of(args):
+    """The call's workdir: every `runs.*` command takes one."""
+    workdir = args.get("workdir")
+    if not workdir:
+        raise RemoteFailure("bad-argument", "runs: no workdir given")
+    return workdir
+
+
+def group_id(run):
+    """The id of the fleet run or the multi-node job the run is a part of, or None."""
+    record = run.record
+    return (record.get("fleet") or {}).get("fleet_run_id") or (record.get("nodes") or {}).get("job_id")
+
+
+def find_run(workdir, run_id, *, prefer_active=False):
+    """The run a call names: a run id, a fleet-run id (that host's run of the fleet run) or a multi-node
+    job's id (this node's run of the job); None: the newest run, or the newest active one."""
+    runs = all_runs(workdir)
+    if run_id:
+        for run in runs:
+            if run.run_id == run_id:
+                return run
+        # A fleet-run or multi-node job id: this host's run of it (the newest, should there be several).
+        for run in reversed(runs):
+            if group_id(run) == run_id:
+                return run
+        known = ", ".join(r.run_id for r in runs[-5:]) or "none"
+        raise RemoteFailure("unknown-run", "no run %r under %s (newest: %s)" % (run_id, runs_root(workdir), known))
+    if not runs:
+        raise RemoteFailure("unknown-run", "no runs under %s yet" % runs_root(workdir))
+    if prefer_active:
+        active = [run for run in runs if run.is_active()]
+        if active:
+            return active[-1]
+    return runs[-1]
+
+
+def writers_of(workdir, output_dir, *, excluding=None):
+    """Active runs writing `output_dir`."""
+    target = os.path.realpath(os.path.expanduser(output_dir))
+    return [run for run in all_runs(workdir)
+            if run.run_id != excluding and run.is_active()
+            and os.path.realpath(run.record.get("out") or "") == target]

@@ -4,7 +4,7 @@ run by the job's script (slurm/jobs.py node_steps) before any supervisor starts.
 The first half of the arguments are the job's runs by node rank, the second the allocation's nodes in
 `scontrol show hostnames` order (the head, where the script runs, first). Each run's part of the job
 (run.json `nodes`: hosts, addresses, master_addr) is made from them and its server's command made again
-with it (runs.place_node), as a resume makes it; each node's address is printed, one a line, by rank,
+with it (place()), as a resume makes it; each node's address is printed, one a line, by rank,
 for the script's VLLM_HOST_IP. At submission the nodes are not known yet: the runs hold placeholders.
 """
 import ipaddress
@@ -15,9 +15,20 @@ import sys
 # Started by path, so sys.path[0] is remote/slurm/: make it remote/, as supervisor.py does.
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+import atomic  # noqa: E402
 from run import rundir  # noqa: E402
-from run.runs import place_node  # noqa: E402
+from run.launching import server_plan  # noqa: E402
 from slurm.cluster import SlurmError, slurm_output  # noqa: E402
+
+
+def place(run, *, hosts, addresses):
+    """Node `run` of a multi-node job in a Slurm allocation, at its job's start: its part of the job made
+    from the allocation's nodes (`hosts`, `addresses`, the head first), and its server's command made
+    again with them, as run/launching.py resume() makes it."""
+    record = run.record
+    record["nodes"].update(hosts=list(hosts), addresses=list(addresses), master_addr=addresses[0])
+    record["server"] = server_plan(run, record["driver_args"], record.get("server_python"), record["nodes"])
+    atomic.write_json(run.file("run.json"), record)
 
 
 def addresses(nodes):
@@ -53,7 +64,7 @@ def main(argv):
         sys.stderr.write("the allocation's addresses: %s\n" % failure)
         return 1
     for path in runs:
-        place_node(rundir.RunDir(os.path.abspath(path)), hosts=nodes, addresses=found)
+        place(rundir.RunDir(os.path.abspath(path)), hosts=nodes, addresses=found)
     sys.stdout.write("".join(address + "\n" for address in found))
     return 0
 

@@ -3,7 +3,7 @@ its job script, the submission, what Slurm says of the job, its cancellation; a 
 one job array; a call (`smoke`) as a job, waited for.
 
 The job runs the run's own supervisor, `<python> <run>/code/run/supervisor.py <run>`: the program
-run/runs.py starts detached over SSH, with the same run directory, records, heartbeat and retry policy.
+run/launching.py starts detached over SSH, with the same run directory, records, heartbeat and retry policy.
 The job script changes only who starts it (Slurm, on a node of the allocation, not the SSH call), and
 requeues the job when its time limit comes (supervised()). The run directory is on a filesystem the
 nodes share with the login node, so the login node reads the supervisor's files as they are written,

@@ -175,19 +175,19 @@ def test_the_snapshot_is_described_with_the_refs_that_name_it(home):
 
 
 def test_the_driver_gets_the_snapshot_and_the_record_keeps_the_id(home, monkeypatch):
-    from run import preflight, runs
+    from run import launching, preflight
 
     lay_out(home, Case("cached", (Repo("hf/hub"),)))
     (home / snapshot("hf/hub") / "config.json").write_text(json.dumps(
         {"architectures": ["LlamaForCausalLM"], "hidden_size": 128, "num_hidden_layers": 8}))
     monkeypatch.setenv("HF_HOME", str(home / "hf"))  # rpc.py applies the call's env (hosts.yaml env:) to os.environ
-    driver = runs.host_paths({"model": REPO_ID, "dataset": "~/data.jsonl", "output_dir": "~/out"})
+    driver = launching.host_paths({"model": REPO_ID, "dataset": "~/data.jsonl", "output_dir": "~/out"})
     assert driver == {"model": str(home / snapshot("hf/hub")), "model_id": REPO_ID,
                       "dataset": str(home / "home" / "data.jsonl"), "output_dir": str(home / "home" / "out")}
     _, check = preflight.model_config(driver["model"], driver["model_id"])
     assert check["ok"] and check["detail"].startswith(
         f"specrig/tiny-llama → {home / snapshot('hf/hub')} (refs/main): LlamaForCausalLM, hidden 128, 8 layers")
-    assert "model_id" not in runs.host_paths({"model": "~"})
+    assert "model_id" not in launching.host_paths({"model": "~"})
 
 
 # -- the same cases through huggingface_hub itself --------------------------------------------------

@@ -1,4 +1,4 @@
-"""Where a run's environment comes from without run.json holding it (remote/run/runs.py), on real files: an
+"""Where a run's environment comes from without run.json holding it (remote/run/launching.py), on real files: an
 older record's values scrubbed, a node's VLLM_HOST_IP given again at resume, an older run made private."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from run import rundir, runs
+from run import launching, rundir
 
 
 @pytest.fixture
@@ -39,19 +39,19 @@ def old_run(tmp_path, record: dict) -> rundir.RunDir:
 def test_an_older_records_values_are_dropped_and_fill_only_what_the_call_lacks(tmp_path, environ):
     run = old_run(tmp_path, {"env": {"HF_TOKEN": "hf_old", "SPECRIG_TEST_OLD": "x"}, "env_keys": ["A"]})
     environ["HF_TOKEN"] = "hf_now"  # hosts.yaml's, sent with the resume call
-    stored = runs.scrub_env(run)
+    stored = launching.scrub_env(run)
     assert stored == {"HF_TOKEN": "hf_old", "SPECRIG_TEST_OLD": "x"}
     text = (tmp_path / "runs" / run.run_id / "run.json").read_text()
     assert "hf_old" not in text and json.loads(text)["env_keys"] == ["A", "HF_TOKEN", "SPECRIG_TEST_OLD"]
     assert stat.S_IMODE(os.stat(run.file("run.json")).st_mode) == 0o600
-    runs.resumed_environment(run.record, stored)
+    launching.resumed_environment(run.record, stored)
     assert environ["HF_TOKEN"] == "hf_now" and environ["SPECRIG_TEST_OLD"] == "x"
-    assert runs.scrub_env(run) == {}, "scrubbed once"
+    assert launching.scrub_env(run) == {}, "scrubbed once"
 
 
 def test_a_node_gets_its_address_for_vllm_again_at_resume(environ):
     record = {"nodes": {"node_rank": 1, "addresses": ["10.0.0.1", "10.0.0.2"]}, "env_keys": ["VLLM_HOST_IP"]}
-    runs.resumed_environment(record, {})
+    launching.resumed_environment(record, {})
     assert environ["VLLM_HOST_IP"] == "10.0.0.2"
 
 
@@ -70,5 +70,5 @@ def test_make_private_closes_what_an_older_specrig_left_open(tmp_path):
 
 
 def test_a_launchs_env_goes_into_the_environment_and_only_its_names_are_returned(environ):
-    assert runs.job_environment({"HF_TOKEN": "hf_x", "N": 2}) == ["HF_TOKEN", "N"]
+    assert launching.job_environment({"HF_TOKEN": "hf_x", "N": 2}) == ["HF_TOKEN", "N"]
     assert environ["HF_TOKEN"] == "hf_x" and environ["N"] == "2"

@@ -501,7 +501,7 @@ def test_the_preflight_refuses_an_output_of_the_other_storage_type(tmp_path):
 
 def test_a_shard_of_a_shared_output_counts_only_its_own_files(tmp_path):
     """Three shards wrote one directory (--shared-out): verify-output on rank 1 names its chunk alone."""
-    from run import runs as host_runs
+    from run import output_check
 
     out = tmp_path / "shared"
     out.mkdir()
@@ -516,5 +516,5 @@ def test_a_shard_of_a_shared_output_counts_only_its_own_files(tmp_path):
     (run / "exit.json").write_text(json.dumps({"state": "succeeded"}))
     for shared_out, indices in ((True, [3, 4]), (False, list(range(7)))):
         (run / "run.json").write_text(json.dumps(dict(record, fleet=dict(fleet, shared_out=shared_out))))
-        found = host_runs.verify_output({"workdir": str(tmp_path / "work"), "run": "r1"})
+        found = output_check.verify_output({"workdir": str(tmp_path / "work"), "run": "r1"})
         assert found["indices"] == indices and found["unloadable"] == [], found

@@ -72,7 +72,7 @@ def test_every_setting_is_an_sbatch_option_and_specrig_adds_its_own_last():
     assert options[len(owned):len(owned) + len(settings["extra_sbatch"])] == settings["extra_sbatch"]
     assert options[-6:] == [f"--job-name=specrig-{RUN_ID}", f"--chdir={RUN}", f"--output={RUN}/slurm-%j.out",
                             f"--error={RUN}/slurm-%j.err", "--requeue", "--signal=B:USR1@120"]
-    # The supervisor runs in the job as runs.py starts it over SSH: the run's python, its code/, its directory.
+    # The supervisor runs in the job as run/launching.py starts it over SSH: the run's python, its code/, its directory.
     lines = made.splitlines()
     assert f"RUN={RUN}" in lines and '/shared/venvs/eagle3/bin/python "$RUN/code/run/supervisor.py" "$RUN" &' in lines
 
