@@ -3,7 +3,7 @@
 A run's sample files go into its output directory; in server mode vLLM's connector first writes each
 one into its staging directory, which may be another filesystem (hosts.yaml `staging:`). A disk that
 fills under the connector fails its writes one by one: the client skips those samples, and a file cut
-short is work lost. So the supervisor (supervision.py) looks first: when it starts, and at every poll
+short is work lost. So the supervisor (supervisor_loop.py) looks first: when it starts, and at every poll
 of an attempt's watch, at each directory's free space against the margin of the files that may be
 written before its next look. Below it, the attempt ends as a stop would end it (the server and the
 client, or the driver), the whole files are kept, the partial ones are removed, and the run fails as

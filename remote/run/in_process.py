@@ -1,6 +1,6 @@
 """The in-process workload (speculators <= 0.4), stdlib only: the extraction driver,
 `<python> <run>/code/run/extract_driver.py <run>/driver-args.json`, in a session of its own, its
-output in driver.log; the supervisor's loop (run/supervision.py) runs, watches and restarts it.
+output in driver.log; the supervisor's loop (run/supervisor_loop.py) runs, watches and restarts it.
 
 The driver writes heartbeat.json (phase, samples); the watch counts a new phase or sample as
 progress, and failing that a new file in the output directory. The supervisor watches the output's
@@ -14,8 +14,8 @@ import time
 
 import procs
 from contract import DRIVER_DEFAULTS, PHASE_DONE, PHASE_LOADING
+from run.attempt import POLL_S, NotStarted, Watch, child_env, log_since
 from run.driver.output import remove_temporaries
-from run.supervision import POLL_S, NotStarted, Watch, child_env, log_since
 
 #: Seconds between counts of the output directory (a cheap second sign of progress).
 OUTPUT_COUNT_EVERY_S = 15

@@ -1,7 +1,7 @@
 """The supervisor program: `python supervisor.py <run-dir>` (stdlib only).
 
-Started detached by runs.launch (its own session, stdio to files, stdin from /dev/null), so it
-outlives the SSH connection that started it. It is one loop (run/supervision.py) around the workload
+Started detached by runs.launch (run/launching.py: its own session, stdio to files, stdin from /dev/null), so it
+outlives the SSH connection that started it. It is one loop (run/supervisor_loop.py) around the workload
 the run's record names, with the node role of a multi-node job:
 
     run.json                  workload                                   node role
@@ -22,7 +22,7 @@ from run import rundir  # noqa: E402
 from run.in_process import InProcessDriver  # noqa: E402
 from run.server.node_roles import Head, Worker  # noqa: E402
 from run.server.workload import HeadlessServer, ServerExtraction  # noqa: E402
-from run.supervision import Supervisor  # noqa: E402
+from run.supervisor_loop import Supervisor  # noqa: E402
 
 
 def main(argv):

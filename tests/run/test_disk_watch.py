@@ -1,5 +1,5 @@
 """The free-space margin of a run (remote/run/disk_watch.py), and what the supervisor makes of a low disk
-(remote/run/supervision.py), on real directories. The watch on a real run that fills a small disk:
+(remote/run/supervisor_loop.py), on real directories. The watch on a real run that fills a small disk:
 test_supervisor.py (in-process) and test_server_disk_full_lab.py (server mode)."""
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import re
 
 from contract import SUPERVISOR_DEFAULTS
 from run import disk_watch, rundir
+from run.attempt import found_failure
 from run.in_process import InProcessDriver
-from run.supervision import Supervisor, found_failure
+from run.supervisor_loop import Supervisor
 
 SAMPLE = re.compile(r"hs_\d+\.safetensors")
 PIB = 2**50

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from contract import RUNNING, SUCCEEDED
+from run.attempt import AttemptEnds
 from run.server.node_roles import Beacon, Worker
-from run.supervision import AttemptEnds
 
 JOB = "20261202-000000-abcd"
 

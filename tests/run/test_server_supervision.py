@@ -12,7 +12,7 @@ from test_server_outputs import hs_file
 from run import rundir
 from run.server import outputs
 from run.server.workload import LAYERS_FILE, ServerExtraction
-from run.supervision import Supervisor
+from run.supervisor_loop import Supervisor
 from support.paths import FIXTURES
 
 LAYERS, WIDTH = 4, 16
