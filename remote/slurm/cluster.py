@@ -11,7 +11,7 @@ import secrets
 import shutil
 import subprocess
 
-from slurm import formats, preflight
+from slurm import formats, partition_fit
 
 #: Each of sinfo's and squeue's answers: the controller answers in well under a second when it is up;
 #: when it is down, Slurm's own retries give up after about 10 s (22.05, MessageTimeout's default).
@@ -67,7 +67,7 @@ def gpus_in(gres):
 def partitions():
     """Each partition once, its lines (nodes of one gres each) added up: {name, default, available,
     time_limit (sinfo's text), time_limit_s (None: no limit), nodes: {allocated, idle, other, total},
-    node_kinds: [{gres (sinfo's text), nodes}] (its nodes by what each has: what preflight weighs a
+    node_kinds: [{gres (sinfo's text), nodes}] (its nodes by what each has: what partition_fit weighs a
     request against), gpus_per_node (the most any of its nodes has)}."""
     return parse_partitions(slurm_output(["sinfo", "-h", "-o", PARTITION_FORMAT]))
 
@@ -162,7 +162,7 @@ def _home_failure(path, failure):
 def facts(settings, user):
     """doctor's Slurm section: {version, partitions, jobs, shared_home, request_problems, errors}: a part
     whose Slurm command failed is None, and `errors` holds what the command said, by part ({} when all
-    ran). request_problems: why a job of hosts.yaml's `slurm:` could never run here (preflight.py; []
+    ran). request_problems: why a job of hosts.yaml's `slurm:` could never run here (partition_fit.py; []
     when it could). No home test and no request weighed (None) when sinfo could not read the partitions."""
     report = {"errors": {}}
     for key, read in (("version", version), ("partitions", partitions), ("jobs", lambda: jobs(user))):
@@ -174,5 +174,5 @@ def facts(settings, user):
     # No controller to answer sinfo: no job to run either, nothing to weigh hosts.yaml's request against.
     known = report["partitions"] is not None
     report["shared_home"] = shared_home(settings) if known else None
-    report["request_problems"] = preflight.problems(settings, report["partitions"]) if known else None
+    report["request_problems"] = partition_fit.problems(settings, report["partitions"]) if known else None
     return report

@@ -20,7 +20,7 @@ import time
 
 from contract import SENTINEL, SLURM_SETTINGS
 from rpc import RemoteFailure
-from slurm import cluster, formats, preflight
+from slurm import cluster, formats, partition_fit
 from slurm.cluster import SlurmError, slurm_output
 
 SCRIPT = "slurm-job.sh"
@@ -65,13 +65,13 @@ def check_request(args):
 
 def check(settings, paths):
     """Whether a job of `settings` could ever run here, and writes where every node sees: {problems
-    (preflight.problems', [] when it could run), shared: [{path, fstype, shared, detail}] for each of
+    (partition_fit.problems', [] when it could run), shared: [{path, fstype, shared, detail}] for each of
     `paths` (the run directory's root, the output), partitions_error (sinfo's words, or None)}."""
     try:
         partitions = cluster.partitions()
     except SlurmError as failure:
         return {"problems": [], "shared": [], "partitions_error": str(failure)}
-    return {"problems": preflight.problems(settings, partitions), "partitions_error": None,
+    return {"problems": partition_fit.problems(settings, partitions), "partitions_error": None,
             "shared": [shared(settings, path) for path in paths]}
 
 

@@ -1,7 +1,7 @@
 """`inv extract` on a Slurm cluster's login node: what is refused before anything is submitted.
 
 The login node checks (remote/slurm/jobs.py: check) that a job of hosts.yaml's `slurm:` could ever run
-there (remote/slurm/preflight.py: the partition, the gres and node count, the time limit) and that
+there (remote/slurm/partition_fit.py: the partition, the gres and node count, the time limit) and that
 the run's directory and output are on a filesystem the compute nodes see. A request that could never
 run is bad input, as Slurm would queue it and leave it pending forever: one line, exit 2, nothing queued.
 """

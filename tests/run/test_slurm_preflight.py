@@ -1,10 +1,10 @@
-"""Slurm's preflight as data (remote/slurm/preflight.py): sinfo's real text (tests/fixtures/slurm/) and
+"""Slurm's preflight as data (remote/slurm/partition_fit.py): sinfo's real text (tests/fixtures/slurm/) and
 hosts.yaml's `slurm:` settings in, the problems out; a request some named partition can hold is none."""
 from pathlib import Path
 
 import pytest
 
-from slurm import cluster, preflight
+from slurm import cluster, partition_fit
 from specrig.contract import SLURM_SETTINGS
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
@@ -46,14 +46,14 @@ CASES = [
 
 @pytest.mark.parametrize("name,given,expected", [case[1:] for case in CASES], ids=[case[0] for case in CASES])
 def test_preflight_finds_what_could_never_run(name, given, expected):
-    found = preflight.problems(settings(**given), partitions(name))
+    found = partition_fit.problems(settings(**given), partitions(name))
     assert [(problem["check"], problem["partition"]) for problem in found] == expected
     for problem in found:
         assert problem["message"] and problem["fix"]
 
 
 def test_a_cluster_without_a_default_partition_needs_one_named():
-    found = preflight.problems(settings(), [dict(partition, default=False) for partition in partitions("lab")])
+    found = partition_fit.problems(settings(), [dict(partition, default=False) for partition in partitions("lab")])
     assert [problem["check"] for problem in found] == ["partition"]
     assert "debug, gpu" in found[0]["fix"]
 
