@@ -1,7 +1,7 @@
 """`inv extract`, `status`, `logs`, `stop`, `resume` on one host: supervised extraction runs.
 
 Data only: each function returns what the host reports and prints nothing (run/view.py and
-run/live.py show it). The host does the work (remote/run/runs.py, remote/run/supervisor.py); this
+run/live.py show it). The host does the work (remote/run/launching.py, remote/run/supervisor.py); this
 side turns arguments and hosts.yaml's `extract:` defaults into the driver's arguments
 (settings.py), runs the preflight (preflight.py) and launches.
 """
