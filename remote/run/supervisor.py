@@ -18,11 +18,11 @@ import sys
 # the stage packages are, exactly as for a call through entry.py.
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from run import rundir  # noqa: E402
-from run.in_process import InProcessDriver  # noqa: E402
-from run.server.node_roles import Head, Worker  # noqa: E402
-from run.server.workload import HeadlessServer, ServerExtraction  # noqa: E402
-from run.supervisor_loop import Supervisor  # noqa: E402
+from run import rundir
+from run.in_process import InProcessDriver
+from run.server.node_roles import Head, Worker
+from run.server.workload import HeadlessServer, ServerExtraction
+from run.supervisor_loop import Supervisor
 
 
 def main(argv):

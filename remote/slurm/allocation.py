@@ -15,10 +15,10 @@ import sys
 # Started by path, so sys.path[0] is remote/slurm/: make it remote/, as supervisor.py does.
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-import atomic  # noqa: E402
-from run import rundir  # noqa: E402
-from run.launching import server_plan  # noqa: E402
-from slurm.cluster import SlurmError, slurm_output  # noqa: E402
+import atomic
+from run import rundir
+from run.launching import server_plan
+from slurm.cluster import SlurmError, slurm_output
 
 
 def place(run, *, hosts, addresses):
