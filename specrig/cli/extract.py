@@ -13,7 +13,8 @@ from specrig.contract import SERVER
 from specrig.errors import UsageError
 from specrig.exit_status import ExitStatus, most_serious
 from specrig.inventory import Host
-from specrig.run import array_runs, live, node_runs, runs, sharded_runs, slurm_node_runs, view
+from specrig.run import live, node_runs, runs, sharded_runs, view
+from specrig.slurm import job_array, node_job
 from specrig.slurm.submit import refuse_slurm_hosts, slurm_settings
 
 
@@ -61,9 +62,9 @@ def extract_job(spec: str, hosts: Sequence[Host], given: dict, *, mode: str, siz
                 attach: bool, as_json: bool) -> ExitStatus:
     """Check, launch the head then each worker, and follow the job's nodes as one (attach False: return at
     once). `sizes`: pp, dp_local, rendezvous_port, watch_port (None: their defaults). On one Slurm login
-    node the job is one Slurm job of slurm.nodes nodes, submitted (slurm_node_runs.py)."""
+    node the job is one Slurm job of slurm.nodes nodes, submitted (specrig/slurm/node_job.py)."""
     if len(hosts) == 1 and slurm_settings(hosts[0]) is not None:
-        return run_on_host(hosts[0], lambda target: slurm_node_runs.extract_job(
+        return run_on_host(hosts[0], lambda target: node_job.extract_job(
             target, given, mode=mode, sizes=sizes, skip_preflight=skip_preflight), view.SLURM_NODES, as_json=as_json)
     refuse_slurm_hosts(hosts, "a multi-node job over several login nodes (--nodes)")
     request, records = node_runs.plan_job(hosts, given, mode=mode, **sizes)
@@ -94,8 +95,8 @@ def extract_job(spec: str, hosts: Sequence[Host], given: dict, *, mode: str, siz
 
 def extract_array(host: Host, given: dict, *, tasks: int, skip_preflight: bool, as_json: bool) -> ExitStatus:
     """A sharded run as one Slurm job array on a login node: checks, the tasks' runs, one submission."""
-    return run_on_host(host, lambda target: array_runs.extract_array(target, given, tasks=tasks,
-                                                                     skip_preflight=skip_preflight),
+    return run_on_host(host, lambda target: job_array.extract_array(target, given, tasks=tasks,
+                                                                    skip_preflight=skip_preflight),
                        view.ARRAY, as_json=as_json)
 
 
@@ -103,7 +104,7 @@ def gather(hosts: Sequence[Host], run_id: str, *, as_json: bool) -> ExitStatus:
     """Each host's shard checked on its host, then their union: exit 1 unless every index is there once,
     each loading whole. On one Slurm login node, the tasks of its job array are the shards."""
     if len(hosts) == 1 and slurm_settings(hosts[0]) is not None:
-        shards, found = array_runs.gather_array(hosts[0], run_id)
+        shards, found = job_array.gather_array(hosts[0], run_id)
     else:
         shards, found = sharded_runs.gather(hosts, run_id)
     view.show_gather(run_id, shards, found, as_json=as_json)
