@@ -1,5 +1,6 @@
 """`inv extract` and `inv gather`: the data functions of the run stage (run/runs.py, run/sharded_runs.py,
-run/node_runs.py) sequenced, each step shown by run/view.py and run/live.py.
+run/node_runs.py) sequenced, each step shown by their views (run/view.py, run/sharded_view.py,
+run/node_view.py, slurm/view.py) and run/live.py.
 
 `--host` decides: one host (one run, specrig/cli/runner.py), a group (a sharded run: one shard a host),
 or with --nodes a group as one multi-node job.
@@ -13,7 +14,9 @@ from specrig.contract import SERVER
 from specrig.errors import UsageError
 from specrig.exit_status import ExitStatus, most_serious
 from specrig.inventory import Host
-from specrig.run import array_runs, live, node_runs, runs, sharded_runs, slurm_node_runs, view
+from specrig.run import live, node_runs, node_view, runs, sharded_runs, sharded_view, view, view_parts
+from specrig.slurm import job_array, node_job
+from specrig.slurm import view as slurm_view
 from specrig.slurm.submit import refuse_slurm_hosts, slurm_settings
 
 
@@ -31,7 +34,7 @@ def extract_sharded(spec: str, hosts: Sequence[Host], given: dict, *, shared_out
     requests = sharded_runs.shard_requests(hosts, given, shared_out=shared_out)
     preflight, modes = sharded_runs.preflight_shards(hosts, requests, skip_preflight=skip_preflight,
                                                      shared_out=shared_out)
-    view.show_shards_preflight(preflight, as_json=as_json)
+    sharded_view.show_shards_preflight(preflight, as_json=as_json)
     if preflight.failed:
         return preflight.exit_status
     mode = sharded_runs.one_mode(modes)
@@ -46,12 +49,12 @@ def extract_sharded(spec: str, hosts: Sequence[Host], given: dict, *, shared_out
     def launch(host: Host) -> dict:
         return sharded_runs.launch_shard(
             host, requests[host.name], sharded_run_id=sharded_run_id, names=names, shared_out=shared_out,
-            on_launched=None if as_json else lambda launched: view.show_layers_note(launched, host=host.name),
+            on_launched=None if as_json else lambda launched: view_parts.show_layers_note(launched, host=host.name),
             on_update=(lambda run: board.update(host.name, run)) if board else None)
 
     if not as_json:
-        view.show_sharded_run(sharded_run_id, names, server=mode == SERVER)
-    return run_on_group(hosts, launch, view.sharded_view(sharded_run_id), as_json=as_json, board=board,
+        sharded_view.show_sharded_run(sharded_run_id, names, server=mode == SERVER)
+    return run_on_group(hosts, launch, sharded_view.shards_view(sharded_run_id), as_json=as_json, board=board,
                         detach_note=f"detached; the runs go on. `inv status --host {spec} --run {sharded_run_id}` "
                                     f"shows them, `inv stop --host {spec} --run {sharded_run_id}` stops them."
                         if attach else None)
@@ -61,10 +64,10 @@ def extract_job(spec: str, hosts: Sequence[Host], given: dict, *, mode: str, siz
                 attach: bool, as_json: bool) -> ExitStatus:
     """Check, launch the head then each worker, and follow the job's nodes as one (attach False: return at
     once). `sizes`: pp, dp_local, rendezvous_port, watch_port (None: their defaults). On one Slurm login
-    node the job is one Slurm job of slurm.nodes nodes, submitted (slurm_node_runs.py)."""
+    node the job is one Slurm job of slurm.nodes nodes, submitted (specrig/slurm/node_job.py)."""
     if len(hosts) == 1 and slurm_settings(hosts[0]) is not None:
-        return run_on_host(hosts[0], lambda target: slurm_node_runs.extract_job(
-            target, given, mode=mode, sizes=sizes, skip_preflight=skip_preflight), view.SLURM_NODES, as_json=as_json)
+        return run_on_host(hosts[0], lambda target: node_job.extract_job(
+            target, given, mode=mode, sizes=sizes, skip_preflight=skip_preflight), slurm_view.NODE_JOB, as_json=as_json)
     refuse_slurm_hosts(hosts, "a multi-node job over several login nodes (--nodes)")
     request, records = node_runs.plan_job(hosts, given, mode=mode, **sizes)
     head = hosts[0]
@@ -73,12 +76,13 @@ def extract_job(spec: str, hosts: Sequence[Host], given: dict, *, mode: str, siz
     if not skip_preflight:
         nodes, job = node_runs.job_preflight(hosts, request, records)
         status = node_runs.job_status(nodes, job)
-        view.show_job_preflight(nodes, job, status, as_json=as_json)
+        node_view.show_job_preflight(nodes, job, status, as_json=as_json)
         if status != ExitStatus.OK:
             return status
     job_id = records[head.name]["job_id"]
     launched = node_runs.launch_job(hosts, request, records)
-    view.show_job_launched(job_id, records, launched, node_runs.layout.describe(records[head.name]), as_json=as_json)
+    node_view.show_job_launched(job_id, records, launched, node_runs.layout.describe(records[head.name]),
+                                as_json=as_json)
     if as_json or not attach:
         return ExitStatus.OK
     board = live.RunsBoard([h.name for h in hosts])
@@ -87,24 +91,24 @@ def extract_job(spec: str, hosts: Sequence[Host], given: dict, *, mode: str, siz
         return node_runs.follow_node(host, launched[host.name]["run_id"], records[host.name]["role"],
                                      lambda run: board.update(host.name, run))
 
-    return run_on_group(hosts, follow, view.job_view(job_id), as_json=False, board=board,
+    return run_on_group(hosts, follow, node_view.job_view(job_id), as_json=False, board=board,
                         detach_note=f"detached; the job goes on. `inv status --host {spec} --run {job_id}` shows it, "
                                     f"`inv stop --host {spec} --run {job_id}` stops every node.")
 
 
 def extract_array(host: Host, given: dict, *, tasks: int, skip_preflight: bool, as_json: bool) -> ExitStatus:
     """A sharded run as one Slurm job array on a login node: checks, the tasks' runs, one submission."""
-    return run_on_host(host, lambda target: array_runs.extract_array(target, given, tasks=tasks,
-                                                                     skip_preflight=skip_preflight),
-                       view.ARRAY, as_json=as_json)
+    return run_on_host(host, lambda target: job_array.extract_array(target, given, tasks=tasks,
+                                                                    skip_preflight=skip_preflight),
+                       slurm_view.JOB_ARRAY, as_json=as_json)
 
 
 def gather(hosts: Sequence[Host], run_id: str, *, as_json: bool) -> ExitStatus:
     """Each host's shard checked on its host, then their union: exit 1 unless every index is there once,
     each loading whole. On one Slurm login node, the tasks of its job array are the shards."""
     if len(hosts) == 1 and slurm_settings(hosts[0]) is not None:
-        shards, found = array_runs.gather_array(hosts[0], run_id)
+        shards, found = job_array.gather_array(hosts[0], run_id)
     else:
         shards, found = sharded_runs.gather(hosts, run_id)
-    view.show_gather(run_id, shards, found, as_json=as_json)
+    sharded_view.show_gather(run_id, shards, found, as_json=as_json)
     return most_serious([shards.exit_status, ExitStatus.OK if found["complete"] else ExitStatus.FINDINGS])

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from specrig.errors import UsageError
-from specrig.lab import STATE, _replace_file, _require_root, _sh, running_pid, stop_pid
+from specrig.lab.machine import STATE, apt_install, replace_file, require_root, run_command, running_pid, stop_pid
 
 SLURM_STATE = STATE / "slurm"
 SLURM_READY = SLURM_STATE / "READY"
@@ -127,7 +127,7 @@ def slurm_is_up() -> bool:
 def up(*, log=print) -> None:
     """The lab's Slurm (idempotent): munged, slurmctld and a slurmd per node running this config,
     every node idle. A changed configuration restarts the daemons."""
-    _require_root("lab.up --slurm")
+    require_root("lab.up --slurm")
     _install_packages(log=log)
     changed = _write_configuration()
     _make_devices()
@@ -145,7 +145,7 @@ def up(*, log=print) -> None:
 
 def down(*, log=print) -> None:
     """Stop the daemons, remove SLURM_STATE and the client configuration link (the packages stay)."""
-    _require_root("lab.down")
+    require_root("lab.down")
     _cancel_jobs(log=log)
     _stop_daemons(log=log)
     stop_pid(SLURM_STATE / "munge" / "munged.pid", what="munged", log=log)
@@ -158,10 +158,7 @@ def down(*, log=print) -> None:
 def _install_packages(*, log) -> None:
     if shutil.which("slurmctld") and shutil.which("slurmd") and shutil.which("munged"):
         return
-    log(f"installing {', '.join(APT_PACKAGES)} with apt-get")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    _sh("apt-get", "update", "-qq", env=env)
-    _sh("apt-get", "install", "-y", "-qq", "--no-install-recommends", *APT_PACKAGES, env=env)
+    apt_install(APT_PACKAGES, log=log)
 
 
 def _owned_dir(path: Path, *, user: str, mode: int) -> None:
@@ -183,7 +180,7 @@ def _write_configuration() -> bool:
     for path, text in ((SLURM_CONF, slurm_conf(controller=socket.gethostname().split(".")[0])),
                        (SLURM_STATE / "gres.conf", gres_conf())):
         changed |= not path.exists() or path.read_text() != text
-        _replace_file(path, text)
+        replace_file(path, text)
     if CLIENT_CONF.is_symlink() and CLIENT_CONF.resolve() == SLURM_CONF.resolve():
         return changed
     if CLIENT_CONF.exists() or CLIENT_CONF.is_symlink():
@@ -206,7 +203,7 @@ def _ensure_munged(*, log) -> None:
     os.chmod(key, 0o600)
     if running_pid(directory / "munged.pid"):
         return
-    _sh("munged", f"--key-file={key}", f"--socket={MUNGE_SOCKET}", f"--pid-file={directory / 'munged.pid'}",
+    run_command("munged", f"--key-file={key}", f"--socket={MUNGE_SOCKET}", f"--pid-file={directory / 'munged.pid'}",
         f"--log-file={directory / 'munged.log'}", f"--seed-file={directory / 'munged.seed'}", user=MUNGE_USER)
     log("started munged")
 
@@ -216,7 +213,7 @@ def _ensure_slurmctld(*, log, fresh: bool) -> None:
     state the old one saved (-c: no jobs, no node drained under the old configuration)."""
     if running_pid(SLURM_STATE / "run" / "slurmctld.pid"):
         return
-    _sh("slurmctld", "-f", str(SLURM_CONF), *(["-c"] if fresh else []))
+    run_command("slurmctld", "-f", str(SLURM_CONF), *(["-c"] if fresh else []))
     _wait_for(lambda: running_pid(SLURM_STATE / "run" / "slurmctld.pid") is not None, what="slurmctld start",
               log_file=SLURM_STATE / "log" / "slurmctld.log")
     log("started slurmctld")
@@ -226,7 +223,7 @@ def _ensure_slurmd(node: str, *, log) -> None:
     if running_pid(SLURM_STATE / "run" / f"slurmd-{node}.pid"):
         return
     _owned_dir(SLURM_STATE / "spool" / node, user="root", mode=0o755)
-    _sh("slurmd", "-f", str(SLURM_CONF), "-N", node)
+    run_command("slurmd", "-f", str(SLURM_CONF), "-N", node)
     _wait_for(lambda: running_pid(SLURM_STATE / "run" / f"slurmd-{node}.pid") is not None, what=f"slurmd -N {node} start",
               log_file=SLURM_STATE / "log" / f"slurmd-{node}.log")
     log(f"started slurmd for {node}")
@@ -262,7 +259,7 @@ def _cancel_jobs(*, log) -> None:
     queued = _queued()
     if not queued:
         return
-    _sh("scancel", *queued)
+    run_command("scancel", *queued)
     _wait_for(lambda: not _queued(), what="end of the cancelled jobs", log_file=SLURM_STATE / "log" / "slurmctld.log")
     log(f"cancelled {len(queued)} job(s)")
 

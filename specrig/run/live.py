@@ -29,8 +29,8 @@ from specrig.run.view import (
     rate_text,
     samples,
     show_run,
-    slurm_job_text,
 )
+from specrig.slurm.view import slurm_job_text
 from specrig.ui import console, gpu_table
 from specrig.ui.group import outcome_word
 from specrig.ui.terminal import markup, visible

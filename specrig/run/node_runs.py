@@ -6,7 +6,7 @@ whose settings every node takes) first, and follows them as one. Each run.json h
 `nodes: {job_id, role, node_rank, nnodes, hosts, addresses, master_addr, rendezvous_port, watch_port,
 mode, ...sizes}` (remote/run/server/nodes.py, loaded here from its file to check the shape before any
 host is reached). `status`, `logs`, `stop` and `resume` take the job id as they take a sharded run's id.
-Data only: run/view.py shows it, specrig/cli/extract.py sequences it.
+Data only: run/node_view.py shows it, specrig/cli/extract.py sequences it.
 
 The preflight checks what it can before anything starts: each node alone (the head: the whole
 server-mode preflight; a worker: its server environment, model, GPUs, torch build, ports, and

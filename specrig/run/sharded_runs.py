@@ -1,5 +1,5 @@
 """A sharded run: one extraction over a group of hosts, each host one shard of the dataset: `inv
-extract` on a group or a list, and `inv gather` (docs/runs.md, "Fleet runs"). Data only (run/view.py
+extract` on a group or a list, and `inv gather` (docs/runs.md, "Fleet runs"). Data only (run/sharded_view.py
 shows it, specrig/cli/extract.py sequences it).
 
 The dataset is split by global sample index: host k of n (in the order `--host` names them) takes

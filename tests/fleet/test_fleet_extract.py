@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from specrig import lab as lab_module
 from specrig.exit_status import ExitStatus
+from specrig.lab import READY
+from specrig.lab import fleet as lab_fleet
 from support.lab import inv, inv_json, require_lab
 from support.paths import REPO
 from support.runnable_env import patch, runnable_env_or_skip  # also marks these tests runnable (they load a model)
@@ -36,12 +37,12 @@ LAUNCHED: list[str] = []
 
 @pytest.fixture(scope="module")
 def fleet(lab):
-    build = f"run `inv lab.up --runnable --hosts {lab_module.FLEET_SHIPPED}` as root"
+    build = f"run `inv lab.up --runnable --hosts {lab_fleet.FLEET_SHIPPED}` as root"
     require_lab(lab.groups.get(GROUP) == HOSTS, f"hosts.yaml has no group {GROUP} of {HOSTS}")
-    require_lab(lab_module.fleet_size() >= len(HOSTS)
-            and all(lab_module.fleet_host_running(number) for number in range(1, len(HOSTS) + 1)),
+    require_lab(lab_fleet.fleet_size() >= len(HOSTS)
+            and all(lab_fleet.fleet_host_running(number) for number in range(1, len(HOSTS) + 1)),
             f"lab fleet not running: {build}")
-    require_lab(lab_module.READY.read_text() == "runnable\n", f"the lab fleet needs the runnable environments: {build}")
+    require_lab(READY.read_text() == "runnable\n", f"the lab fleet needs the runnable environments: {build}")
     # The fleet's hosts share ~/venv-cpu: the preflight's verify-signatures passes once it is patched.
     patch(runnable_env_or_skip(lab), "apply")
     return lab

@@ -23,7 +23,7 @@ import uuid
 import pytest
 
 from run.server import outputs
-from specrig import lab as lab_module
+from specrig.lab import fleet as lab_fleet
 from support.lab import host_of_its_own, inv, inv_json, known_hosts_line
 from support.runnable_env import HOME, runnable_env_or_skip  # noqa: F401 (marks the module runnable)
 from support.server_lab import require_server_fleet, run_files, server_fleet_inventory
@@ -139,7 +139,7 @@ def test_a_staging_directory_one_node_does_not_share_is_refused_by_name_and_noth
     try:
         with host_of_its_own(private=(out,)) as (number, worker):
             inventory = server_fleet_inventory(
-                tmp_path, {**fleet, worker: lab_module.fleet_entry(number)}, ["lab-1", worker],
+                tmp_path, {**fleet, worker: lab_fleet.fleet_entry(number)}, ["lab-1", worker],
                 env={"VLLM_CPU_KVCACHE_SPACE": 1}, extract=lambda _: {"port": free_port(), "out": str(out)})
             with open(tmp_path / ".specrig" / "known_hosts", "a") as known:
                 known.write(known_hosts_line(number))

@@ -15,8 +15,8 @@ import uuid
 
 import pytest
 
-from specrig import lab as lab_module
 from specrig.inventory import load_inventory
+from specrig.lab import fleet as lab_fleet
 from specrig.run import sharded_runs
 from support.lab import host_of_its_own, inv_json, known_hosts_line
 from support.runnable_env import HOME
@@ -39,7 +39,7 @@ def out():
 def inventory_of(tmp_path, fleet, hosts, out, own=None):
     """hosts.yaml for `hosts` (lab-N names, and the test's own host `own`: (number, name)), one --out."""
     if own:
-        fleet = {**fleet, own[1]: lab_module.fleet_entry(own[0])}
+        fleet = {**fleet, own[1]: lab_fleet.fleet_entry(own[0])}
     inventory = server_fleet_inventory(tmp_path, fleet, hosts, extract=lambda number: {
         "port": 18400 + number, "out": str(out)})
     if own:

@@ -20,23 +20,26 @@ import pytest
 import yaml
 
 from run import storage
-from specrig import lab as lab_module
 from specrig.exit_status import ExitStatus
 from specrig.inventory import load_inventory
+from specrig.lab import READY
+from specrig.lab import fleet as lab_fleet
+from specrig.lab.machine import MAIN_USER, process_running, running_pid
+from specrig.lab.sshd import set_known_host, sshd_pid
 from support.lab import claim_spare, host_of_its_own, inv, inv_json, known_hosts_line, lab_entry, quiet, require_lab
 from support.paths import REPO
 
-SHIPPED = [f"lab-{number}" for number in range(1, lab_module.FLEET_SHIPPED + 1)]
+SHIPPED = [f"lab-{number}" for number in range(1, lab_fleet.FLEET_SHIPPED + 1)]
 
 
 @pytest.fixture(scope="module")
 def fleet(lab):
-    build = f"run `inv lab.up --runnable --hosts {lab_module.FLEET_SHIPPED}` as root"
-    require_lab(lab_module.fleet_size() >= lab_module.FLEET_SHIPPED
-            and all(lab_module.fleet_host_running(number) for number in range(1, lab_module.FLEET_SHIPPED + 1)),
+    build = f"run `inv lab.up --runnable --hosts {lab_fleet.FLEET_SHIPPED}` as root"
+    require_lab(lab_fleet.fleet_size() >= lab_fleet.FLEET_SHIPPED
+            and all(lab_fleet.fleet_host_running(number) for number in range(1, lab_fleet.FLEET_SHIPPED + 1)),
             f"lab fleet not built: {build}")
     # The fleet's hosts run the runnable environment (hosts.yaml: ~/venv-cpu/bin/python).
-    require_lab(lab_module.READY.read_text() == "runnable\n", f"the lab fleet needs the runnable environments: {build}")
+    require_lab(READY.read_text() == "runnable\n", f"the lab fleet needs the runnable environments: {build}")
     return lab
 
 
@@ -54,7 +57,7 @@ def test_hosts_yaml_names_the_fleet_as_lab_up_builds_it():
     data = yaml.safe_load((REPO / "hosts.yaml").read_text())
     assert data["groups"]["lab-fleet"] == SHIPPED
     for number, name in enumerate(SHIPPED, 1):
-        assert data["hosts"][name] == lab_module.fleet_entry(number), name
+        assert data["hosts"][name] == lab_fleet.fleet_entry(number), name
     workdirs = {data["hosts"][name]["workdir"] for name in SHIPPED}
     assert len(workdirs) == len(SHIPPED), "fleet hosts share a workdir: their runs would mix"
 
@@ -70,13 +73,13 @@ def test_recording_a_host_key_touches_only_its_own_line(tmp_path):
     (first, first_key), (second, second_key) = key("first"), key("second")
     known_hosts = tmp_path / "known_hosts"
     known_hosts.write_text("[127.0.0.1]:2222 ssh-ed25519 AAAAmain\nother ssh-rsa AAAAother")  # no final newline
-    lab_module._set_known_host(known_hosts, "[127.0.1.7]:2222", first)
+    set_known_host(known_hosts, "[127.0.1.7]:2222", first)
     expected = f"[127.0.0.1]:2222 ssh-ed25519 AAAAmain\nother ssh-rsa AAAAother\n[127.0.1.7]:2222 {first_key}\n"
     assert known_hosts.read_text() == expected
     inode = known_hosts.stat().st_ino
-    lab_module._set_known_host(known_hosts, "[127.0.1.7]:2222", first)  # held already: the file is not rewritten
+    set_known_host(known_hosts, "[127.0.1.7]:2222", first)  # held already: the file is not rewritten
     assert known_hosts.stat().st_ino == inode and known_hosts.read_text() == expected
-    lab_module._set_known_host(known_hosts, "[127.0.1.7]:2222", second)  # re-keyed: replaced
+    set_known_host(known_hosts, "[127.0.1.7]:2222", second)  # re-keyed: replaced
     assert known_hosts.read_text() == expected.replace(first_key, second_key)
     assert oct(known_hosts.stat().st_mode & 0o777) == "0o600"
 
@@ -98,18 +101,18 @@ def test_doctor_on_the_fleet_every_host_its_own_sshd(fleet):
                 for o in outcomes.values()}) == 1
     assert outcomes["lab-1"]["result"]["packages"]["vllm"]
     # ... and each host its own sshd and host key.
-    pids = {lab_module._sshd_pid(lab_module.fleet_state(number)) for number in range(1, len(SHIPPED) + 1)}
+    pids = {sshd_pid(lab_fleet.fleet_state(number)) for number in range(1, len(SHIPPED) + 1)}
     keys = {known_hosts_line(number).split(" ", 1)[1] for number in range(1, len(SHIPPED) + 1)}
     assert len(pids) == len(keys) == len(SHIPPED) and None not in pids
 
 
 def test_the_generated_inventory_names_the_whole_fleet(fleet):
-    inventory = load_inventory(lab_module.fleet_inventory())
-    size = lab_module.fleet_size()
+    inventory = load_inventory(lab_fleet.fleet_inventory())
+    size = lab_fleet.fleet_size()
     assert inventory.groups["lab-fleet"] == [f"lab-{number}" for number in range(1, size + 1)]
-    known = (lab_module.fleet_inventory().parent / ".specrig" / "known_hosts").read_text()
+    known = (lab_fleet.fleet_inventory().parent / ".specrig" / "known_hosts").read_text()
     assert all(known_hosts_line(number) in known for number in range(1, size + 1))
-    code, outcomes = inv_json("doctor", "--host", "lab-1,lab-3", inventory=lab_module.fleet_inventory())
+    code, outcomes = inv_json("doctor", "--host", "lab-1,lab-3", inventory=lab_fleet.fleet_inventory())
     assert code == 0 and list(outcomes) == ["lab-1", "lab-3"], outcomes
 
 
@@ -117,10 +120,10 @@ def test_up_again_changes_nothing(fleet):
     require_lab(os.geteuid() == 0, "the lab's files are root's: run the suite as root")
     known_hosts = REPO / ".specrig" / "known_hosts"
     before = known_hosts.read_text()
-    pids = [lab_module._sshd_pid(lab_module.fleet_state(number)) for number in range(1, len(SHIPPED) + 1)]
-    lab_module.up_fleet(len(SHIPPED), log=quiet)
+    pids = [sshd_pid(lab_fleet.fleet_state(number)) for number in range(1, len(SHIPPED) + 1)]
+    lab_fleet.up_fleet(len(SHIPPED), log=quiet)
     assert known_hosts.read_text() == before
-    assert [lab_module._sshd_pid(lab_module.fleet_state(number)) for number in range(1, len(SHIPPED) + 1)] == pids
+    assert [sshd_pid(lab_fleet.fleet_state(number)) for number in range(1, len(SHIPPED) + 1)] == pids
 
 
 # ---- private hosts: one down, one re-keyed ---------------------------------------------------------------
@@ -134,63 +137,63 @@ def spares(fleet, tmp_path_factory):
     try:
         for _ in range(2):
             numbers.append(claim_spare())
-            lab_module.start_fleet_host(numbers[-1], log=quiet)
+            lab_fleet.start_fleet_host(numbers[-1], log=quiet)
         shipped = yaml.safe_load((REPO / "hosts.yaml").read_text())["hosts"]
         key = lab_entry()["identity_file"]
         hosts = {name: {**shipped[name], "identity_file": key} for name in SHIPPED}
         for number in numbers:
-            hosts[lab_module.fleet_name(number)] = lab_module.fleet_entry(number, identity_file=key)
+            hosts[lab_fleet.fleet_name(number)] = lab_fleet.fleet_entry(number, identity_file=key)
         path = directory / "hosts.yaml"
         path.write_text(yaml.safe_dump({"hosts": hosts, "groups": {"lab-fleet": list(hosts)}}))
         (directory / ".specrig").mkdir()
         shutil.copy(REPO / ".specrig" / "known_hosts", directory / ".specrig" / "known_hosts")
         with open(directory / ".specrig" / "known_hosts", "a") as known:
             known.writelines(known_hosts_line(number) for number in numbers)
-        yield path, [lab_module.fleet_name(number) for number in numbers], numbers
+        yield path, [lab_fleet.fleet_name(number) for number in numbers], numbers
     finally:
         for number in numbers:
-            lab_module.remove_fleet_host(number, known_hosts=directory / ".specrig" / "known_hosts",
-                                         log=quiet)
+            lab_fleet.remove_fleet_host(number, known_hosts=directory / ".specrig" / "known_hosts",
+                                        log=quiet)
 
 
 def test_one_host_down_the_others_succeed(spares):
     inventory, (down, other), (number, _) = spares
-    lab_module.stop_fleet_host(number, log=quiet)
+    lab_fleet.stop_fleet_host(number, log=quiet)
     try:
-        assert refused(lab_module.fleet_address(number), lab_module.FLEET_PORT)
+        assert refused(lab_fleet.fleet_address(number), lab_fleet.FLEET_PORT)
         code, outcomes = inv_json("doctor", "--host", "lab-fleet", inventory=inventory)
         assert outcomes[down]["exit_status"] == ExitStatus.CONNECTION and "refused" in outcomes[down]["error"]
         assert all(outcomes[name]["exit_status"] == 0 for name in (*SHIPPED, other)), outcomes
         assert code == ExitStatus.CONNECTION
     finally:
-        lab_module.start_fleet_host(number, log=quiet)
+        lab_fleet.start_fleet_host(number, log=quiet)
     code, outcomes = inv_json("doctor", "--host", down, inventory=inventory)
     assert code == 0, outcomes  # back up, with the key it had
 
 
 def test_one_host_rekeyed_the_others_succeed(spares):
     inventory, (_, rekeyed), (_, number) = spares
-    old = lab_module.rekey_fleet_host(number, log=quiet)
+    old = lab_fleet.rekey_fleet_host(number, log=quiet)
     try:
         code, outcomes = inv_json("doctor", "--host", "lab-fleet", inventory=inventory)
         assert outcomes[rekeyed]["exit_status"] == ExitStatus.HOST_KEY and "CHANGED" in outcomes[rekeyed]["error"]
         assert all(outcomes[name]["exit_status"] == 0 for name in SHIPPED), outcomes
         assert code == ExitStatus.HOST_KEY
     finally:
-        lab_module.rekey_fleet_host(number, old, log=quiet)
+        lab_fleet.rekey_fleet_host(number, old, log=quiet)
     code, outcomes = inv_json("doctor", "--host", rekeyed, inventory=inventory)
     assert code == 0, outcomes  # the recorded key again
 
 
 def test_one_down_one_rekeyed_the_summary_names_both(spares):
     inventory, (down, rekeyed), (down_number, rekeyed_number) = spares
-    lab_module.stop_fleet_host(down_number, log=quiet)
-    old = lab_module.rekey_fleet_host(rekeyed_number, log=quiet)
+    lab_fleet.stop_fleet_host(down_number, log=quiet)
+    old = lab_fleet.rekey_fleet_host(rekeyed_number, log=quiet)
     try:
         result = inv("doctor", "--host", "lab-fleet", inventory=inventory, env={"COLUMNS": "80"})
     finally:
-        lab_module.start_fleet_host(down_number, log=quiet)
-        lab_module.rekey_fleet_host(rekeyed_number, old, log=quiet)
+        lab_fleet.start_fleet_host(down_number, log=quiet)
+        lab_fleet.rekey_fleet_host(rekeyed_number, old, log=quiet)
     assert result.returncode == ExitStatus.HOST_KEY, result.stdout + result.stderr
     text = " ".join(result.stdout.split())
     assert f"doctor: {len(SHIPPED) + 2} hosts, {len(SHIPPED)} ok, 2 not ok" in text
@@ -203,13 +206,13 @@ def test_a_removed_fleet_host_leaves_nothing(fleet, tmp_path):
     require_lab(os.geteuid() == 0, "starting lab sshds needs root: run the suite as root")
     number = claim_spare()
     try:
-        lab_module.start_fleet_host(number, log=quiet)
+        lab_fleet.start_fleet_host(number, log=quiet)
     finally:
         known_hosts = tmp_path / "known_hosts"
         known_hosts.write_text("other ssh-ed25519 AAAA\n" + known_hosts_line(number))
-        lab_module.remove_fleet_host(number, known_hosts=known_hosts, log=quiet)
-    assert refused(lab_module.fleet_address(number), lab_module.FLEET_PORT)
-    assert not lab_module.fleet_state(number).exists()
+        lab_fleet.remove_fleet_host(number, known_hosts=known_hosts, log=quiet)
+    assert refused(lab_fleet.fleet_address(number), lab_fleet.FLEET_PORT)
+    assert not lab_fleet.fleet_state(number).exists()
     assert known_hosts.read_text() == "other ssh-ed25519 AAAA\n"
 
 
@@ -217,19 +220,19 @@ def test_a_host_of_its_own_sees_its_private_directory_empty_and_keeps_what_it_wr
     shared = tmp_path / "out"
     shared.mkdir()
     (shared / "mine").write_text("the machine's\n")
-    os.chown(shared, *[getattr(pwd.getpwnam(lab_module.MAIN_USER), f) for f in ("pw_uid", "pw_gid")])
+    os.chown(shared, *[getattr(pwd.getpwnam(MAIN_USER), f) for f in ("pw_uid", "pw_gid")])
     with host_of_its_own(private=(shared,)) as (number, _):
-        sshd = lab_module.running_pid(lab_module.fleet_state(number) / "sshd.pid")
+        sshd = running_pid(lab_fleet.fleet_state(number) / "sshd.pid")
 
         def inside(*argv: str) -> str:
             return subprocess.run(["nsenter", "-t", str(sshd), "-m", *argv], capture_output=True, text=True,
                                   check=True).stdout
 
         assert inside("ls", "-A", str(shared)) == ""
-        assert inside("stat", "-c", "%U %F", str(shared)) == f"{lab_module.MAIN_USER} directory\n"
+        assert inside("stat", "-c", "%U %F", str(shared)) == f"{MAIN_USER} directory\n"
         inside("touch", str(shared / "theirs"))
         assert os.listdir(shared) == ["mine"]
         found = storage.mount_of(str(shared), storage.parse_mountinfo(Path(f"/proc/{sshd}/mountinfo").read_text()))
         assert (found["fstype"], found["source"]) == ("tmpfs", "specrig-private")
         assert storage.mount_of(str(shared), storage.read_mounts())["mount_point"] != str(shared)
-    assert not lab_module._running(sshd) and os.listdir(shared) == ["mine"]
+    assert not process_running(sshd) and os.listdir(shared) == ["mine"]

@@ -10,7 +10,7 @@ import yaml
 from run import rundir
 from slurm import jobs
 from specrig.contract import SLURM_SETTINGS
-from specrig.run.view import slurm_job_text
+from specrig.slurm.view import slurm_job_text
 from support.paths import REPO
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"

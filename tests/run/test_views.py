@@ -6,7 +6,7 @@ from rich.console import Console
 
 from specrig.contract import ACTIVE_STATES, FINAL_STATES, LOST
 from specrig.inventory import Host
-from specrig.run import view
+from specrig.run import node_view, view, view_parts
 from specrig.run.view import STATE_STYLE
 from specrig.ui import human_bytes
 
@@ -41,17 +41,19 @@ def test_extract_says_which_flags_the_server_gets(monkeypatch):
 def test_layers_other_than_trainings_default_are_one_line_a_choice_or_a_warning():
     same = {"ids": [2, 16, 29, 32], "training_default": [2, 16, 29, 32]}
     other = {"ids": [3, 16, 29, 32], "training_default": [2, 16, 29, 32]}
-    assert view.layers_note(same, None) is None and view.layers_note(None, None) is None  # in-process: no plan
-    chosen = view.layers_note(other, "--layers")
+    # In process: no plan.
+    assert view_parts.layers_note(same, None) is None and view_parts.layers_note(None, None) is None
+    chosen = view_parts.layers_note(other, "--layers")
     assert "as --layers asks" in chosen and "[2, 16, 29, 32]" in chosen and "warning" not in chosen
-    warned = view.layers_note(other, "hosts.yaml: hosts.gpu1.extract.layers")
+    warned = view_parts.layers_note(other, "hosts.yaml: hosts.gpu1.extract.layers")
     assert warned.startswith("[yellow]warning:[/] layers [3, 16, 29, 32] (hosts.yaml: hosts.gpu1.extract.layers)")
     assert "pass --layers to choose them" in warned and "\n" not in warned
 
 
 def _printed(monkeypatch) -> Console:
     console = Console(record=True, width=300, file=open("/dev/null", "w"), highlight=False)
-    monkeypatch.setattr(view, "console", console)
+    for module in (view, view_parts, node_view):
+        monkeypatch.setattr(module, "console", console)
     return console
 
 
@@ -60,10 +62,10 @@ def test_the_layers_line_is_said_once_per_launch_on_one_host_a_shard_and_a_multi
     console = _printed(monkeypatch)
     view.show_extract({"run_id": "r1", "path": "/w/r1", "preflight": None, "layers": other,
                        "layers_source": "--layers"}, host=Host(name="gpu"), as_json=False, follow=None)
-    view.show_layers_note({"run_id": "r2", "layers": other, "layers_source": "--layers"}, host="lab-2")
-    view.show_job_launched("nodes-1", {"lab-1": {"master_addr": "10.0.0.1"}, "lab-2": {}},
-                           {"lab-1": {"layers": other, "layers_source": "hosts.yaml: hosts.lab-1.extract.layers"},
-                            "lab-2": {"layers": other, "layers_source": None}}, "dp 2", as_json=False)
+    view_parts.show_layers_note({"run_id": "r2", "layers": other, "layers_source": "--layers"}, host="lab-2")
+    node_view.show_job_launched("nodes-1", {"lab-1": {"master_addr": "10.0.0.1"}, "lab-2": {}},
+                                {"lab-1": {"layers": other, "layers_source": "hosts.yaml: hosts.lab-1.extract.layers"},
+                                 "lab-2": {"layers": other, "layers_source": None}}, "dp 2", as_json=False)
     lines = console.export_text().splitlines()
     assert lines[0] == "layers [1, 2, 3], as --layers asks; speculators' training defaults to [2, 2, 1, 4]: train " \
                        "with these ids (specrig-layers.json beside the files records them)"
@@ -74,9 +76,9 @@ def test_the_layers_line_is_said_once_per_launch_on_one_host_a_shard_and_a_multi
 
 def test_no_layers_line_where_the_ids_are_trainings_default_or_there_is_no_plan(monkeypatch):
     console = _printed(monkeypatch)
-    view.show_layers_note({"layers": {"ids": [2, 2, 1, 4], "training_default": [2, 2, 1, 4]},
-                           "layers_source": "--layers"}, host="lab-1")
-    view.show_layers_note({"layers": None, "layers_source": None}, host="lab-2")  # in-process: no plan
+    view_parts.show_layers_note({"layers": {"ids": [2, 2, 1, 4], "training_default": [2, 2, 1, 4]},
+                                 "layers_source": "--layers"}, host="lab-1")
+    view_parts.show_layers_note({"layers": None, "layers_source": None}, host="lab-2")  # in-process: no plan
     assert console.export_text() == ""
 
 

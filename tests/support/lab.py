@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specrig import lab as lab_module
+from specrig.lab import fleet as lab_fleet
+from specrig.lab.machine import process_running
 from support.paths import REPO
 
 LAB_READY = Path("/var/lib/specrig-lab/READY")
@@ -130,28 +131,28 @@ def claim_spare() -> int:
     """A fleet number of our own above FLEET_MAX: its directory, made atomically, is the claim
     (suites running side by side each get their own). Spares a killed suite left (their owner
     process is gone) are removed first."""
-    lab_module.FLEET.mkdir(parents=True, exist_ok=True)
-    spares = range(lab_module.FLEET_MAX + 1, 255)
+    lab_fleet.FLEET.mkdir(parents=True, exist_ok=True)
+    spares = range(lab_fleet.FLEET_MAX + 1, 255)
     for number in spares:
         try:
-            owner = int((lab_module.fleet_state(number) / OWNER).read_text())
+            owner = int((lab_fleet.fleet_state(number) / OWNER).read_text())
         except (OSError, ValueError):
             continue
-        if not lab_module._running(owner):
-            lab_module.remove_fleet_host(number, log=quiet)
+        if not process_running(owner):
+            lab_fleet.remove_fleet_host(number, log=quiet)
     for number in spares:
         try:
-            lab_module.fleet_state(number).mkdir()
+            lab_fleet.fleet_state(number).mkdir()
         except FileExistsError:
             continue
-        (lab_module.fleet_state(number) / OWNER).write_text(f"{os.getpid()}\n")
+        (lab_fleet.fleet_state(number) / OWNER).write_text(f"{os.getpid()}\n")
         return number
-    pytest.fail(f"no spare fleet address left under {lab_module.FLEET}: `inv lab.down` clears them")
+    pytest.fail(f"no spare fleet address left under {lab_fleet.FLEET}: `inv lab.down` clears them")
 
 
 def known_hosts_line(number: int) -> str:
-    key_type, key_b64 = (lab_module.fleet_state(number) / "ssh_host_ed25519_key.pub").read_text().split()[:2]
-    return f"[{lab_module.fleet_address(number)}]:{lab_module.FLEET_PORT} {key_type} {key_b64}\n"
+    key_type, key_b64 = (lab_fleet.fleet_state(number) / "ssh_host_ed25519_key.pub").read_text().split()[:2]
+    return f"[{lab_fleet.fleet_address(number)}]:{lab_fleet.FLEET_PORT} {key_type} {key_b64}\n"
 
 
 @contextlib.contextmanager
@@ -163,7 +164,7 @@ def host_of_its_own(*, private: tuple[Path, ...] = ()):
     require_lab(os.geteuid() == 0, "starting lab sshds needs root: run the suite as root")
     number = claim_spare()
     try:
-        lab_module.start_fleet_host(number, private=private, log=quiet)
-        yield number, lab_module.fleet_name(number)
+        lab_fleet.start_fleet_host(number, private=private, log=quiet)
+        yield number, lab_fleet.fleet_name(number)
     finally:
-        lab_module.remove_fleet_host(number, log=quiet)
+        lab_fleet.remove_fleet_host(number, log=quiet)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specrig import lab as lab_module
+from specrig.lab import fleet as lab_fleet
 from support.lab import inv
 from support.paths import REPO
 from support.runnable_env import HOME
@@ -39,7 +39,7 @@ LAB_SERVER_ENV = {name: value for name, value in
 def require_server_fleet(hosts: list[str]) -> dict:
     """The fleet hosts' entries of .lab/fleet.yaml, once server mode's environments are built and
     lab-server's server venv (which the fleet hosts share here) is patched; else the test is skipped."""
-    if not (CLIENT / "bin" / "python").exists() or lab_module.fleet_size() < len(hosts):
+    if not (CLIENT / "bin" / "python").exists() or lab_fleet.fleet_size() < len(hosts):
         pytest.skip(f"needs `inv lab.up --runnable --hosts {len(hosts)}` (server mode's environments and "
                     f"{len(hosts)} fleet hosts)")
     patched = inv("apply-patches", "--host", "lab-server", timeout=300)

@@ -1,5 +1,5 @@
 """A sharded run as one Slurm job array, on a cluster's login node: `inv extract --array N` and `inv gather`
-on it (docs/slurm.md, "A sharded run as a job array"). Data only (run/view.py shows it).
+on it (docs/slurm.md, "A sharded run as a job array"). Data only (slurm/view.py shows it).
 
 Task k of N is shard k of a sharded run (run/sharded_runs.py): its own run, launched on the login node
 as any run (runs.launch with `array`: the run directory, not yet submitted), shard_index k and

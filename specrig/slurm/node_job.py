@@ -1,5 +1,5 @@
 """A multi-node job inside one Slurm allocation: `inv extract --host LOGIN --nodes dp|tp-pp` on a cluster's
-login node (docs/slurm.md, "A multi-node job in one allocation"). Data only (run/view.py shows it).
+login node (docs/slurm.md, "A multi-node job in one allocation"). Data only (slurm/view.py shows it).
 
 The job is the one run/node_runs.py starts over SSH (one server-mode run per node under one job id, the
 head's settings every node's, remote/run/server/nodes.py records, node_roles.py's head and workers),

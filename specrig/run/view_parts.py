@@ -1,0 +1,89 @@
+"""What the views of every run shape draw alike: a preflight's checks, a launch's notes on its layers and
+storage, the verdict on a run followed to its end, the samples of several runs added up. One place, so
+that one run (view.py), a sharded run (sharded_view.py), a multi-node job (node_view.py) and a Slurm job
+(specrig/slurm/view.py) say them the same way.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.table import Table
+
+from specrig.contract import SUCCEEDED
+from specrig.exit_status import ExitStatus
+from specrig.inventory import Host
+from specrig.ui import console, print_json
+from specrig.ui.group import OUTPUT_LOCK
+from specrig.ui.terminal import markup
+
+
+def show_checks(checks: list[dict]) -> None:
+    """A preflight's checks as one table: each ok or FAIL, with its detail and any advice."""
+    table = Table(title="preflight")
+    for column in ("check", "", "detail"):
+        table.add_column(column, overflow="fold")
+    for item in checks:
+        mark = "[green]ok[/]" if item["ok"] else "[bold red]FAIL[/]"
+        detail = markup(item["detail"]) + (f"\n[yellow]→ {markup(item['advice'])}[/]" if item.get("advice") else "")
+        table.add_row(markup(item["name"]), mark, detail)
+    console.print(table)
+
+
+def final_verdict(result: dict) -> ExitStatus:
+    """A result that followed its run to the end ("final"): OK only if the run succeeded."""
+    final = result.get("final")
+    return ExitStatus.OK if final is None or final["state"] == SUCCEEDED else ExitStatus.FINDINGS
+
+
+def layers_note(layers: dict | None, source: str | None) -> str | None:
+    """One line when a server-mode run stores other layer ids than speculators' training takes by default:
+    a choice when --layers asked for them, a warning when they come from hosts.yaml (issue 17)."""
+    if not layers or layers["ids"] == layers["training_default"]:
+        return None
+    ids, default = layers["ids"], layers["training_default"]
+    if source == "--layers":
+        return (f"layers {ids}, as --layers asks; speculators' training defaults to {default}: "
+                f"train with these ids (specrig-layers.json beside the files records them)")
+    return (f"[yellow]warning:[/] layers {ids} ({markup(source or 'the run')}) differ from speculators' training "
+            f"default {default}, which training assumes: pass --layers to choose them, or drop that setting")
+
+
+def storage_note(storage: dict | None) -> str | None:
+    """One line when a server-mode run stores fp8: which connector writes, and how training reads the files."""
+    if not storage or storage["type"] != "fp8":
+        return None
+    return (f"fp8 storage: {markup(storage['connector'])} writes the files (hidden_states F8_E4M3 with per-token "
+            f"scales); speculators' training reads them with --hidden-states-backend fp8")
+
+
+def show_layers_note(launched: dict, *, host: str | None = None) -> None:
+    """layers_note's line for a launch (its `layers` and `layers_source`), if it has one; on a group
+    (a shard, a multi-node job) `host` says whose."""
+    note = layers_note(launched.get("layers"), launched.get("layers_source"))
+    if note:
+        with OUTPUT_LOCK:
+            console.print(f"[bold]{markup(host)}[/]: {note}" if host else note)
+
+
+def show_preflight_failed(found, *, host: Host, as_json: bool) -> None:
+    """A failed preflight: its checks (--json: {launched: false, preflight}); nothing was launched."""
+    if as_json:
+        print_json({"launched": False, "preflight": found.payload})
+    else:
+        show_checks(found.payload)
+
+
+def runs_total(runs: Sequence[dict]) -> str | None:
+    """The total line of several hosts' runs: their samples added up, how many runs in each state."""
+    done = total = hosts = 0
+    states: dict[str, int] = {}
+    for run in runs:
+        beat = run.get("heartbeat") or {}
+        hosts += 1
+        states[run["state"]] = states.get(run["state"], 0) + 1
+        done += beat.get("samples_done") or 0
+        total += beat.get("samples_total") or 0
+    if not hosts:
+        return None
+    return (f"total: {done}/{total or '?'} samples over {hosts} host(s) ("
+            + ", ".join(f"{n} {state}" for state, n in states.items()) + ")")
