@@ -15,9 +15,9 @@ import sys
 # Started by path, so sys.path[0] is remote/slurm/: make it remote/, as supervisor.py does.
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from run import rundir  # noqa: E402
-from run.runs import place_node  # noqa: E402
-from slurm.cluster import SlurmError, slurm_output  # noqa: E402
+from run import rundir
+from run.runs import place_node
+from slurm.cluster import SlurmError, slurm_output
 
 
 def addresses(nodes):
