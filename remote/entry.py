@@ -14,7 +14,7 @@ os.umask(0o077)
 MINIMUM = (3, 9)
 
 if sys.version_info[:2] < MINIMUM:
-    from contract import SENTINEL  # noqa: E402  (plain syntax: any Python imports it)
+    from contract import SENTINEL  # plain syntax: any Python imports it
 
     sys.stdout.write("\n" + SENTINEL + " " + json.dumps({
         "ok": False,
@@ -27,7 +27,7 @@ if sys.version_info[:2] < MINIMUM:
     }) + "\n")
     sys.exit(3)
 
-import rpc  # noqa: E402  (only after the version check)
+import rpc  # only after the version check
 
 if __name__ == "__main__":
     rpc.main(sys.argv[1:])

@@ -155,7 +155,7 @@ def main(argv):
     except RemoteFailure as failure:
         emit({"ok": False, "error": failure.as_error()})
         os._exit(3)
-    except BaseException as exc:  # noqa: BLE001 - everything is reported, typed
+    except BaseException as exc:  # everything is reported, typed
         emit({"ok": False, "error": {"kind": "script-error", "message": "%s: %s" % (type(exc).__name__, exc),
                                      "traceback": traceback.format_exc()}})
         os._exit(3)

@@ -1,17 +1,18 @@
 """specrig's tasks, the one namespace behind `inv` (a checkout's tasks.py) and `specrig`.
 
-`inv --list` / `specrig --list` lists them; `--help TASK` shows a task's help (its docstring).
+`inv --list` / `specrig --list` lists them; `TASK --help` (or `-h`, or `--help TASK`) shows a task's help:
+its docstring and its options (specrig.cli.guard.Task says how Invoke was kept from taking --help as a value).
 Thin on purpose: argument handling, then a task's data function and its view handed to the runner
 (specrig/cli/runner.py), which picks one host's output or a group's summary.
 Exit codes: specrig/exit_status.py and the README.
 Every module that reaches a host (paramiko) or builds the lab is imported inside the task that
-needs it: `--list` and `--help` import neither (tests/test_lazy_imports.py).
+needs it: `--list` and `--help` import neither (tests/cli/test_lazy_imports.py).
 """
 from pathlib import Path
 
-from invoke import Collection, task
+from invoke import Collection
 
-from specrig.cli.guard import guarded, whole_number
+from specrig.cli.guard import guarded, task, whole_number
 from specrig.cli.runner import run_task
 from specrig.errors import UsageError
 from specrig.group import DEFAULT_PARALLEL, PARALLEL_VARIABLE

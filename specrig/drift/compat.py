@@ -24,6 +24,7 @@ from specrig.contract import (
     COMPILED_MANIFEST,
     COMPILED_SUFFIXES,
     HS_CONNECTORS,
+    SERVER,
     InvalidVersion,
     Version,
     extraction_mode,
@@ -144,7 +145,7 @@ def consumer_releases(speculators: str, cache: Path = WHEEL_CACHE) -> list[tuple
     it pins (the same version when the pin cannot be read; left out when it cannot be downloaded)."""
     wheel = fetch_wheel("speculators", speculators, cache)
     releases = [("speculators", speculators, wheel)]
-    if extraction_mode(speculators) == "server":
+    if extraction_mode(speculators) == SERVER:
         version = pinned_version(wheel, HS_CONNECTORS) or speculators
         try:
             releases.append((HS_CONNECTORS, version, fetch_wheel(HS_CONNECTORS, version, cache)))

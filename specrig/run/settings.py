@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from specrig.contract import DRIVER_DEFAULTS, SERVER_DEFAULTS, STORAGES, SUPERVISOR_DEFAULTS
+from specrig.contract import DRIVER_DEFAULTS, IN_PROCESS, SERVER, SERVER_DEFAULTS, STORAGES, SUPERVISOR_DEFAULTS
 from specrig.errors import UsageError
 from specrig.inventory import Host
 
@@ -24,7 +24,7 @@ class Setting:
     help: str
     #: What happens without a value, where the host's default (remote/contract.py) does not say it.
     fallback: str | None = None
-    #: The one extraction mode it applies to ("in-process": speculators <= 0.4, "server": >= 0.8), or None.
+    #: The one extraction mode it applies to (IN_PROCESS: speculators <= 0.4, SERVER: >= 0.8), or None.
     mode: str | None = None
     #: The values it takes, when only some of its kind's are.
     choices: tuple | None = None
@@ -45,35 +45,35 @@ SETTINGS = {s.name: s for s in (
     Setting("tp", "tensor_parallel_size", int, "tensor-parallel size", "all visible GPUs"),
     Setting("layers", "layer_ids", list, "layer ids to capture, comma-separated, e.g. 2,30,58,60",
             "speculators' choice"),
-    Setting("batch_size", "batch_size", int, "samples per generate() call", mode="in-process"),
+    Setting("batch_size", "batch_size", int, "samples per generate() call", mode=IN_PROCESS),
     Setting("max_len", "max_length", int, "tokens per sample (server mode: prepare-data's --seq-length)"),
     Setting("max_samples", "max_samples", int, "take at most this many samples", "all"),
     Setting("seed", "seed", int, "dataset shuffle seed"),
     Setting("load_format", "load_format", str, "vLLM load format (dummy: random weights)", "the model's weights"),
     Setting("gpu_memory_utilization", "gpu_memory_utilization", float, "fraction of GPU memory vLLM may take"),
-    Setting("port", "port", int, "server mode: the vLLM server's port on the host's 127.0.0.1", mode="server"),
-    Setting("concurrency", "concurrency", int, "server mode: requests in flight", mode="server"),
+    Setting("port", "port", int, "server mode: the vLLM server's port on the host's 127.0.0.1", mode=SERVER),
+    Setting("concurrency", "concurrency", int, "server mode: requests in flight", mode=SERVER),
     Setting("clients", "clients", int, "server mode: generate-offline-data processes sharing the requests "
-            "(one's event loop limits a fast GPU: docs/gpu.md)", mode="server"),
-    Setting("request_timeout", "request_timeout", int, "server mode: seconds per request", mode="server"),
-    Setting("max_retries", "max_retries", int, "server mode: tries per sample", mode="server"),
+            "(one's event loop limits a fast GPU: docs/gpu.md)", mode=SERVER),
+    Setting("request_timeout", "request_timeout", int, "server mode: seconds per request", mode=SERVER),
+    Setting("max_retries", "max_retries", int, "server mode: tries per sample", mode=SERVER),
     Setting("allow_skipped", "allow_skipped", bool,
-            "server mode: succeed even when the client skipped samples (they are listed)", mode="server"),
+            "server mode: succeed even when the client skipped samples (they are listed)", mode=SERVER),
     Setting("staging", "staging", str, "server mode: the connector's staging directory, on the output's "
-            "filesystem", "<out>/.specrig-staging/<run-id>", mode="server"),
+            "filesystem", "<out>/.specrig-staging/<run-id>", mode=SERVER),
     Setting("writer_threads", "writer_threads", int, "server mode: the connector's file-writing threads",
-            "the connector's own", mode="server"),
+            "the connector's own", mode=SERVER),
     Setting("max_num_batched_tokens", "max_num_batched_tokens", int, "server mode: vLLM's tokens per "
-            "scheduler step", "vLLM's own", mode="server"),
+            "scheduler step", "vLLM's own", mode=SERVER),
     Setting("enforce_eager", "enforce_eager", bool, "server mode: vLLM without torch.compile and CUDA graphs "
             "(--enforce-eager): no compiling at each start, as speculators' in-process generator runs it; slower "
-            "steps", mode="server"),
+            "steps", mode=SERVER),
     Setting("storage", "storage", str, "server mode: how the files hold the hidden states: bf16 (the model's "
             "dtype) or fp8 (hs-connectors' FP8HiddenStatesConnector, about half the bytes; train with "
-            "--hidden-states-backend fp8)", mode="server", choices=STORAGES),
+            "--hidden-states-backend fp8)", mode=SERVER, choices=STORAGES),
 )}
 #: What each extraction mode is called where a setting is refused.
-MODE_NAMES = {"in-process": "speculators <= 0.4's in-process extraction", "server": "server mode (speculators >= 0.8)"}
+MODE_NAMES = {IN_PROCESS: "speculators <= 0.4's in-process extraction", SERVER: "server mode (speculators >= 0.8)"}
 #: Supervision options hosts.yaml's `extract:` may also hold, typed by their defaults.
 OPTIONS = {name: type(default) for name, default in SUPERVISOR_DEFAULTS.items()}
 REQUIRED = ("model", "data", "out")

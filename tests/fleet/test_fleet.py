@@ -15,6 +15,7 @@ import time
 import pytest
 from rich.console import Console
 
+from contract import FAILED, RUNNING, SUCCEEDED
 from specrig import group
 from specrig.errors import ConnectionFailed, Findings, InventoryError, UsageError
 from specrig.exit_status import SEVERITY, ExitStatus, most_serious
@@ -130,13 +131,13 @@ def test_streamed_lines_are_whole_and_prefixed_by_host(monkeypatch):
 
 def test_the_runs_board_shows_each_host_as_it_stands(monkeypatch):
     board = RunsBoard(["a", "b", "c"])
-    board.update("a", {"run_id": "run-a", "state": "running",
+    board.update("a", {"run_id": "run-a", "state": RUNNING,
                        "heartbeat": {"phase": "extracting", "samples_done": 3, "samples_total": 10, "eta_s": 70}})
     board.finished(group.HostOutcome("b", ExitStatus.CONNECTION, 0.1, error=ConnectionFailed("b: cannot connect")))
     buffer = io.StringIO()
     Console(file=buffer, width=80).print(board)
     rows = {line.split()[1]: line for line in buffer.getvalue().splitlines() if line.startswith("│ ")}
-    assert all(word in rows["a"] for word in ("run-a", "running", "extracting", "3/10", "1m10s"))
+    assert all(word in rows["a"] for word in ("run-a", RUNNING, "extracting", "3/10", "1m10s"))
     assert "unreachable (3)" in rows["b"] and "waiting" in rows["c"]
 
 
@@ -262,7 +263,7 @@ def test_extract_on_several_hosts_checks_every_setting_before_reaching_a_host(la
 def test_logs_of_several_hosts_prefixed_and_a_host_without_the_run(lab):
     run_id = launch_failing_run()  # lab-cpu shares lab's workdir: it finds the run too
     deadline = time.monotonic() + 120
-    while inv_json("status", "--host", "lab", "--run", run_id)[1]["runs"][0]["state"] not in ("failed", "succeeded"):
+    while inv_json("status", "--host", "lab", "--run", run_id)[1]["runs"][0]["state"] not in (FAILED, SUCCEEDED):
         assert time.monotonic() < deadline, "the run did not end"
         time.sleep(1)
     result = inv("logs", "--host", "lab,lab-cpu,lab-bash", "--run", run_id, "-f", "-n", "5", env={"COLUMNS": "200"})

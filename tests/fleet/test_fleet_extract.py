@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from contract import ACTIVE_STATES, LOST, RUNNING, STOPPED, SUCCEEDED
 from specrig.exit_status import ExitStatus
 from specrig.lab import READY
 from specrig.lab import fleet as lab_fleet
@@ -28,7 +29,6 @@ HOSTS = ["lab-1", "lab-2", "lab-3"]
 CALL_TIMEOUT_S = 300
 SAMPLES = 9
 SETTINGS = ("--max-samples", str(SAMPLES), "--batch-size", "1", "--max-len", "256")
-ACTIVE = ("starting", "running", "restarting", "stalled")
 #: bf16 states against transformers' own (tests/run/test_extraction_driver.py says why).
 TOLERANCE = 2e-2
 #: Fleet runs this module launched and has not stopped yet.
@@ -89,7 +89,7 @@ def wait_until_ended(fleet_run_id: str, hosts: str = GROUP, timeout: float = 420
     deadline = time.monotonic() + timeout
     while True:
         now = runs(fleet_run_id, hosts)
-        if not any(run["state"] in ACTIVE for run in now.values()):
+        if not any(run["state"] in ACTIVE_STATES for run in now.values()):
             return now
         assert time.monotonic() < deadline, {host: run["state"] for host, run in now.items()}
         time.sleep(2)
@@ -137,8 +137,8 @@ def test_a_fleet_run_one_host_killed_then_resumed_alone_gathers_every_sample_onc
     ssh_kill_9("lab-2", str(run["supervisor_pid"]), f"-{run['driver_pgid']}")
 
     ended = wait_until_ended(fleet_run_id)
-    assert ended["lab-2"]["state"] == "lost", ended["lab-2"]
-    assert ended["lab-1"]["state"] == ended["lab-3"]["state"] == "succeeded"
+    assert ended["lab-2"]["state"] == LOST, ended["lab-2"]
+    assert ended["lab-1"]["state"] == ended["lab-3"]["state"] == SUCCEEDED
     for host, index in (("lab-1", 0), ("lab-3", 2)):
         beat = ended[host]["heartbeat"]
         assert beat["samples_done"] == beat["samples_total"] == len(range(index, SAMPLES, 3))
@@ -154,10 +154,10 @@ def test_a_fleet_run_one_host_killed_then_resumed_alone_gathers_every_sample_onc
     # The whole fleet run resumed, detached: only lab-2 restarts; the others are left as they are.
     code, resumed = inv_json("resume", "--host", GROUP, "--run", fleet_run_id, timeout=CALL_TIMEOUT_S)
     assert code == 0, resumed
-    assert resumed["lab-2"]["result"]["resumed_from"] == "lost" and not resumed["lab-2"]["result"].get("skipped")
+    assert resumed["lab-2"]["result"]["resumed_from"] == LOST and not resumed["lab-2"]["result"].get("skipped")
     assert resumed["lab-1"]["result"]["skipped"] and resumed["lab-3"]["result"]["skipped"]
     final = wait_until_ended(fleet_run_id, "lab-2")
-    assert final["lab-2"]["state"] == "succeeded", final
+    assert final["lab-2"]["state"] == SUCCEEDED, final
 
     code, found = gather(fleet_run_id)
     assert code == 0, found
@@ -173,7 +173,7 @@ def test_a_fleet_run_one_host_killed_then_resumed_alone_gathers_every_sample_onc
     for shard in shards:
         report = runnable.run_program("hidden_states_reference.py", shard, str(runnable.model))
         assert report["bad_shapes"] == [] and max(report["max_abs_diff"].values()) < TOLERANCE, report
-    assert wait_until_ended(whole_run, "lab-1")["lab-1"]["state"] == "succeeded"
+    assert wait_until_ended(whole_run, "lab-1")["lab-1"]["state"] == SUCCEEDED
     same = runnable.run_program("same_samples.py", str(host_path(fleet, "lab-1", "out/" + whole.rsplit("/", 1)[1])),
                                 *shards)
     assert same["compared"] == SAMPLES and same["differing_input_ids"] == [] and same["absent"] == [], same
@@ -187,15 +187,15 @@ def test_stop_of_the_whole_fleet_run_leaves_every_host_clean_and_one_host_resume
     assert code == 0, stopped
     for host in HOSTS:
         result = stopped[host]["result"]
-        assert result["clean"] and result["left"] == [] and result["state"] == "stopped", (host, result)
-    assert {run["state"] for run in runs(fleet_run_id).values()} == {"stopped"}
+        assert result["clean"] and result["left"] == [] and result["state"] == STOPPED, (host, result)
+    assert {run["state"] for run in runs(fleet_run_id).values()} == {STOPPED}
 
     # One host of it, by the fleet-run id: only that host's run restarts.
     code, resumed = inv_json("resume", "--host", "lab-3", "--run", fleet_run_id, timeout=CALL_TIMEOUT_S)
-    assert code == 0 and resumed["resumed_from"] == "stopped", resumed
+    assert code == 0 and resumed["resumed_from"] == STOPPED, resumed
     code, stopped = inv_json("stop", "--host", "lab-3", "--run", fleet_run_id, timeout=CALL_TIMEOUT_S)
-    assert code == 0 and stopped["clean"] and stopped["was"] in ACTIVE, stopped
-    assert {run["state"] for run in runs(fleet_run_id).values()} == {"stopped"}
+    assert code == 0 and stopped["clean"] and stopped["was"] in ACTIVE_STATES, stopped
+    assert {run["state"] for run in runs(fleet_run_id).values()} == {STOPPED}
     LAUNCHED.clear()
 
 
@@ -219,7 +219,7 @@ def test_the_union_names_missing_duplicated_out_of_range_and_unloadable_indices(
     from specrig.group import HostOutcome
     from specrig.run.sharded_runs import ranges, union
 
-    def shard(host, indices, total, state="succeeded", unloadable=()):
+    def shard(host, indices, total, state=SUCCEEDED, unloadable=()):
         return HostOutcome(host, ExitStatus.OK, 0.1, result={"state": state, "indices": indices,
                                                              "unloadable": list(unloadable),
                                                              "dataset_samples": total})
@@ -227,7 +227,7 @@ def test_the_union_names_missing_duplicated_out_of_range_and_unloadable_indices(
     whole = union([shard("a", [0, 2, 4], 6), shard("b", [1, 3, 5], 6)])
     assert whole["complete"] and whole["problems"] == [] and whole["samples"] == 6
     broken = union([shard("a", [0, 2, 4, 9], 6, unloadable=[{"index": 4, "reason": "EOF"}]),
-                    shard("b", [1, 2], None, state="running"),
+                    shard("b", [1, 2], None, state=RUNNING),
                     HostOutcome("c", ExitStatus.CONNECTION, 0.1)])
     assert not broken["complete"]
     assert broken["missing"] == [3, 5] and broken["duplicated"] == {"2": ["a", "b"]}
@@ -248,7 +248,7 @@ def test_shards_of_other_layers_dtypes_storage_or_models_are_not_merged():
 
     def shard(host, indices, **identity):
         identity = {"layer_ids": [2, 4, 5, 8], "dtype": "BF16", "model": model, **identity}
-        return HostOutcome(host, ExitStatus.OK, 0.1, result={"state": "succeeded", "indices": indices, "unloadable": [],
+        return HostOutcome(host, ExitStatus.OK, 0.1, result={"state": SUCCEEDED, "indices": indices, "unloadable": [],
                                                              "dataset_samples": 4, "identity": identity})
 
     assert union([shard("a", [0, 1]), shard("b", [2, 3])])["complete"]

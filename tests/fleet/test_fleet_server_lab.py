@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from contract import ACTIVE_STATES, SUCCEEDED
 from run.server import client, outputs
 from support.lab import inv, inv_json
 from support.runnable_env import HOME, runnable_env_or_skip  # noqa: F401 (marks the module runnable)
@@ -47,7 +48,7 @@ def wait_final(inventory: Path, fleet_run_id: str, timeout: float = 900) -> dict
                                timeout=CALL_TIMEOUT_S)
         assert code == 0, found
         states = {host: record["result"]["runs"][0]["state"] for host, record in found.items()}
-        if not set(states.values()) & {"starting", "running", "restarting", "stalled"}:
+        if not set(states.values()) & set(ACTIVE_STATES):
             return states
         time.sleep(5)
     raise AssertionError(f"fleet run {fleet_run_id} still active after {timeout} s: {states}")
@@ -61,7 +62,7 @@ def test_a_server_mode_fleet_run_splits_the_rows_as_speculators_does(pair):
     fleet_run_id = launched["lab-1"]["result"]["fleet_run_id"]
     try:
         states = wait_final(inventory, fleet_run_id)
-        assert states == {"lab-1": "succeeded", "lab-2": "succeeded"}, states
+        assert states == {"lab-1": SUCCEEDED, "lab-2": SUCCEEDED}, states
         code, gathered = inv_json("gather", "--host", "pair", "--run", fleet_run_id, inventory=inventory,
                                   timeout=CALL_TIMEOUT_S)
     finally:

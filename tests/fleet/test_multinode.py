@@ -276,11 +276,11 @@ def test_a_staging_directory_the_worker_does_not_see_is_named(tmp_path):
 
 def test_a_beacon_answers_its_current_state_until_closed():
     port = free_port()
-    beacon = node_roles.Beacon("127.0.0.1", port, {"job_id": "j", "state": "starting"})
+    beacon = node_roles.Beacon("127.0.0.1", port, {"job_id": "j", "state": contract.STARTING})
     try:
-        assert node_roles.ask("127.0.0.1", port) == {"job_id": "j", "state": "starting"}
-        beacon.update(state="running", attempt=2)
-        assert node_roles.ask("127.0.0.1", port) == {"job_id": "j", "state": "running", "attempt": 2}
+        assert node_roles.ask("127.0.0.1", port) == {"job_id": "j", "state": contract.STARTING}
+        beacon.update(state=contract.RUNNING, attempt=2)
+        assert node_roles.ask("127.0.0.1", port) == {"job_id": "j", "state": contract.RUNNING, "attempt": 2}
         with pytest.raises(OSError):
             node_roles.Beacon("127.0.0.1", port, {})  # one beacon per address and port
     finally:
@@ -311,7 +311,7 @@ def test_a_worker_serves_each_head_attempt_reports_its_dead_server_and_ends_as_t
     beacon, a 'server' that only sleeps (the loop, not vLLM, is under test; test_multinode_lab.py runs vLLM)."""
     port, run = free_port(), tmp_path / "20261201-000000-wkr1"
     job = worker_run(run, port)
-    head = node_roles.Beacon("127.0.0.1", port, {"job_id": "nodes-test", "state": "running", "attempt": 1})
+    head = node_roles.Beacon("127.0.0.1", port, {"job_id": "nodes-test", "state": contract.RUNNING, "attempt": 1})
     supervisor = subprocess.Popen([sys.executable, str(SUPERVISOR), str(run)], start_new_session=True)
     try:
         def worker(serving, server, state=None):
@@ -324,7 +324,7 @@ def test_a_worker_serves_each_head_attempt_reports_its_dead_server_and_ends_as_t
             return status if len(status["attempts"]) == attempts else None
 
         # Its beacon says it serves as the attempt begins; the run's state follows at the supervisor's next save.
-        first = wait_for("the worker to serve attempt 1", lambda: worker(1, "running", "running"), timeout=60,
+        first = wait_for("the worker to serve attempt 1", lambda: worker(1, "running", contract.RUNNING), timeout=60,
                          interval=0.2)
         assert first["node_rank"] == 1
         head.update(attempt=2)  # the head restarted: the worker's server of attempt 1 ends, another starts
@@ -336,17 +336,17 @@ def test_a_worker_serves_each_head_attempt_reports_its_dead_server_and_ends_as_t
         os.kill(status["jobs"]["server"]["pid"], signal.SIGKILL)
         died = wait_for("the worker to tell its server died", lambda: worker(2, "exited"), timeout=60, interval=0.2)
         assert died["failure"]["kind"] == "killed"
-        head.update(state="succeeded")
+        head.update(state=contract.SUCCEEDED)
         assert supervisor.wait(timeout=60) == 0
     finally:
         head.close()
         if supervisor.poll() is None:
             os.killpg(supervisor.pid, signal.SIGKILL)
     ended = json.loads((run / "exit.json").read_text())
-    assert (ended["state"], ended["attempts"], ended["restarts"]) == ("succeeded", 2, 0)
+    assert (ended["state"], ended["attempts"], ended["restarts"]) == (contract.SUCCEEDED, 2, 0)
     status = json.loads((run / "status.json").read_text())
     assert status["attempts"][1]["failure"]["kind"] == "killed" and status["attempts"][1]["exit_status"] == -9
-    assert json.loads((run / "heartbeat.json").read_text())["phase"] == "succeeded"
+    assert json.loads((run / "heartbeat.json").read_text())["phase"] == contract.SUCCEEDED
     log = (run / "driver.log").read_text()
     assert "attempt 2: starting the headless vLLM server for the head's attempt 2" in log
     assert "the head's attempt 1 is over: ending this node's server" in log and "ends with it" in log
@@ -358,7 +358,7 @@ def test_a_worker_started_again_on_its_run_waits_for_the_heads_next_attempt(tmp_
     port, run = free_port(), tmp_path / "20261201-000000-wkr2"
     job = worker_run(run, port)
     # What a worker killed during the head's attempt 1 left: that attempt, never ended.
-    (run / "status.json").write_text(json.dumps({"state": "running", "attempts": [
+    (run / "status.json").write_text(json.dumps({"state": contract.RUNNING, "attempts": [
         {"attempt": 1, "head_attempt": 1, "started_at": "2026-12-01T00:00:00+00:00", "ended_at": None}]}))
     asked = threading.Event()
 
@@ -375,7 +375,7 @@ def test_a_worker_started_again_on_its_run_waits_for_the_heads_next_attempt(tmp_
                     connection.sendall((json.dumps(self.answer) + "\n").encode())
                 asked.set()
 
-    head = Head("127.0.0.1", port, {"job_id": "nodes-test", "state": "running", "attempt": 1})
+    head = Head("127.0.0.1", port, {"job_id": "nodes-test", "state": contract.RUNNING, "attempt": 1})
     supervisor = subprocess.Popen([sys.executable, str(SUPERVISOR), str(run)], start_new_session=True)
     try:
         assert asked.wait(timeout=60)
@@ -386,7 +386,7 @@ def test_a_worker_started_again_on_its_run_waits_for_the_heads_next_attempt(tmp_
         head.update(attempt=2)
         wait_for("the worker to serve attempt 2", lambda: (node_roles.ask("127.0.0.2", nodes.watch_port(job, 1)) or {})
                  .get("serving") == 2, timeout=60, interval=0.2)
-        head.update(state="succeeded")
+        head.update(state=contract.SUCCEEDED)
         assert supervisor.wait(timeout=60) == 0
     finally:
         head.close()

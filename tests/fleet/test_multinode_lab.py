@@ -22,6 +22,7 @@ import uuid
 
 import pytest
 
+from contract import FINAL_STATES, STOPPED
 from run.server import outputs
 from specrig.lab import fleet as lab_fleet
 from support.lab import host_of_its_own, inv, inv_json, known_hosts_line
@@ -59,7 +60,7 @@ def wait(runs: dict, until, what: str, timeout: float = LOAD_TIMEOUT_S) -> dict:
         if head and worker and until(head, worker):
             return {"lab-1": head, "lab-2": worker}
         for found in (head, worker):
-            if found.get("state") in ("succeeded", "failed", "stopped"):
+            if found.get("state") in FINAL_STATES:
                 raise AssertionError(f"the job ended before {what}: {json.dumps([head, worker])[-4000:]}")
         time.sleep(0.5)
     raise AssertionError(f"no {what} within {timeout} s: {json.dumps([head, worker])[-4000:]}")
@@ -111,7 +112,7 @@ def test_a_killed_node_restarts_the_whole_job_and_stop_ends_every_node(pair):
     assert code == 0, stopped
     for host in HOSTS:
         result = stopped[host]["result"]
-        assert result["clean"] and result["state"] == "stopped" and result["run_id"] == runs[host], result
+        assert result["clean"] and result["state"] == STOPPED and result["run_id"] == runs[host], result
     assert not processes_of(runs.values())
     report = outputs.check_dataset(str(out), None, indices=outputs.existing_indices(str(out)), n_layers=4,
                                    hidden_size=128)

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from contract import FAILED, STOPPED, SUCCEEDED
 from specrig.lab import READY
 from specrig.lab import slurm as lab_slurm
 from support.lab import inv, inv_json, phase, require_lab, wait_for
@@ -93,7 +94,7 @@ def both(runs: list[Path], until, what: str) -> list[dict]:
     def found():
         head, worker = (run_files(run) for run in runs)
         for one in (head, worker):
-            if one.get("state") in ("failed", "stopped"):
+            if one.get("state") in (FAILED, STOPPED):
                 raise AssertionError(f"the job ended before {what}: {json.dumps([head, worker])[-4000:]}")
         return [head, worker] if head and worker and until(head, worker) else None
     return wait_for(what, found, timeout=LOAD_TIMEOUT_S, interval=0.5)
@@ -149,9 +150,9 @@ def test_dp_over_two_slurm_nodes_survives_a_killed_worker_step_and_its_states_eq
         with phase("the run"):
             head = wait_for("the head's run to end", lambda: (runs[0] / "exit.json").exists() and run_files(runs[0]),
                             timeout=CALL_TIMEOUT_S)
-            assert head["state"] == "succeeded", (runs[0] / "driver.log").read_text()[-3000:]
+            assert head["state"] == SUCCEEDED, (runs[0] / "driver.log").read_text()[-3000:]
             wait_for("the job to leave the queue", lambda: slurm_job not in queue(), timeout=120)
-            assert run_files(runs[1])["state"] == "succeeded"
+            assert run_files(runs[1])["state"] == SUCCEEDED
             assert not processes_of(runs)
         with phase("the states"):
             states_against_transformers(out, files=SAMPLES)
@@ -183,6 +184,6 @@ def test_stop_cancels_the_job_and_leaves_no_process_of_any_node(job):
         assert code == 0 and stopped["clean"] and stopped["slurm"]["checked_here"], stopped
         assert slurm_job not in queue()
         assert not processes_of(runs), processes_of(runs)
-        assert [run_files(run)["state"] for run in runs] == ["stopped", "stopped"]
+        assert [run_files(run)["state"] for run in runs] == [STOPPED, STOPPED]
     finally:
         subprocess.run(["scancel", slurm_job])

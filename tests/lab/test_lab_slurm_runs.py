@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from contract import ACTIVE_STATES, FAILED, RESTARTING, RUNNING, STARTING, STOPPED, SUCCEEDED, TIME_LIMIT_TOO_SHORT
 from run.server import client, outputs
 from slurm import formats, jobs
 from specrig.lab import READY
@@ -55,7 +56,7 @@ def out():
     yield path
     code, status = inv_json("status", "--host", HOST)
     for run in status["runs"]:
-        if (run["out"] or "").startswith(str(path)) and run["state"] in ("starting", "running", "restarting", "stalled"):
+        if (run["out"] or "").startswith(str(path)) and run["state"] in ACTIVE_STATES:
             inv("stop", "--host", HOST, "--run", run["run_id"], timeout=300)  # a test that failed midway
     as_lab_user("rm", "-rf", str(path))
 
@@ -113,12 +114,12 @@ def test_extract_in_process_is_one_job_whose_states_equal_transformers(cluster, 
     launched = extract(out, "--max-len", "512", "--batch-size", "4")
     submitted(launched, before)
     with phase("the job"):
-        assert finished(launched)["state"] == "succeeded"
+        assert finished(launched)["state"] == SUCCEEDED
         assert_the_job_ran_the_runs_script(launched)
         code, status = inv_json("status", "--host", HOST, "--run", launched["run_id"])
         assert code == 0
         run = status["runs"][0]
-        assert run["state"] == "succeeded" and run["slurm"]["job_id"] == launched["slurm"]["job_id"]
+        assert run["state"] == SUCCEEDED and run["slurm"]["job_id"] == launched["slurm"]["job_id"]
         # scontrol still knows the job for MinJobAge after its end.
         assert run["slurm"]["job"]["state"] in ("COMPLETED", "COMPLETING"), run["slurm"]
         logs = inv("logs", "--host", HOST, "--run", launched["run_id"], "-n", "400")
@@ -147,7 +148,7 @@ def test_extract_in_server_mode_is_one_job_whose_states_equal_transformers(clust
     launched = extract(out, "--max-len", "1024", "--max-samples", str(ROWS), inventory=inventory)
     submitted(launched, before)
     with phase("the job"):
-        assert finished(launched)["state"] == "succeeded", (Path(launched["path"]) / "driver.log").read_text()[-3000:]
+        assert finished(launched)["state"] == SUCCEEDED, (Path(launched["path"]) / "driver.log").read_text()[-3000:]
         assert_the_job_ran_the_runs_script(launched)
     with phase("the states"):
         states_against_transformers(out, files=ROWS)
@@ -175,8 +176,8 @@ def test_a_job_array_shards_the_run_and_a_task_cancelled_is_resubmitted_alone(cl
     with phase("task 1 cancelled"):
         wait_for("task 1's first attempt", lambda: run_files(paths[1]).get("attempts"), timeout=300)
         as_lab_user_slurm("scancel", f"{array}_1")
-        assert ended(paths[1])["state"] == "stopped"
-        assert [ended(paths[task])["state"] for task in (0, 2)] == ["succeeded", "succeeded"]
+        assert ended(paths[1])["state"] == STOPPED
+        assert [ended(paths[task])["state"] for task in (0, 2)] == [SUCCEEDED, SUCCEEDED]
         code, partial = inv_json("gather", "--host", HOST, "--run", sharded, timeout=600)
         assert code == 1 and not partial["complete"] and partial["missing"], partial
     with phase("task 1 resubmitted alone"):
@@ -186,7 +187,7 @@ def test_a_job_array_shards_the_run_and_a_task_cancelled_is_resubmitted_alone(cl
         again = resumed["slurm"]["job_id"]
         assert again.endswith("_1") and again != f"{array}_1"
         assert set(queue()) - set(before) <= {again, f"{again.split('_')[0]}_[1]"}
-        assert ended(paths[1])["state"] == "succeeded"
+        assert ended(paths[1])["state"] == SUCCEEDED
     with phase("gather"):
         code, gathered = inv_json("gather", "--host", HOST, "--run", sharded, timeout=600)
         assert code == 0 and gathered["complete"], gathered
@@ -207,7 +208,7 @@ def test_a_job_array_in_server_mode_shards_the_rows_as_speculators_does(cluster,
             (argv,) = plan["generate_argvs"]  # one client process (--clients' default)
             assert " ".join(argv).endswith(f"--world-size 2 --rank {task}"), argv
     with phase("both tasks"):
-        assert [ended(paths[task])["state"] for task in (0, 1)] == ["succeeded", "succeeded"], \
+        assert [ended(paths[task])["state"] for task in (0, 1)] == [SUCCEEDED, SUCCEEDED], \
             [log_text(paths[task])[-2000:] for task in (0, 1)]
     with phase("gather"):
         code, gathered = inv_json("gather", "--host", HOST, "--run", launched["fleet_run_id"], inventory=inventory,
@@ -262,7 +263,7 @@ def test_a_job_requeued_by_its_time_limit_and_by_the_admin_finishes_every_sample
         admin("update", f"JobId={job_id}", f"TimeLimit={ran_min + 2}")
         wait_for("the job to be requeued", lambda: "stopped (SIGUSR1)" in log_text(run), timeout=RUN_TIMEOUT_S)
         code, status = inv_json("status", "--host", HOST, "--run", launched["run_id"])
-        assert code == 0 and status["runs"][0]["state"] in ("restarting", "running", "starting"), status["runs"][0]
+        assert code == 0 and status["runs"][0]["state"] in (RESTARTING, RUNNING, STARTING), status["runs"][0]
         assert 0 < sample_count(out) < CONVERSATIONS * TIME_LIMIT_COPIES
     with phase("requeued by the admin, as preemption does"):
         wait_for("the requeued job's attempt", lambda: released(job_id) and "attempt 2: " in log_text(run),
@@ -275,11 +276,10 @@ def test_a_job_requeued_by_its_time_limit_and_by_the_admin_finishes_every_sample
         def settled() -> dict | None:
             released(job_id)
             code, found = inv_json("status", "--host", HOST, "--run", launched["run_id"])
-            return found["runs"][0] if found["runs"][0]["state"] not in ("starting", "running", "restarting",
-                                                                          "stalled") else None
+            return found["runs"][0] if found["runs"][0]["state"] not in ACTIVE_STATES else None
 
         last = wait_for("the run to end", settled, timeout=RUN_TIMEOUT_S, interval=5)
-        assert last["state"] == "succeeded", (last["slurm"], log_text(run)[-3000:])
+        assert last["state"] == SUCCEEDED, (last["slurm"], log_text(run)[-3000:])
         job = jobs.lookup(job_id)
         # The time limit's requeue and the admin's: three jobs, an attempt each.
         assert job["restarts"] == "2" and log_text(run).count("stopped (SIGUSR1)") == 1, (job, log_text(run)[-3000:])
@@ -307,11 +307,11 @@ def test_a_job_warned_of_its_time_limit_before_any_sample_fails_naming_slurm_tim
         # given now, as a limit too short for the model's load would. (slurmctld looks at time limits about every
         # 30 s, and the lab's load takes 10 to 75 s: a real short limit's warning cannot be placed in it.)
         as_lab_user_slurm("scancel", "--batch", "--signal=USR1", job_id)
-        assert ended(run)["state"] == "failed", log_text(run)[-3000:]
+        assert ended(run)["state"] == FAILED, log_text(run)[-3000:]
         code, status = inv_json("status", "--host", HOST, "--run", launched["run_id"])
-        assert code == 0 and status["runs"][0]["state"] == "failed"
+        assert code == 0 and status["runs"][0]["state"] == FAILED
         failure = status["runs"][0]["last_failure"]
-        assert failure["kind"] == "time-limit-too-short" and not failure["retryable"], failure
+        assert failure["kind"] == TIME_LIMIT_TOO_SHORT and not failure["retryable"], failure
         assert ", while loading, before any sample was written (slurm.time 00:30:00," in failure["explain"], failure
         assert failure["advice"].startswith("set a longer slurm.time for the host in hosts.yaml (now 00:30:00)")
     with phase("not requeued"):
@@ -327,7 +327,7 @@ def test_a_job_warned_of_its_time_limit_before_any_sample_fails_naming_slurm_tim
         assert code == 0, resumed
         again = resumed["slurm"]["job_id"]
         assert again != job_id and jobs.lookup(again)["time_limit"] == "00:45:00"
-        assert ended(run)["state"] == "succeeded", log_text(run)[-3000:]
+        assert ended(run)["state"] == SUCCEEDED, log_text(run)[-3000:]
 
 
 def log_text(run: Path) -> str:
@@ -378,7 +378,7 @@ def test_a_pending_job_shows_slurms_reason_and_stop_leaves_no_job_and_no_process
 
             run = wait_for("Slurm's reason and start estimate of the pending job", waiting, timeout=180, interval=3)
             job = run["slurm"]["job"]
-            assert run["state"] == "starting" and (job["state"], job["reason"]) == ("PENDING", "Resources"), run
+            assert run["state"] == STARTING and (job["state"], job["reason"]) == ("PENDING", "Resources"), run
             shown = inv("status", "--host", HOST, "--run", launched["run_id"], env={"COLUMNS": "200"})
             assert f"job {job_id} pending: Resources, start estimate {job['start_time']}" in shown.stdout, shown.stdout
         with phase("running"):
@@ -393,7 +393,7 @@ def test_a_pending_job_shows_slurms_reason_and_stop_leaves_no_job_and_no_process
             marker = launched["path"] + "/"
             alive = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
             assert alive == [], alive
-            assert run_files(Path(launched["path"]))["state"] == "stopped"
+            assert run_files(Path(launched["path"]))["state"] == STOPPED
     finally:
         subprocess.run(["scancel", holder])
 

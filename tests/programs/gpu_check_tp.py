@@ -31,9 +31,9 @@ from pathlib import Path
 
 from host_calls import REPO, call, nvidia_smi, wait_for  # puts remote/ on sys.path
 
-import procs  # noqa: E402  (remote/ is stdlib only; a zombie is not alive)
-import telemetry  # noqa: E402
-from run import preflight as host_preflight  # noqa: E402
+import procs  # remote/ is stdlib only; a zombie is not alive
+import telemetry
+from run import preflight as host_preflight
 
 JOB = REPO / "tests" / "programs" / "nccl_job.py"
 GPU_GIB = 8

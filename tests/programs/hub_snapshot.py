@@ -15,7 +15,7 @@ def main(repo_id, revision):
 
     try:
         path = huggingface_hub.snapshot_download(repo_id, revision=revision, local_files_only=True)
-    except Exception as exc:  # noqa: BLE001 - the kind of failure is the answer
+    except Exception as exc:  # the kind of failure is the answer
         print(json.dumps({"version": huggingface_hub.__version__, "error": type(exc).__name__}))
         return
     print(json.dumps({"version": huggingface_hub.__version__, "path": path}))

@@ -48,7 +48,7 @@ def main(path):
     for words in argvs:
         try:
             answers.append(parallel_config(words))
-        except (Exception, SystemExit) as exc:  # noqa: BLE001 - a refusal is the answer (argparse exits)
+        except (Exception, SystemExit) as exc:  # a refusal is the answer (argparse exits)
             answers.append({"error": "%s: %s" % (type(exc).__name__, exc)})
     print(json.dumps(answers))
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 
-from contract import SUPERVISOR_DEFAULTS
+from contract import DISK_LOW, FAILED, SUPERVISOR_DEFAULTS
 from run import disk_watch, rundir
 from run.attempt import found_failure
 from run.in_process import InProcessDriver
@@ -71,10 +71,10 @@ def test_a_failure_on_a_low_disk_is_the_low_disk_and_not_restarted(tmp_path):
     (tmp_path / "out").mkdir()
     outcome = sup.judge(dict(entry), 1, dict(full))
     failure = outcome["failure"]
-    assert outcome["state"] == "failed" and failure["kind"] == "disk-low" and not failure["restarted"], failure
+    assert outcome["state"] == FAILED and failure["kind"] == DISK_LOW and not failure["restarted"], failure
     assert failure["explain"].startswith("disk low: ") and failure["evidence"] == "disk-full: " + full["evidence"]
     crashed = found_failure("crashed", "the driver crashed with SIGSEGV", "see the log", True)
-    assert sup.judge(dict(entry), -11, dict(crashed))["failure"]["kind"] == "disk-low"  # a restart meets the same disk
+    assert sup.judge(dict(entry), -11, dict(crashed))["failure"]["kind"] == DISK_LOW  # a restart meets the same disk
     # Every sample of the share written: whatever failed after, the room left is no cause.
     (tmp_path / "run" / "heartbeat.json").write_text(json.dumps({"phase": "extracting", "samples_total": 2}))
     for index in range(2):

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from contract import FAILED
 from support.runnable_env import DRIVER, patch, private_clean_copy, remove_copy, runnable_env_or_skip
 
 #: bf16 through 8 layers: vLLM's fused kernels and transformers round differently (max seen 9.8e-3
@@ -186,7 +187,7 @@ def test_a_full_disk_is_named_with_its_figures_and_the_samples_written_stay_whol
     # The line is the whole report: no traceback for the classifier to read instead.
     assert "Traceback (most recent call last)" not in log, log[-4000:]
     beat = json.loads((out / "heartbeat.json").read_text())
-    assert beat["phase"] == "failed" and beat["last_error"] == found[0][len("extract_driver: "):]
+    assert beat["phase"] == FAILED and beat["last_error"] == found[0][len("extract_driver: "):]
 
     names = sorted(p.name for p in out.iterdir())
     assert not [n for n in names if "tmp" in n], names  # nothing half-written left behind

@@ -12,6 +12,7 @@ import math
 import pytest
 
 import telemetry
+from contract import SUCCEEDED
 from support.paths import FIXTURES, REPO
 
 RESULTS = sorted((REPO / "benchmarks" / "gpu" / "results").glob("h200-*.json"))
@@ -126,7 +127,7 @@ def test_the_kill_was_classified_restarted_and_resumed_complete(result):
     assert kill["memory_idle_before_restart"] is True
     assert 0 < kill["memory_back_to_idle_s_after_kill"] <= kill["restart_s_after_kill"]
     assert kill["files_before_kill_kept"] == kill["files_before_kill"]
-    assert kill["final_state"] == "succeeded"
+    assert kill["final_state"] == SUCCEEDED
     assert kill["final_files"] == kill["samples_requested"] >= 256
     assert kill["complete"] is True
 

@@ -21,9 +21,9 @@ if __name__ == "__main__":
     # This checkout's specrig, not an installed one, and the tests' support package.
     sys.path[:0] = [str(Path(__file__).resolve().parents[2]), str(Path(__file__).resolve().parents[1])]
 
-import specrig.run.view as view  # noqa: E402
-from specrig.run.live import render, samples_bar  # noqa: E402
-from support.paths import FIXTURES  # noqa: E402
+import specrig.run.view as view
+from specrig.run.live import render, samples_bar
+from support.paths import FIXTURES
 
 VIEWS = FIXTURES / "gpu-views"
 STATUSES = {"h200x2": "status_h200x2.json", "8gpu": "status_8gpu_constructed.json"}

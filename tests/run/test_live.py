@@ -4,6 +4,7 @@ from __future__ import annotations
 from rich.console import Console
 
 import telemetry
+from contract import FAILED, RUNNING
 from specrig.run.live import render, samples_bar
 from support.paths import H200X2
 
@@ -17,12 +18,12 @@ def shown(run: dict, tail: str = "") -> str:
 
 def test_phase_progress_rate_eta_gpus_and_log_lines():
     gpus = telemetry.parse_csv((H200X2 / "query_gpu_load.csv").read_text(), telemetry.GPU_FIELDS)
-    run = {"run_id": "20261129-180000-abcd", "state": "running", "attempts": [{}],
+    run = {"run_id": "20261129-180000-abcd", "state": RUNNING, "attempts": [{}],
            "heartbeat": {"phase": "extracting", "samples_done": 1200, "samples_total": 20000,
                          "tokens_per_s": 51234.5, "eta_s": 3725},
            "gpus": {"available": True, "gpus": gpus}}
     text = shown(run, "INFO extracting batch 150\nINFO wrote data_1199.pt")
-    assert "running" in text and "phase extracting" in text
+    assert RUNNING in text and "phase extracting" in text
     assert "1200/20000" in text and "51234 tokens/s" in text and "ETA 1h02m" in text
     assert "29587/143771 MiB" in text and "95 %" in text and "688 W" in text and "55 °C" in text
     assert "wrote data_1199.pt" in text
@@ -33,7 +34,7 @@ def test_a_failure_shows_its_kind_callee_and_advice():
     failure = {"kind": "api-drift", "explain": "SchedulerConfig now requires is_encoder_decoder",
                "callee": "SchedulerConfig", "caller": "speculators/x.py:194 in f", "evidence": "ValidationError",
                "advice": "run `inv apply-patches --host h`", "retryable": False}
-    text = shown({"run_id": "r", "state": "failed", "attempts": [{}], "heartbeat": {"phase": "failed"},
+    text = shown({"run_id": "r", "state": FAILED, "attempts": [{}], "heartbeat": {"phase": FAILED},
                   "last_failure": failure})
     assert "api-drift" in text and "callee: SchedulerConfig" in text and "inv apply-patches --host h" in text
     assert "not restarted: it would repeat" in text
@@ -41,7 +42,7 @@ def test_a_failure_shows_its_kind_callee_and_advice():
 
 def test_server_mode_shows_samples_per_second_and_the_servers_state_at_80_columns():
     """Server mode's heartbeat (written by its supervisor): samples/s, not tokens/s, and the server."""
-    run = {"run_id": "20261130-120018-ghhd", "state": "running", "attempts": [{}, {}],
+    run = {"run_id": "20261130-120018-ghhd", "state": RUNNING, "attempts": [{}, {}],
            "heartbeat": {"phase": "generating", "samples_done": 53, "samples_total": 189, "samples_per_s": 4.94,
                          "tokens_per_s": None, "eta_s": 27.5, "server": "ready"}}
     progress, bar = samples_bar()

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from contract import ACTIVE_STATES, FAILED, OUTPUT_UNWRITABLE, RUNNING, STOPPED, SUCCEEDED
 from support.lab import inv, launch_failing_run, phase, wait_for
 from support.patchenv import as_lab_user, lab_home
 from support.paths import REPO
@@ -51,7 +52,7 @@ def out():
     path = str(lab_home() / "specrig-work" / "test-out" / uuid.uuid4().hex[:12])
     yield path
     for run in status()["runs"]:
-        if run["out"] == path and run["state"] in ("starting", "running", "restarting", "stalled"):
+        if run["out"] == path and run["state"] in ACTIVE_STATES:
             inv("stop", "--host", "lab-cpu", "--run", run["run_id"], timeout=300)  # a test that failed midway
     as_lab_user("rm", "-rf", path)
 
@@ -105,7 +106,7 @@ def held_mid_extraction(out, at_least):
 
 def finished(run_id, host="lab-cpu", inventory=None):
     run = status(host, run_id, inventory)["runs"][0]
-    return run if run["state"] not in ("starting", "running", "restarting", "stalled") else None
+    return run if run["state"] not in ACTIVE_STATES else None
 
 
 def session_members(session):
@@ -218,7 +219,7 @@ def test_dropping_the_ssh_connection_mid_run_does_not_stop_the_job(runnable, dat
     wait_for("progress after the drop",
              lambda: (status(run=run["run_id"])["runs"][0]["heartbeat"] or {}).get("samples_done", 0) > done_at_drop)
     final = wait_for("the run to finish", lambda: finished(run["run_id"]))
-    assert final["state"] == "succeeded", final
+    assert final["state"] == SUCCEEDED, final
     assert len(final["attempts"]) == 1
     assert_every_sample_once(runnable, out, final["heartbeat"]["samples_total"])
 
@@ -236,7 +237,7 @@ def test_ctrl_c_detaches_stop_leaves_no_process_resume_completes_it_and_a_kill_9
             run = wait_for("the run to extract", lambda: extracting(out))
             client.send_signal(signal.SIGINT)
             shown, errors = client.communicate(timeout=60)
-            assert status(run=run["run_id"])["runs"][0]["state"] == "running"
+            assert status(run=run["run_id"])["runs"][0]["state"] == RUNNING
             assert len(session_members(run["driver_pgid"])) >= 2, "vLLM's worker should run beside the driver"
             # Let the driver go on only once the stop is under way, so that the run cannot finish first.
             stopping = pool.submit(inv, "stop", "--host", "lab-cpu", "--run", run["run_id"], "--json", timeout=300)
@@ -251,10 +252,10 @@ def test_ctrl_c_detaches_stop_leaves_no_process_resume_completes_it_and_a_kill_9
         stopped = stopping.result()
         assert stopped.returncode == 0, stopped.stdout + stopped.stderr
         report = json.loads(stopped.stdout)
-        assert report["clean"] and report["left"] == [] and report["state"] == "stopped"
+        assert report["clean"] and report["left"] == [] and report["state"] == STOPPED
         assert set(report["pids"]) >= {run["driver_pid"]}
         assert session_members(run["driver_pgid"]) == []
-        assert status(run=run["run_id"])["runs"][0]["state"] == "stopped"
+        assert status(run=run["run_id"])["runs"][0]["state"] == STOPPED
         kept = len(list(Path(out).glob("data_*.pt")))
 
     with phase("resume, then kill -9 of the resumed driver"):
@@ -267,7 +268,7 @@ def test_ctrl_c_detaches_stop_leaves_no_process_resume_completes_it_and_a_kill_9
 
     final = wait_for("the resumed run to finish", lambda: finished(run["run_id"]))
     with phase("the end"):
-        assert final["state"] == "succeeded", final
+        assert final["state"] == SUCCEEDED, final
         stopped_attempt, killed, last = final["attempts"][0], final["attempts"][1], final["attempts"][-1]
         assert stopped_attempt["stopped"], stopped_attempt
         assert killed["exit_status"] == -9
@@ -294,14 +295,14 @@ def test_a_run_directory_of_the_previous_supervisor_resumes_to_success(runnable)
     as_lab_user("mkdir", "-p", str(run_dir.parent))
     as_lab_user("cp", "-r", str(OLD_RUN), str(run_dir))
     try:
-        assert status(run=OLD_RUN.name)["runs"][0]["state"] == "stopped"
+        assert status(run=OLD_RUN.name)["runs"][0]["state"] == STOPPED
         resumed = inv("resume", "--host", "lab-cpu", "--run", OLD_RUN.name, "--detach")
         assert resumed.returncode == 0, resumed.stderr
         final = wait_for("the old run to finish", lambda: finished(OLD_RUN.name))
-        assert final["state"] == "succeeded", final
+        assert final["state"] == SUCCEEDED, final
         old, new = final["attempts"]
         assert old["stopped"] and old["samples_written"] == 8 and new["exit_status"] == 0
-        assert [h["state"] for h in final["history"]] == ["stopped", "succeeded"]
+        assert [h["state"] for h in final["history"]] == [STOPPED, SUCCEEDED]
         assert_every_sample_once(runnable, out, final["heartbeat"]["samples_total"])
     finally:
         as_lab_user("rm", "-rf", str(run_dir), out)
@@ -325,7 +326,7 @@ def test_api_drift_is_shown_with_its_callee_and_advice_and_not_restarted(clean_e
     assert launched.returncode == 0, launched.stderr
     run = wait_for("the run to start", lambda: run_writing(out, inventory=clean_env), interval=0.5)
     final = wait_for("the run to fail", lambda: finished(run["run_id"], inventory=clean_env))
-    assert final["state"] == "failed"
+    assert final["state"] == FAILED
     assert len(final["attempts"]) == 1, "drift repeats: the run must not be restarted"
     failure = final["last_failure"]
     assert failure["kind"] == "api-drift" and failure["retryable"] is False
@@ -345,7 +346,7 @@ def test_tp_2_on_a_cpu_host_with_one_numa_node_is_told_by_the_workers_traceback_
     assert launched.returncode == 0, launched.stderr
     run = wait_for("the run to start", lambda: run_writing(out), interval=0.5)
     final = wait_for("the run to fail", lambda: finished(run["run_id"]))
-    assert final["state"] == "failed" and len(final["attempts"]) == 1, "the model must not be loaded again"
+    assert final["state"] == FAILED and len(final["attempts"]) == 1, "the model must not be loaded again"
     failure = final["last_failure"]
     assert (failure["kind"], failure["rule"], failure["retryable"]) == ("bad-config", "cpu-numa-binding", False)
     assert failure["evidence"].startswith("AssertionError: Not enough allowed NUMA nodes to bind threads of 2")
@@ -358,7 +359,7 @@ def test_tp_2_on_a_cpu_host_with_one_numa_node_is_told_by_the_workers_traceback_
 def test_a_failure_that_would_repeat_is_classified_and_not_restarted(lab):
     run_id = launch_failing_run()
     final = wait_for("the run to fail", lambda: finished(run_id, "lab"), timeout=120, interval=0.5)
-    assert final["state"] == "failed" and len(final["attempts"]) == 1
+    assert final["state"] == FAILED and len(final["attempts"]) == 1
     assert final["last_failure"]["kind"] == "missing-package" and final["last_failure"]["retryable"] is False
     logs = inv("logs", "--host", "lab", "--run", run_id, "-n", "5")
     assert logs.returncode == 0 and "not restarting" in logs.stdout
@@ -405,5 +406,5 @@ def test_an_unwritable_out_past_skip_preflight_fails_the_run_in_one_line_that_it
     run_id = said.split(": run ", 1)[1].split(":", 1)[0]
     # The run is over, with the reason: no "starting" left for status to show.
     run = status(host, run_id)["runs"][0]
-    assert run["state"] == "failed" and run["attempts"] == [], run
-    assert run["last_failure"]["kind"] == "output-unwritable" and out in run["last_failure"]["explain"], run
+    assert run["state"] == FAILED and run["attempts"] == [], run
+    assert run["last_failure"]["kind"] == OUTPUT_UNWRITABLE and out in run["last_failure"]["explain"], run

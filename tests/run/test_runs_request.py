@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 
+from contract import IN_PROCESS, SERVER
 from specrig.errors import UsageError
 from specrig.inventory import load_inventory
 from specrig.run.settings import build_request, parse_layers
@@ -79,16 +80,16 @@ def test_bad_layers_are_refused(text):
 
 
 @pytest.mark.parametrize("extract, given, mode, message", [
-    ({"port": 8001}, {}, "in-process", "hosts.yaml: hosts.h.extract.port 8001: port applies to server mode "
-                                       "(speculators >= 0.8), and h takes speculators <= 0.4's in-process extraction"),
-    ({}, {"allow_skipped": True}, "in-process", "--allow-skipped True: allow_skipped applies to server mode"),
-    ({}, {"writer_threads": "8"}, "in-process", "--writer-threads 8: writer_threads applies to server mode"),
-    ({}, {"storage": "fp8"}, "in-process", "--storage 'fp8': storage applies to server mode (speculators >= 0.8), "
-                                           "and h takes speculators <= 0.4's in-process extraction"),
-    ({"enforce_eager": True}, {}, "in-process", "hosts.yaml: hosts.h.extract.enforce_eager True: enforce_eager "
-                                                "applies to server mode"),
-    ({}, {"batch_size": "4"}, "server", "--batch-size 4: batch_size applies to speculators <= 0.4's in-process "
-                                        "extraction, and h takes server mode (speculators >= 0.8)"),
+    ({"port": 8001}, {}, IN_PROCESS, "hosts.yaml: hosts.h.extract.port 8001: port applies to server mode "
+                                     "(speculators >= 0.8), and h takes speculators <= 0.4's in-process extraction"),
+    ({}, {"allow_skipped": True}, IN_PROCESS, "--allow-skipped True: allow_skipped applies to server mode"),
+    ({}, {"writer_threads": "8"}, IN_PROCESS, "--writer-threads 8: writer_threads applies to server mode"),
+    ({}, {"storage": "fp8"}, IN_PROCESS, "--storage 'fp8': storage applies to server mode (speculators >= 0.8), "
+                                         "and h takes speculators <= 0.4's in-process extraction"),
+    ({"enforce_eager": True}, {}, IN_PROCESS, "hosts.yaml: hosts.h.extract.enforce_eager True: enforce_eager "
+                                              "applies to server mode"),
+    ({}, {"batch_size": "4"}, SERVER, "--batch-size 4: batch_size applies to speculators <= 0.4's in-process "
+                                      "extraction, and h takes server mode (speculators >= 0.8)"),
 ])
 def test_a_setting_of_the_other_extraction_mode_is_refused_by_name(make_inventory, extract, given, mode, message):
     host = load_inventory(make_inventory({"hosts": {"h": {"extract": {"model": "/m", "data": "/d", "out": "/o",
@@ -97,5 +98,5 @@ def test_a_setting_of_the_other_extraction_mode_is_refused_by_name(make_inventor
     with pytest.raises(UsageError) as raised:
         request.for_mode(mode, host)
     assert message in raised.value.one_line()
-    own = "server" if mode == "in-process" else "in-process"
+    own = SERVER if mode == IN_PROCESS else IN_PROCESS
     assert request.for_mode(own, host) is request  # in its own mode the same request passes

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from contract import DISK_LOW, FAILED, FINAL_STATES
 from run import disk_watch
 from run.server import outputs, prepared
 from support.lab import inv, inv_json, phase, wait_for
@@ -79,7 +80,7 @@ def test_a_disk_running_low_stops_the_run_before_it_fills_keeping_whole_files_an
     assert code == 0 and launched["launched"], launched
     run_id = launched["run_id"]
     try:
-        wait_for("the run's end", lambda: (lambda r: r if r.get("state") in ("succeeded", "failed", "stopped")
+        wait_for("the run's end", lambda: (lambda r: r if r.get("state") in FINAL_STATES
                                            else None)(run_files(RUNS / run_id)), timeout=900, interval=0.5)
     finally:
         inv("stop", "--host", HOST, "--run", run_id, timeout=300)
@@ -87,9 +88,9 @@ def test_a_disk_running_low_stops_the_run_before_it_fills_keeping_whole_files_an
     with phase("the run stopped on the low disk, once"):
         code, status = inv_json("status", "--host", HOST, "--run", run_id)
         run = status["runs"][0]
-        assert run["state"] == "failed" and len(run["attempts"]) == 1, run
+        assert run["state"] == FAILED and len(run["attempts"]) == 1, run
         failure = run["attempts"][0]["failure"]
-        assert failure["kind"] == "disk-low" and not failure["retryable"] and not failure["restarted"], failure
+        assert failure["kind"] == DISK_LOW and not failure["retryable"] and not failure["restarted"], failure
         line = failure["explain"]
         assert line.startswith("disk low: ") and f" free on {out}" in line and f", need about {FLOOR}" in line, line
         assert "--out" in failure["advice"] and "inv resume" in failure["advice"], failure

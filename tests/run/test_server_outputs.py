@@ -512,8 +512,8 @@ def test_a_shard_of_a_shared_output_counts_only_its_own_files(tmp_path):
     fleet = {"fleet_run_id": "fleet-x", "hosts": ["a", "b", "c"], "shard_index": 1, "shard_count": 3}
     record = {"run_id": "r1", "out": str(out), "driver_args": {},
               "server": {"out": str(out), "layer_ids": [2, 4, 5, 8], "hidden_size": 16, "max_samples": None}}
-    (run / "status.json").write_text(json.dumps({"state": "succeeded", "samples_total": 7}))
-    (run / "exit.json").write_text(json.dumps({"state": "succeeded"}))
+    (run / "status.json").write_text(json.dumps({"state": contract.SUCCEEDED, "samples_total": 7}))
+    (run / "exit.json").write_text(json.dumps({"state": contract.SUCCEEDED}))
     for shared_out, indices in ((True, [3, 4]), (False, list(range(7)))):
         (run / "run.json").write_text(json.dumps(dict(record, fleet=dict(fleet, shared_out=shared_out))))
         found = output_check.verify_output({"workdir": str(tmp_path / "work"), "run": "r1"})

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import contract
 from specrig.exit_status import ExitStatus
 from specrig.inventory import load_inventory
 from support.lab import inv, inv_json, lab_entry
@@ -62,7 +63,7 @@ def test_doctor_one_environment(lab):
     assert result.returncode == 0, result.stderr
     facts = json.loads(result.stdout)
     assert facts["server_env"] is None
-    assert facts["extraction"] == {"mode": "in-process", "speculators": "0.3.0", "vllm": "0.16.0",
+    assert facts["extraction"] == {"mode": contract.IN_PROCESS, "speculators": "0.3.0", "vllm": "0.16.0",
                                    "server_python": None}
     table = inv("doctor", "--host", "lab", env={"COLUMNS": "80"}).stdout
     assert "in-process (speculators 0.3.0)" in table and "server python" not in table
@@ -151,7 +152,7 @@ def test_speculators_0_6_is_refused_before_anything(speculators_env, make_invent
     prefix = speculators_env("0.6.0")
     inventory = env_inventory(make_inventory, trusted_known_hosts, prefix)
     facts = json.loads(inv("doctor", "--host", "lab", "--json", inventory=inventory).stdout)
-    assert facts["extraction"]["mode"] == "repository-scripts"
+    assert facts["extraction"]["mode"] == contract.REPOSITORY_SCRIPTS
     table = inv("doctor", "--host", "lab", inventory=inventory, env={"COLUMNS": "200"}).stdout
     assert "none: speculators 0.6.0 " + REPOSITORY_SCRIPTS in table
     before = tree_hashes(prefix)
@@ -170,7 +171,7 @@ def test_speculators_0_9_takes_the_server_path(speculators_env, make_inventory, 
     inventory = env_inventory(make_inventory, trusted_known_hosts, prefix, server_python=SERVER_PYTHON)
     facts = json.loads(inv("doctor", "--host", "lab", "--json", inventory=inventory).stdout)
     assert facts["packages"]["speculators"] == "0.9.0" and facts["packages"]["hs-connectors"] == "0.9.0"
-    assert facts["extraction"] == {"mode": "server", "speculators": "0.9.0", "vllm": "0.32.0",
+    assert facts["extraction"] == {"mode": contract.SERVER, "speculators": "0.9.0", "vllm": "0.32.0",
                                    "server_python": SERVER_PYTHON}
     table = inv("doctor", "--host", "lab", inventory=inventory, env={"COLUMNS": "80"}).stdout
     assert "server (speculators 0.9.0, vLLM 0.32.0 in server_python)" in table, table

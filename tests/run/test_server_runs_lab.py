@@ -100,7 +100,7 @@ def _wait(run_id: str, until, what: str, timeout: float = RUN_TIMEOUT_S) -> dict
         run = run_files(RUNS / run_id)
         if run and until(run):
             return run
-        if run.get("state") in ("succeeded", "failed", "stopped"):
+        if run.get("state") in contract.FINAL_STATES:
             raise AssertionError(f"run {run_id} ended {run['state']} before {what}: {json.dumps(run)[-3000:]}")
         time.sleep(0.2)
     raise AssertionError(f"run {run_id}: no {what} within {timeout} s: {json.dumps(_status(run_id))[-3000:]}")
@@ -109,7 +109,7 @@ def _wait(run_id: str, until, what: str, timeout: float = RUN_TIMEOUT_S) -> dict
 def _generating(done_at_least: int):
     def until(run):
         beat = run.get("heartbeat") or {}
-        return (run["state"] == "running" and beat.get("phase") == "generating"
+        return (run["state"] == contract.RUNNING and beat.get("phase") == "generating"
                 and (beat.get("samples_done") or 0) >= done_at_least and (run.get("jobs") or {}).get("client"))
     return until
 
@@ -137,7 +137,7 @@ def _stop_and_truncate(host: str, run_id: str, out: Path, run: dict) -> tuple[li
         assert code == 0 and stopped["clean"] and not stopped["left"], stopped
         assert set(pids) <= set(stopped["pids"]), stopped
         assert not _processes_of(run_id) and not any(_processes_with_pid(pid) for pid in pids)
-        assert _status(run_id, host)["state"] == "stopped"
+        assert _status(run_id, host)["state"] == contract.STOPPED
         server_log = inv("logs", "--host", host, "--run", run_id, "--server", "-n", "400")
         assert server_log.returncode == 0 and "(APIServer pid=" in server_log.stdout, server_log.stderr
         client_log = inv("logs", "--host", host, "--run", run_id, "-n", "400").stdout
@@ -157,7 +157,7 @@ def _resume(host: str, run_id: str) -> dict:
     with phase("resume"):
         code, resumed = inv_json("resume", "--host", host, "--run", run_id, timeout=300)
         assert code == 0, resumed
-        _wait(run_id, lambda r: r["state"] == "succeeded", "success after the resume")
+        _wait(run_id, lambda r: r["state"] == contract.SUCCEEDED, "success after the resume")
         return _status(run_id, host)
 
 
@@ -251,7 +251,7 @@ def test_stop_ends_both_groups_and_a_resume_regenerates_a_truncated_file_on_the_
 def test_smoke_runs_the_server_path_on_the_shrunk_model(server_host):
     code, result = inv_json("smoke", "--host", HOST, timeout=600)
     assert code == 0, result
-    assert result["mode"] == "server" and result["samples"] == 6 and result["layer_ids"] == LAYERS, result
+    assert result["mode"] == contract.SERVER and result["samples"] == 6 and result["layer_ids"] == LAYERS, result
     assert result["versions"] == {"speculators": "0.9.0", "vllm": "0.32.0"}, result
 
 
@@ -302,7 +302,7 @@ def test_extract_with_fp8_storage_matches_transformers_in_half_the_bytes(server_
             sent = json.loads(plan["server_argv"][plan["server_argv"].index("--kv_transfer_config") + 1])
             assert sent["kv_connector_module_path"] == "hs_connectors.fp8_hidden_states_connector", sent
         with phase("the run"):
-            _wait(run_id, lambda r: r["state"] == "succeeded", "success")
+            _wait(run_id, lambda r: r["state"] == contract.SUCCEEDED, "success")
             run = _status(run_id)
             assert run["result"] == {"samples": FP8_SAMPLES, "ok": FP8_SAMPLES, "skipped": [], "missing": [],
                                      "bad": {}}, run

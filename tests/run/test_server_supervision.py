@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from test_server_outputs import hs_file
 
+from contract import DISK_LOW
 from run import rundir
 from run.server import outputs
 from run.server.workload import LAYERS_FILE, ServerExtraction
@@ -131,7 +132,7 @@ def test_an_attempt_whose_share_cannot_fit_fails_before_its_first_file_from_the_
     assert extraction.unfit_share() is None  # 4 missing files of 16 values a token: room
     extraction.plan.update(hidden_size=2 ** 50)  # a token's states larger than any disk
     found = extraction.unfit_share()
-    assert found["kind"] == "disk-low" and not found["retryable"], found
+    assert found["kind"] == DISK_LOW and not found["retryable"], found
     tokens = sum(10 + i for i in (2, 3, 4, 5))
     assert found["explain"].startswith("disk low: ") and (
         f" free at {tmp_path / 'out'}; the 4 missing sample(s) of its 6 ({4 * 2 ** 51} B/token x {tokens} tokens, "

@@ -9,7 +9,7 @@ import yaml
 
 from run import rundir
 from slurm import jobs
-from specrig.contract import SLURM_SETTINGS
+from specrig.contract import FAILED, IN_PROCESS, RESTARTING, RUNNING, SERVER, SLURM_SETTINGS, STARTING, STOPPED
 from specrig.slurm.view import slurm_job_text
 from support.paths import REPO
 
@@ -26,7 +26,7 @@ def lab_settings(name: str = "lab-slurm") -> dict:
 
 #: The scripts docs/slurm.md shows: lab-slurm in-process (its python, ~/venv-cpu) and in server mode
 #: (speculators' client python: the supervisor runs there, and starts the vLLM server on server_python).
-DOC_SCRIPTS = {"in-process": "/home/specrig/venv-cpu/bin/python", "server mode": "/home/specrig/venv-spec-0.9/bin/python"}
+DOC_SCRIPTS = {IN_PROCESS: "/home/specrig/venv-cpu/bin/python", SERVER: "/home/specrig/venv-spec-0.9/bin/python"}
 
 
 @pytest.mark.parametrize("mode", DOC_SCRIPTS)
@@ -42,7 +42,7 @@ ENTRY = "/home/specrig/.cache/specrig/bundles/3f1c0d9e/remote/entry.py"
 
 
 def test_docs_show_the_smoke_job_script_the_code_makes():
-    made = jobs.call_script(lab_settings(), directory=CALL_DIR, command="smoke", python=DOC_SCRIPTS["in-process"],
+    made = jobs.call_script(lab_settings(), directory=CALL_DIR, command="smoke", python=DOC_SCRIPTS[IN_PROCESS],
                             entry=ENTRY)
     assert made.splitlines()[-1] == f"exec /home/specrig/venv-cpu/bin/python {ENTRY} {CALL_DIR}/call.json"
     assert f"```bash\n{made}```" in (REPO / "docs" / "slurm.md").read_text(), \
@@ -56,7 +56,7 @@ TASK_RUNS = [f"/home/specrig/specrig-slurm/runs/20261201-205303-{suffix}" for su
 
 def test_docs_show_the_job_array_script_the_code_makes():
     made = jobs.array_script(lab_settings(), directory=f"/home/specrig/specrig-slurm/runs/{SHARDED}",
-                             sharded_run_id=SHARDED, run_paths=TASK_RUNS, python=DOC_SCRIPTS["in-process"])
+                             sharded_run_id=SHARDED, run_paths=TASK_RUNS, python=DOC_SCRIPTS[IN_PROCESS])
     assert "#SBATCH --array=0-2" in made.splitlines()
     assert f"```bash\n{made}```" in (REPO / "docs" / "slurm.md").read_text(), \
         f"docs/slurm.md no longer shows the job array script; put this in its place:\n{made}"
@@ -141,11 +141,11 @@ def run_between_jobs(tmp_path: Path, *, status_state: str, exit_state: str | Non
 
 
 @pytest.mark.parametrize("status_state, exit_state, job_file, state", [
-    ("stopped", "stopped", "requeued.scontrol", "restarting"),  # requeued at its time limit, held
-    ("stopped", None, "running.scontrol", "starting"),  # the next job removed exit.json; its supervisor not up yet
-    ("failed", None, "pending.scontrol", "starting"),  # `inv resume` submitted it: queued
-    ("running", None, "running.scontrol", "running"),
-    ("stopped", "stopped", "ended.scontrol", "stopped"),
+    (STOPPED, STOPPED, "requeued.scontrol", RESTARTING),  # requeued at its time limit, held
+    (STOPPED, None, "running.scontrol", STARTING),  # the next job removed exit.json; its supervisor not up yet
+    (FAILED, None, "pending.scontrol", STARTING),  # `inv resume` submitted it: queued
+    (RUNNING, None, "running.scontrol", RUNNING),
+    (STOPPED, STOPPED, "ended.scontrol", STOPPED),
 ], ids=["requeued, held", "requeued, starting", "resumed, queued", "running", "ended"])
 def test_a_slurm_runs_state_between_its_jobs_is_active_while_its_job_is(tmp_path, status_state, exit_state,
                                                                           job_file, state):
@@ -161,7 +161,7 @@ NODE_RUNS = [f"/home/specrig/specrig-slurm/runs/20261202-0028{suffix}" for suffi
 def nodes_script(**changes) -> str:
     return jobs.nodes_script({**lab_settings(), "nodes": 2, **changes},
                              directory=f"/home/specrig/specrig-slurm/runs/{NODES_JOB}", job_id=NODES_JOB,
-                             run_paths=NODE_RUNS, python=DOC_SCRIPTS["server mode"])
+                             run_paths=NODE_RUNS, python=DOC_SCRIPTS[SERVER])
 
 
 def test_docs_show_the_multi_node_job_script_the_code_makes():
@@ -176,7 +176,7 @@ def test_the_multi_node_script_pins_the_fabric_only_when_hosts_yaml_names_one_an
     assert "export NCCL_SOCKET_IFNAME=ib0 GLOO_SOCKET_IFNAME=ib0" in pinned.splitlines()
     assert "SOCKET_IFNAME" not in unpinned
     # The head's lines are a one-node run's, unchanged (the worker steps come before them).
-    assert "\n".join(jobs.supervised(DOC_SCRIPTS["server mode"])) in unpinned
+    assert "\n".join(jobs.supervised(DOC_SCRIPTS[SERVER])) in unpinned
     # The head is the allocation's first node: where the batch script runs; the workers' steps name theirs.
     assert 'NODES=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))' in unpinned
     assert 'srun --overlap --nodes=1 --ntasks=1 -w "${NODES[$rank]}"' in unpinned

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 import procs
+from contract import DISK_LOW, FAILED, LOST, OUTPUT_UNWRITABLE, RUNNING, STALLED, STOPPED, TIME_LIMIT_TOO_SHORT
 from run import disk_watch
 from specrig.errors import UsageError
 from specrig.inventory import Host
@@ -60,7 +61,7 @@ def wait_state(local, run_id, states, timeout=120):
 
 def test_a_stalled_run_is_restarted_when_configured_until_its_restarts_are_spent(local, tmp_path):
     run_id = launch(local, tmp_path, {"stall_after": 1}, stall_restart=True, max_restarts=1)
-    run = wait_state(local, run_id, ("failed",))
+    run = wait_state(local, run_id, (FAILED,))
     assert [a["failure"]["kind"] for a in run["attempts"]] == ["stalled", "stalled"]
     assert run["restarts"] == 1
     assert all(a["left_behind"] is None for a in run["attempts"])
@@ -69,15 +70,15 @@ def test_a_stalled_run_is_restarted_when_configured_until_its_restarts_are_spent
 def test_a_stalled_run_is_only_marked_when_restarts_are_not_configured(local, tmp_path):
     host, remote = local
     run_id = launch(local, tmp_path, {"stall_after": 1}, stall_restart=False)
-    run = wait_state(local, run_id, ("stalled",))
+    run = wait_state(local, run_id, (STALLED,))
     assert run["stalled"] and len(run["attempts"]) == 1 and run["driver_pid"]
     stopped = remote.call("runs.stop", {"workdir": host.workdir, "run": run_id}, timeout=120)
-    assert stopped["clean"] and stopped["state"] == "stopped"
+    assert stopped["clean"] and stopped["state"] == STOPPED
 
 
 def test_a_process_waiting_on_a_trust_remote_code_prompt_is_ended_and_not_restarted(local, tmp_path):
     run_id = launch(local, tmp_path, {"stall_after": 1, "say_on_stall": TRUST_PROMPT}, stall_restart=False)
-    run = wait_state(local, run_id, ("failed",))
+    run = wait_state(local, run_id, (FAILED,))
     assert len(run["attempts"]) == 1
     failure = run["last_failure"]
     assert failure["kind"] == "trust-remote-code" and not failure["retryable"]
@@ -90,7 +91,7 @@ def test_a_failure_repeated_without_a_new_sample_is_not_restarted_a_third_time(l
     host, _ = local
     run_id = launch(local, tmp_path, {"fail_after": 0, "fail_with": "basic_ios::clear: iostream error",
                                       "write_samples": True}, max_restarts=3)
-    run = wait_state(local, run_id, ("failed",))
+    run = wait_state(local, run_id, (FAILED,))
     first, second = run["attempts"]
     assert first["failure"]["kind"] == second["failure"]["kind"] == "unknown"
     assert first["failure"]["retryable"] is True and second["failure"]["retryable"] is False
@@ -108,7 +109,7 @@ def test_a_failure_repeated_without_a_new_sample_is_not_restarted_a_third_time(l
 def test_a_failure_after_new_samples_is_restarted_until_the_restarts_are_spent(local, tmp_path):
     run_id = launch(local, tmp_path, {"fail_after": 1, "fail_with": "basic_ios::clear: iostream error",
                                       "write_samples": True}, max_restarts=2)
-    run = wait_state(local, run_id, ("failed",))
+    run = wait_state(local, run_id, (FAILED,))
     assert [a["samples_written"] for a in run["attempts"]] == [1, 1, 1]
     assert [a["failure"]["kind"] for a in run["attempts"]] == ["unknown"] * 3
     assert len({a["failure"]["signature"] for a in run["attempts"]}) == 1
@@ -122,28 +123,28 @@ def supervisor_warned_of_its_time_limit(local, run_id: str) -> dict:
     host, remote = local
     run = remote.call("runs.status", {"workdir": host.workdir, "run": run_id})["runs"][0]
     os.kill(run["supervisor_pid"], signal.SIGUSR1)
-    return wait_state(local, run_id, ("stopped", "failed"))
+    return wait_state(local, run_id, (STOPPED, FAILED))
 
 
 def test_a_time_limit_after_new_samples_stops_the_run_for_its_job_to_be_requeued(local, tmp_path):
     run_id = launch(local, tmp_path, {"samples": 600, "write_samples": True})
-    wait_state(local, run_id, ("running",))
+    wait_state(local, run_id, (RUNNING,))
     wait_for_file = time.monotonic() + 60
     while not (tmp_path / "out" / "data_0.pt").exists() and time.monotonic() < wait_for_file:
         time.sleep(0.2)
     run = supervisor_warned_of_its_time_limit(local, run_id)
-    assert run["state"] == "stopped" and run["attempts"][-1]["samples_written"] >= 1, run
+    assert run["state"] == STOPPED and run["attempts"][-1]["samples_written"] >= 1, run
     assert run["last_failure"] is None
 
 
 def test_a_time_limit_before_any_sample_fails_the_run_naming_a_longer_slurm_time(local, tmp_path):
     host, _ = local
     run_id = launch(local, tmp_path, {"samples": 600})  # counts samples, writes none: a model still loading
-    wait_state(local, run_id, ("running",))
+    wait_state(local, run_id, (RUNNING,))
     run = supervisor_warned_of_its_time_limit(local, run_id)
-    assert run["state"] == "failed" and run["attempts"][-1]["samples_written"] == 0, run
+    assert run["state"] == FAILED and run["attempts"][-1]["samples_written"] == 0, run
     failure = run["last_failure"]
-    assert failure["kind"] == "time-limit-too-short" and not failure["retryable"]
+    assert failure["kind"] == TIME_LIMIT_TOO_SHORT and not failure["retryable"]
     assert "before any sample was written" in failure["explain"] and "slurm.time" in failure["advice"]
     log = (Path(host.workdir) / "runs" / run_id / "driver.log").read_text()
     assert "attempt 1: stopped (SIGUSR1)" in log and "; not requeued" in log
@@ -152,15 +153,15 @@ def test_a_time_limit_before_any_sample_fails_the_run_naming_a_longer_slurm_time
 def test_a_lost_run_whose_driver_outlived_its_supervisor_is_resumed_with_one_driver(local, tmp_path):
     host, remote = local
     run_id = launch(local, tmp_path, {})
-    run = wait_state(local, run_id, ("running",))
+    run = wait_state(local, run_id, (RUNNING,))
     while not (run.get("heartbeat") or {}).get("samples_done"):
-        run = wait_state(local, run_id, ("running",))
+        run = wait_state(local, run_id, (RUNNING,))
     os.kill(run["supervisor_pid"], signal.SIGKILL)  # the supervisor dies (OOM killer, a bug); its driver goes on
-    assert wait_state(local, run_id, ("lost",))["driver_pid"] == run["driver_pid"]
+    assert wait_state(local, run_id, (LOST,))["driver_pid"] == run["driver_pid"]
     resumed = remote.call("runs.resume", {"workdir": host.workdir, "run": run_id})
-    assert resumed["resumed_from"] == "lost"
+    assert resumed["resumed_from"] == LOST
     assert procs.members(run["driver_pgid"]) == []  # the old driver and its child were ended first
-    again = wait_state(local, run_id, ("running",))
+    again = wait_state(local, run_id, (RUNNING,))
     assert again["driver_pid"] != run["driver_pid"] and len(again["attempts"]) == 2
     assert again["attempts"][0]["lost"] and again["attempts"][0]["ended_at"]
     assert remote.call("runs.stop", {"workdir": host.workdir, "run": run_id}, timeout=120)["clean"]
@@ -169,21 +170,21 @@ def test_a_lost_run_whose_driver_outlived_its_supervisor_is_resumed_with_one_dri
 def test_a_driver_that_cannot_be_started_fails_the_run_with_the_reason(local, tmp_path):
     run_id = launch(local, tmp_path, {})
     host, remote = local
-    wait_state(local, run_id, ("running",))
+    wait_state(local, run_id, (RUNNING,))
     remote.call("runs.stop", {"workdir": host.workdir, "run": run_id}, timeout=120)
     # The program is gone when the run is resumed (a venv removed, a path mistyped).
     record_path = Path(host.workdir) / "runs" / run_id / "run.json"
     record = json.loads(record_path.read_text())
     record_path.write_text(json.dumps(dict(record, driver_program=str(tmp_path / "gone.py"))))
     remote.call("runs.resume", {"workdir": host.workdir, "run": run_id})
-    run = wait_state(local, run_id, ("failed",))
+    run = wait_state(local, run_id, (FAILED,))
     assert run["last_failure"]["kind"] == "driver-not-started" and not run["last_failure"]["retryable"]
 
 
 def test_stop_ends_a_child_that_left_the_session_and_one_that_ignores_sigterm(local, tmp_path):
     host, remote = local
     run_id = launch(local, tmp_path, {"children": 2, "ignore_term": True, "own_session": True})
-    run = wait_state(local, run_id, ("running",))
+    run = wait_state(local, run_id, (RUNNING,))
     children_file = Path(host.workdir) / "runs" / run_id / "heartbeat.json.children"
     deadline = time.monotonic() + 60
     while not children_file.exists():
@@ -191,7 +192,7 @@ def test_stop_ends_a_child_that_left_the_session_and_one_that_ignores_sigterm(lo
         time.sleep(0.2)
     children = json.loads(children_file.read_text())
     # Once the supervisor has seen the children, it follows the one that leaves the session.
-    while not {str(pid) for pid in children} <= set(wait_state(local, run_id, ("running",)).get("job_seen", {})):
+    while not {str(pid) for pid in children} <= set(wait_state(local, run_id, (RUNNING,)).get("job_seen", {})):
         assert time.monotonic() < deadline
     stopped = remote.call("runs.stop", {"workdir": host.workdir, "run": run_id}, timeout=120)
     assert stopped["clean"] and set(stopped["pids"]) >= {run["driver_pid"], *children}
@@ -208,8 +209,8 @@ def test_an_output_that_cannot_be_written_fails_the_run_before_its_first_attempt
     assert "\n" not in line and f"cannot write {str(out)!r}: " in line and "Not a directory" in line, line
     # The run's record says it too, and it is over: no "starting" left behind.
     run = remote.call("runs.status", {"workdir": host.workdir})["runs"][-1]
-    assert run["state"] == "failed" and run["attempts"] == [], run
-    assert run["last_failure"]["kind"] == "output-unwritable" and not run["last_failure"]["retryable"]
+    assert run["state"] == FAILED and run["attempts"] == [], run
+    assert run["last_failure"]["kind"] == OUTPUT_UNWRITABLE and not run["last_failure"]["retryable"]
     assert run["exit"]["failure"] == run["last_failure"]
 
 
@@ -239,9 +240,9 @@ def test_a_run_low_on_disk_stops_keeping_its_samples_and_resumes_only_once_there
     sample = 2**20  # 12 in flight (batch_size 8 + writes_in_flight 4): less than the floor
     run_id = launch(local, tmp_path, {"output_dir": str(out), "write_samples": True, "sample_bytes": sample,
                                       "samples": 1000})
-    run = wait_state(local, run_id, ("failed",))
+    run = wait_state(local, run_id, (FAILED,))
     failure = run["last_failure"]
-    assert failure["kind"] == "disk-low" and not failure["retryable"] and len(run["attempts"]) == 1, failure
+    assert failure["kind"] == DISK_LOW and not failure["retryable"] and len(run["attempts"]) == 1, failure
     assert failure["explain"].startswith("disk low: ") and f" free on {out}, need about {FLOOR}" in \
         failure["explain"], failure
     assert "--out" in failure["advice"] and failure["free_bytes"] < failure["need_bytes"], failure
@@ -257,5 +258,5 @@ def test_a_run_low_on_disk_stops_keeping_its_samples_and_resumes_only_once_there
 
     make_room(64)
     remote.call("runs.resume", {"workdir": host.workdir, "run": run_id})
-    wait_state(local, run_id, ("running",))
+    wait_state(local, run_id, (RUNNING,))
     assert remote.call("runs.stop", {"workdir": host.workdir, "run": run_id}, timeout=120)["clean"]

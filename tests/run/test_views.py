@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from specrig.contract import ACTIVE_STATES, FINAL_STATES, LOST
+from contract import ACTIVE_STATES, DISK_LOW, FAILED, FINAL_STATES, LOST
 from specrig.inventory import Host
 from specrig.run import node_view, view, view_parts
 from specrig.run.view import STATE_STYLE
@@ -83,11 +83,11 @@ def test_no_layers_line_where_the_ids_are_trainings_default_or_there_is_no_plan(
 
 
 def test_a_disk_low_failure_says_its_kind_once_in_plain_words(monkeypatch):
-    failure = {"kind": "disk-low", "rule": None, "explain": "disk low: 1.9 MiB free on /out, need about 16.0 MiB",
+    failure = {"kind": DISK_LOW, "rule": None, "explain": "disk low: 1.9 MiB free on /out, need about 16.0 MiB",
                "advice": "free space there", "retryable": False, "restarted": False}
     console = _printed(monkeypatch)
     console.print(view.describe_failure(failure))
     assert console.export_text().splitlines()[0] == "disk low: 1.9 MiB free on /out, need about 16.0 MiB"
     # Refused before any attempt: the run's failure is shown all the same.
-    view.show_run({"run_id": "r1", "state": "failed", "attempts": [], "last_failure": failure})
+    view.show_run({"run_id": "r1", "state": FAILED, "attempts": [], "last_failure": failure})
     assert "failure   disk low: 1.9 MiB free on /out, need about 16.0 MiB" in console.export_text()
