@@ -16,6 +16,12 @@ if TYPE_CHECKING:
     from drift.signatures import Parameter
 
 
+#: Finding severities: drift breaks the extraction (verify exits 1), a note may (it depends on the setup),
+#: speed makes it slower and changes nothing of what it writes.
+DRIFT, NOTE, SPEED = "drift", "note", "speed"
+SEVERITIES = (DRIFT, NOTE, SPEED)
+
+
 @dataclass(frozen=True)
 class Location:
     """A line range of a module's file: `text` is what `sed -n START,ENDp` prints."""
@@ -52,7 +58,7 @@ class Finding:
     """
 
     kind = None
-    severity = "drift"
+    severity = DRIFT
 
     #: Location in the consumer's source (a single line).
     consumer: Location
@@ -105,7 +111,7 @@ class MissingSymbol(Finding):
 
 class MaybeSymbol(Finding):
     kind = "maybe-symbol"
-    severity = "note"
+    severity = NOTE
 
     def explain(self):
         module, _, name = self.callee.rpartition(".")
@@ -223,7 +229,7 @@ class ServerContract(Finding):
     kind = "server-contract"
 
     #: "drift", or "note" where the point breaks only in some setups (tensor parallelism, no model given).
-    severity: str = "drift"
+    severity: str = DRIFT
     #: The contract point of docs/server-mode.md section 10: "C1".
     point: str | None = None
     #: The point's id in drift.server.points.POINTS, the id's middle part: "method-known".
@@ -274,6 +280,19 @@ class StartupRefusal(ServerContract):
                     default=self.default)
 
 
+@dataclass(frozen=True)
+class SlowCall(ServerContract):
+    """A call that works and is slow: the extraction runs correctly, at the pace of this call instead of the
+    GPU's (drift/server/speed.py). Its id names the slow call and what makes it slow."""
+
+    kind = "slow-call"
+    severity: str = SPEED
+
+    @property
+    def id(self):
+        return ":".join((self.kind, self.callee, self.detail))
+
+
 class UnsupportedRelease(Finding):
     """speculators 0.5-0.7: their data generation ships only as repository scripts (remote/contract.py)."""
 
@@ -300,8 +319,7 @@ def report(findings, *, started, consumers, provider, model, unchecked, calls_ch
         "provider": provider,
         "model": _model_summary(model),
         "findings": found,
-        "counts": {"drift": sum(1 for f in found if f["severity"] == "drift"),
-                   "note": sum(1 for f in found if f["severity"] == "note")},
+        "counts": {severity: sum(1 for f in found if f["severity"] == severity) for severity in SEVERITIES},
         "unchecked": unchecked,
         "calls_checked": calls_checked,
         "checked": checked,

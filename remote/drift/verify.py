@@ -64,11 +64,12 @@ def run(args):
     if mode == SERVER:
         from drift.server.points import analyze_server
 
-        if installed and not any(c["package"] == "hs_connectors" for c in consumers):
-            try:
-                consumers.append(_installed(HS_CONNECTORS))
-            except RemoteFailure:
-                pass  # optional: the file-backend check is skipped
+        for optional in (HS_CONNECTORS, "openai"):  # without them, the file-backend and client-speed checks skip
+            if installed and not any(c["package"] == optional.replace("-", "_") for c in consumers):
+                try:
+                    consumers.append(_installed(optional))
+                except RemoteFailure:
+                    pass
         return analyze_server(consumers, provider, model, storage=args.get("storage"))
     # The analysis allocates hundreds of thousands of AST nodes and frees none of them until it ends;
     # the cyclic collector would scan them over and over (a third of the run) to find no garbage.

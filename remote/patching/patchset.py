@@ -200,6 +200,11 @@ class Patchset:
     def patch(self, patch_id):
         return next((p for p in self.patches if p.id == patch_id), None)
 
+    def patches_elsewhere(self, facts):
+        """Whether every target of this patchset is a package given as a fact: its files are in another
+        environment of the host."""
+        return all(facts.is_given(patch.package) for patch in self.patches)
+
     def mismatches(self, facts):
         """Why this patchset does not apply to the environment (empty when it does)."""
         return unmet_conditions(self.applies_to, facts)
@@ -333,6 +338,10 @@ def pick(patchsets, facts, name=None):
             raise NoPatchset("patchset %r does not apply to %s: %s" % (name, installed, "; ".join(reasons)))
         return patchsets[name]
     matching = [p for p in patchsets.values() if not p.mismatches(facts)]
+    # A patchset all of whose targets are packages given as facts patches the environment those facts came
+    # from, which the caller asks too (a host with two environments: the client's speculators, the server's
+    # vLLM). It is picked here only when nothing else fits, and then refused by name (other-environment).
+    matching = [p for p in matching if not p.patches_elsewhere(facts)] or matching
     if len(matching) == 1:
         return matching[0]
     if not matching:

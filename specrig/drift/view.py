@@ -57,8 +57,9 @@ def show(report: Report, *, as_json: bool, show_source: bool = False) -> None:
                 _show_source(finding)
             console.print()
     counts = data["counts"]
-    summary = (f"{counts['drift']} drift finding{'s' * (counts['drift'] != 1)}, "
-               f"{counts['note']} note{'s' * (counts['note'] != 1)}")
+    summary = _counts_line(counts)
+    if counts.get("speed"):
+        summary += " (the extraction runs correctly, only slower: `inv apply-patches` removes them)"
     if data.get("unchecked"):
         summary += f"; {len(data['unchecked'])} touch point(s) could not be decided from source (--json lists them)"
     console.print(("[red]" if counts["drift"] else "[green]") + markup(summary) + "[/]")
@@ -73,8 +74,21 @@ def _package_line(data: dict) -> str:
     return f"{consumers} against {name(data['provider'])}"
 
 
+def _counts_line(counts: dict) -> str:
+    """"2 drift findings, 1 note", and the speed findings when there are any (a report made before speed
+    findings existed has no count of them)."""
+    line = (f"{counts['drift']} drift finding{'s' * (counts['drift'] != 1)}, "
+            f"{counts['note']} note{'s' * (counts['note'] != 1)}")
+    speed = counts.get("speed", 0)
+    return line + (f", {speed} speed finding{'s' * (speed != 1)}" if speed else "")
+
+
+#: A finding's colour by severity: drift breaks the run, a note may, speed slows it.
+SEVERITY_STYLES = {"drift": "red", "note": "yellow", "speed": "cyan"}
+
+
 def _kind_style(finding: dict) -> str:
-    return "yellow" if finding["severity"] == "note" else "red"
+    return SEVERITY_STYLES.get(finding["severity"], "red")
 
 
 def _why(finding: dict) -> Text:
@@ -163,7 +177,8 @@ def verify_figures(report: Report) -> str:
     consumers = ", ".join(f"{c.get('name') or c.get('package')} {c.get('version', '?')}"
                           for c in report.data["consumers"])
     provider = report.data["provider"]
-    return (f"{counts['drift']} drift finding(s), {counts['note']} note(s); {consumers} against "
+    speed = f", {counts['speed']} speed finding(s)" if counts.get("speed") else ""
+    return (f"{counts['drift']} drift finding(s), {counts['note']} note(s){speed}; {consumers} against "
             f"{provider.get('name') or provider.get('package')} {provider.get('version', '?')}")
 
 

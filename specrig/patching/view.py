@@ -30,6 +30,10 @@ def show(result: dict, *, host: Host) -> None:
                       f"{markup(result['patchset']['description'])}")
     elif result.get("patchset_problem"):
         console.print(f"[yellow]{markup(result['patchset_problem'])}[/]")
+    other = result.get("other_patchset")
+    if other:  # a host with two environments: the client's patchset, applied in `python`'s
+        console.print(f"and in {markup(result['other_environment']['prefix'])}, patchset [bold]"
+                      f"{markup(other['name'])}[/]: {markup(other['description'])}")
     if result.get("patches"):
         _show_patches(result["patches"], host)
     for recorded in result.get("recorded", []):

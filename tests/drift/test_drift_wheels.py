@@ -33,7 +33,7 @@ def test_vllm_0_17_adds_request_eos_token_id():
 def test_vllm_0_11_the_pinned_release_has_no_findings_at_all():
     data = report("0.11.0")
     assert data["findings"] == []
-    assert data["counts"] == {"drift": 0, "note": 0}
+    assert data["counts"] == {"drift": 0, "note": 0, "speed": 0}
 
 
 def test_vllm_0_11_with_kimi_only_reports_the_model_and_tokenizer():

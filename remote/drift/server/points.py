@@ -11,7 +11,7 @@ from typing import Callable
 
 from contract import SERVER
 from drift import findings as F
-from drift.server import commands, connector, endpoints, method, startup, target
+from drift.server import commands, connector, endpoints, method, speed, startup, target
 from drift.server.context import LAUNCH_MODULE, Context, Skip
 
 
@@ -138,6 +138,11 @@ POINTS = [
           connector.check_fp8_write_tensors,
           "use a vLLM whose connector writes through _write_tensors (0.22.0 to 0.33.0 do), or --storage bf16",
           requires=("connector-registered",)),
+    Point("client-prompt-transform", "C22", "speculators' client sends its token ids without openai's per-token "
+          "request transform (speed)",
+          ("speculators", VC, r"prompt=token_ids"), speed.check_client_prompt_transform,
+          "inv apply-patches (patchset speculators-0.8-0.9-client: the same request body, the ids in extra_body)",
+          finding=F.SlowCall),
 ]
 
 
@@ -165,7 +170,8 @@ def check_contract(ctx):
                 provider=problem.provider, severity=problem.severity, point=point.point, rule=point.id,
                 message=problem.message, fix={"summary": problem.advice or point.advice, "patch": ""},
                 **(problem.facts or {})))
-        worst = "drift" if any(p.severity == "drift" for p in problems) else ("note" if problems else "ok")
+        worst = next((severity for severity in F.SEVERITIES if any(p.severity == severity for p in problems)),
+                     "ok")
         status[point.id] = worst
         contract.append(dict(entry, status=worst, reason=ctx.remarks.get(point.id)))
     return findings, contract
