@@ -831,7 +831,10 @@ def arm_specrig(name, concurrency, settings, keep_for_states=0):
         os.makedirs(keep)
         chosen = arms.spread(files, keep_for_states)
         for path in chosen:
-            os.link(path, os.path.join(keep, os.path.basename(path)))
+            try:
+                os.link(path, os.path.join(keep, os.path.basename(path)))
+            except OSError:  # another file system (out=ram): copied
+                shutil.copy(path, os.path.join(keep, os.path.basename(path)))
         arm["states_subset"] = {"dir": keep, "files": len(chosen), "of": len(files),
                                 "how": "spread evenly over the arm's files in index order (arms.spread)"}
     shutil.rmtree(out, ignore_errors=True)
