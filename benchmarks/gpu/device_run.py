@@ -29,9 +29,11 @@ cut short still brings back what it did):
                     spread over its files) against transformers' forward: the tolerance from bf16's own error,
                     the shifted control
     smoke           inv smoke on a DeepSeek-V3-shaped config (MLA, MoE), shrunk, dummy weights
+    warm[:bare]     the extraction server (and with :bare the bare one) started to its /health and stopped:
+                    the first start's costs paid in the last staging call, not in the measurement's
 
     issue26         a preset (arms.PRESETS): issue 26's measurement in one call within 600 s, N_MEASURE=512:
-                    prep clean arm:hand:32 arm:bare:128 arm:specrig:default:patch=1,profile=1 states:specrig
+                    prep clean arm:specrig:default:patch=1,profile=1 states:specrig arm:bare:128 arm:hand:32
 
 A phase is not begun with less of BUDGET_S left than it takes at best (arms.PHASE_MIN_S): it is skipped, and
 the results say so (`skipped`), rather than cut short at the call's end.
@@ -870,13 +872,10 @@ def arm_by_hand(name, concurrency, bare=False, prefix=None):
     shutil.rmtree(work, ignore_errors=True)
     staging, hs_dir, prepared = (os.path.join(work, d) for d in ("staging", "hs", "prepared"))
     os.makedirs(hs_dir)
+    os.makedirs(EXTRAS, exist_ok=True)
     argv = docs_server_argv(staging)
     if bare:
-        for flag in ("--speculative_config", "--kv_transfer_config"):
-            i = argv.index(flag)
-            del argv[i:i + 2]
-        if prefix and prefix.get("flag"):
-            argv.append(prefix["flag"])
+        argv = bare_argv(argv, prefix)
     python = argv[0]
     flag = arms.prefix_caching_flag(argv)
     arm = {"way": arms.WAY_WORDS["bare" if bare else "hand"], "concurrency": concurrency, "server_argv": argv,
@@ -973,6 +972,46 @@ def arm_by_hand(name, concurrency, bare=False, prefix=None):
             arm["wall_s"] = round(time.time() - started - arm.get("times_shifted_by_s", 0), 2)
         arm["prefix_caching"]["server_log"] = prefix_caching_logged(server_log)
         shutil.rmtree(hs_dir, ignore_errors=True)
+
+
+def bare_argv(argv, prefix=None):
+    """The extraction server's command less the speculative and KV transfer configs, with `prefix`'s
+    prefix-caching flag (prefix_caching_decision): the bare prefill server."""
+    argv = list(argv)
+    for flag in ("--speculative_config", "--kv_transfer_config"):
+        i = argv.index(flag)
+        del argv[i:i + 2]
+    if prefix and prefix.get("flag"):
+        argv.append(prefix["flag"])
+    return argv
+
+
+def phase_warm(spec="warm"):
+    """warm[:bare]: the extraction server (speculators' docs' command) started once to its /health and stopped
+    (with :bare, then the bare server too): the first start's costs (the wheels' bytecode, the libraries and
+    the model read from disk, torch.compile's cache) paid in a staging call instead of the measurement's,
+    where the first arm's server took 190 s against 84-131 s for the others (docs/gpu.md, runs 3 and 4).
+    A server's start is reported, never in a ratio (issue 26)."""
+    kinds = ["extraction"] + (["bare"] if spec == "warm:bare" else [])
+    warmed = {}
+    os.makedirs(EXTRAS, exist_ok=True)
+    for kind in kinds:
+        wait_idle()
+        wait_port_free()
+        staging = os.path.join(SG, "out", "warm-staging")
+        argv = docs_server_argv(staging)
+        if kind == "bare":
+            argv = bare_argv(argv, prefix_caching_decision())
+        started = time.time()
+        with open(os.path.join(EXTRAS, "warm-%s-server.log" % kind), "ab") as server_log:
+            server = subprocess.Popen(argv, stdout=server_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                      start_new_session=True, cwd=SG)
+        healthy = wait_health(PORT, server, 500)
+        warmed[kind] = {"healthy": healthy, "server_ready_s": round(time.time() - started, 2), "exit": server.poll()}
+        end_group(server)
+        shutil.rmtree(staging, ignore_errors=True)
+        log("warm %s: healthy %s after %.0f s" % (kind, healthy, warmed[kind]["server_ready_s"]))
+    record("warm", dict(results.get("warm") or {}, **warmed))
 
 
 def figures(arm):
@@ -1137,6 +1176,8 @@ def main(phases):
                 phase_arm(phase, keep_for_states=STATES_FILES if later_states else 0)
             elif phase.startswith("states"):
                 phase_states(phase)
+            elif phase.startswith("warm"):
+                phase_warm(phase)
             else:
                 globals()["phase_" + phase]()
         except Exception as exc:  # noqa: BLE001 - recorded, the next phase still runs

@@ -162,9 +162,10 @@ def test_the_prefix_caching_setting_of_a_command_and_of_a_log():
 
 def test_the_issue26_preset_is_one_call_whose_environment_the_caller_overrides():
     phases, env = arms.expand(["issue26"], {})
-    assert phases[0] == "prep" and phases[-1] == "states:specrig" and env == {"N_MEASURE": "512"}
-    assert [p.split(":")[1] for p in phases if p.startswith("arm:")] == ["hand", "bare", "specrig"]
-    assert "patch=1" in phases[4] and "profile=1" in phases[4]
+    assert phases[0] == "prep" and env == {"N_MEASURE": "512"}
+    assert [p.split(":")[1] for p in phases if p.startswith("arm:")] == ["specrig", "bare", "hand"]
+    specrig = phases.index("arm:specrig:default:patch=1,profile=1")  # its defaults, after apply-patches, profiled
+    assert phases[specrig + 1] == "states:specrig"  # its files checked while on the disk
     assert arms.expand(["issue26"], {"N_MEASURE": "768"})[1] == {}
     assert arms.expand(["prep", "arm:bare:32"], {}) == (["prep", "arm:bare:32"], {})
     assert arms.phase_min_s("arm:specrig:default:patch=1") == arms.PHASE_MIN_S["arm:specrig"]
@@ -430,3 +431,37 @@ def test_a_summary_of_issue26_passes_the_committed_results_checks(tmp_path):
                  "test_two_arms_never_share_a_name_and_each_says_what_it_ran",
                  "test_the_goals_say_what_their_numbers_say"):
         getattr(checks, name)(result)
+
+
+FAKE_SERVER = '''
+import http.server, sys
+port = int(sys.argv[1])
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" else 404)
+        self.end_headers()
+    def log_message(self, *args):
+        pass
+print("enable_prefix_caching=%s" % ("--no-enable-prefix-caching" not in sys.argv), flush=True)
+http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+'''
+
+
+def test_warm_starts_each_server_to_its_health_and_ends_it(device_run, monkeypatch):
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setattr(device_run, "PORT", port)
+    monkeypatch.setattr(device_run, "docs_server_argv", lambda staging: [
+        sys.executable, "-c", FAKE_SERVER, str(port), "--speculative_config", "{}", "--kv_transfer_config", "{}"])
+    monkeypatch.setattr(device_run, "prefix_caching_decision", lambda: {
+        "flag": "--no-enable-prefix-caching", "setting": "off", "from": "test"})
+    device_run.phase_warm("warm:bare")
+    warmed = device_run.results["warm"]
+    assert set(warmed) == {"extraction", "bare"}
+    assert all(entry["healthy"] and entry["exit"] is None for entry in warmed.values()), warmed
+    logs = {kind: open("%s/warm-%s-server.log" % (device_run.EXTRAS, kind)).read() for kind in warmed}
+    assert device_run.arms.prefix_caching_in_log(logs["extraction"]) is True
+    assert device_run.arms.prefix_caching_in_log(logs["bare"]) is False  # the bare server took the flag
