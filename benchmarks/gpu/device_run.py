@@ -1067,7 +1067,7 @@ def phase_arm(spec, keep_for_states=0):
     common = {"way_id": way, "spec": spec, "settings_nondefault": nondefault, "defaults": defaults,
               "client_patch": dict(client, used=way != "bare", patching=patching), "shape": SHAPE,
               "n_measure": N_MEASURE}
-    if way == "hand" and client["state"] != "unpatched":
+    if way == "hand" and client["state"] == "patched":  # "unknown" runs, and its name says so
         arm = dict(common, way=arms.WAY_WORDS[way], concurrency=concurrency,
                    error="speculators' client is %s after revert-patches: a by-hand arm runs it as shipped, "
                          "so it did not run" % client["state"])
@@ -1090,6 +1090,7 @@ def phase_arm(spec, keep_for_states=0):
             os.environ.clear()
             os.environ.update(saved_env)
     if parsed["profile"]:
+        window.cancelled = True  # ended: a window still waiting for the steady part gives up
         if window.ident is not None:
             window.join(timeout=60)
         arm["profile"] = window.result

@@ -465,3 +465,17 @@ def test_warm_starts_each_server_to_its_health_and_ends_it(device_run, monkeypat
     logs = {kind: open("%s/warm-%s-server.log" % (device_run.EXTRAS, kind)).read() for kind in warmed}
     assert device_run.arms.prefix_caching_in_log(logs["extraction"]) is True
     assert device_run.arms.prefix_caching_in_log(logs["bare"]) is False  # the bare server took the flag
+
+
+def test_a_profile_window_gives_up_once_its_arm_has_ended(tmp_path):
+    import time
+
+    import profiling
+
+    window = profiling.Window(str(tmp_path / "profile"), trigger=lambda: False, timeout=400)
+    window.start()
+    started = time.time()
+    window.cancelled = True
+    window.join(timeout=10)
+    assert not window.is_alive() and time.time() - started < 5
+    assert window.result["error"] == "never reached its steady part" and (tmp_path / "profile" / "off").exists()
