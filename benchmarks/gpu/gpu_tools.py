@@ -10,9 +10,10 @@ process and keep GPU memory between the arms):
                                                   the tokenizer of TOKENIZER, for `inv smoke`
     gpu_tools.py reference HS_DIR MODEL IDS JSON  every stored layer of every file against transformers'
                                                   forward in bf16 on the GPU (and the shifted pairing)
-    gpu_tools.py bare-client PREPARED PORT MODEL C N JSON
+    gpu_tools.py bare-client PREPARED PORT MODEL C N JSON [wait-health]
                                                   bare prefill: each prepared sample once, max_tokens=1,
-                                                  C requests in flight, no extraction
+                                                  C requests in flight, no extraction (wait-health: from
+                                                  the server's /health on, its prompts loaded before)
 
 Needs torch, transformers, tokenizers, safetensors, datasets (the device image and the wheels).
 """
@@ -306,15 +307,36 @@ def reference(hs_dir, model_dir, layer_ids, out_json):
 
 # -- bare prefill: the same prompts, no extraction, max_tokens=1 --------------------------------------
 
-def bare_client(prepared, port, model, concurrency, n, out_json):
+def wait_for_health(port, timeout=900):
+    """Until the server on `port` answers /health with 200 (the bare arm starts its client with the server)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen("http://127.0.0.1:%d/health" % port, timeout=2) as answer:
+                if answer.status == 200:
+                    return True
+        except Exception:  # noqa: BLE001 - not up yet
+            pass
+        time.sleep(0.1)
+    return False
+
+
+def bare_client(prepared, port, model, concurrency, n, out_json, wait_health=False):
+    """Each prepared sample once, max_tokens=1, `concurrency` in flight. With `wait_health`, the prompts are
+    loaded first and the requests start once the server answers /health. Times are epoch seconds (the
+    harness makes them the arm's) and the wall from the first request; `prompts` is arms.prompts_digest of
+    what was sent, the same digest the extraction arms take of their files' token ids."""
+    import arms
     from datasets import load_from_disk
 
     rows = load_from_disk(prepared)
     prompts = [list(map(int, row)) for row in rows["input_ids"][:n]]
+    digest = arms.prompts_digest(prompts)
+    if wait_health and not wait_for_health(port):
+        sys.exit("the server on port %d never answered /health" % port)
     url = "http://127.0.0.1:%d/v1/completions" % port
     lock, queue, done = threading.Lock(), list(range(len(prompts)))[::-1], []
-    errors, first = [], []
-    started = time.time()
+    errors, answered = [], []
 
     def worker():
         while True:
@@ -330,22 +352,24 @@ def bare_client(prepared, port, model, concurrency, n, out_json):
                 usage = reply.get("usage") or {}
                 with lock:
                     done.append(usage.get("prompt_tokens") or len(prompts[i]))
-                    if not first:
-                        first.append(time.time() - started)
+                    answered.append(time.time())
             except Exception as exc:  # noqa: BLE001 - counted and reported
                 with lock:
                     errors.append("%d: %s" % (i, exc))
 
     threads = [threading.Thread(target=worker) for _ in range(concurrency)]
     open(out_json + ".sending", "w").close()  # the profile window's cue (profiling.py)
+    started = time.time()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     wall = time.time() - started
-    result = {"samples": len(done), "tokens": sum(done), "wall_s": round(wall, 2),
-              "first_response_s": round(first[0], 3) if first else None, "errors": errors[:10],
-              "error_count": len(errors), "concurrency": concurrency,
+    result = {"samples": len(done), "tokens": sum(done), "wall_s": round(wall, 2), "sending_at": round(started, 3),
+              "first_response_s": round(min(answered) - started, 3) if answered else None,
+              "first_response_at": round(min(answered), 3) if answered else None,
+              "last_response_at": round(max(answered), 3) if answered else None,
+              "errors": errors[:10], "error_count": len(errors), "concurrency": concurrency, "prompts": digest,
               "tokens_per_s": round(sum(done) / wall, 1) if wall else None,
               "samples_per_s": round(len(done) / wall, 2) if wall else None}
     with open(out_json, "w") as f:
@@ -362,7 +386,8 @@ def main(argv):
     elif command == "reference":
         reference(rest[0], rest[1], [int(x) for x in rest[2].split(",")], rest[3])
     elif command == "bare-client":
-        bare_client(rest[0], int(rest[1]), rest[2], int(rest[3]), int(rest[4]), rest[5])
+        bare_client(rest[0], int(rest[1]), rest[2], int(rest[3]), int(rest[4]), rest[5],
+                    wait_health=rest[6:7] == ["wait-health"])
     else:
         sys.exit("unknown command %r" % command)
 

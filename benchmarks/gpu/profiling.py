@@ -1,4 +1,4 @@
-"""Where an arm's time goes (issue 19): a window in the arm's steady part, over its three processes.
+"""Where an arm's time goes (issues 19 and 26): a window in the arm's steady part, over its three processes.
 
     window = Window(label, trigger)     # trigger(): True once the arm is in its steady part
     window.start() ... window.join()    # the arm's own work runs meanwhile; window.result after
@@ -33,8 +33,10 @@ def _read(path):
 
 
 def processes():
-    """{role: pid} for the arm's EngineCore, API server and client, where they run."""
-    found = {}
+    """{role: pid} for the arm's EngineCore, API server and client processes, where they run: "client" for
+    the first (lowest pid) generate-offline-data or bare client, "client-2", ... for the others (specrig's
+    --clients N), as specrig's status names its client jobs."""
+    found, clients = {}, []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -45,7 +47,9 @@ def processes():
             stat = _read("/proc/%s/stat" % entry)
             found["api"] = int(stat[stat.rindex(")") + 2:].split()[1])
         elif "generate-offline-data" in cmd or "bare-client" in cmd:
-            found["client"] = int(entry)
+            clients.append(int(entry))
+    for k, pid in enumerate(sorted(clients)):
+        found["client" if k == 0 else "client-%d" % (k + 1)] = pid
     return found
 
 
@@ -84,12 +88,15 @@ class Window(threading.Thread):
         threading.Thread.__init__(self, daemon=True)
         self.directory, self.trigger, self.timeout = directory, trigger, timeout
         self.result = {"window_s": WINDOW_S}
+        #: Set by the harness once the arm has ended: a window still waiting for its trigger gives up at once
+        #: instead of at its timeout (the call's budget is the device's).
+        self.cancelled = False
         os.makedirs(directory, exist_ok=True)
 
     def run(self):
         deadline = time.time() + self.timeout
         while not self.trigger():
-            if time.time() > deadline:
+            if time.time() > deadline or self.cancelled:
                 self.result["error"] = "never reached its steady part"
                 return self._close()
             time.sleep(0.1)
@@ -104,6 +111,8 @@ class Window(threading.Thread):
         started = time.time()
         time.sleep(WINDOW_S)
         seconds = time.time() - started
+        # when, so that the record can say the window lay in the arm's steady part (first to last file)
+        self.result.update(started_at=round(started, 2), ended_at=round(started + seconds, 2))
         after = {role: thread_ticks(pid) for role, pid in procs.items()}
         self._close()
         self.result["cpu_by_thread"] = {role: cpu_by_thread(before[role], after[role], seconds) for role in procs}
