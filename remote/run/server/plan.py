@@ -12,7 +12,7 @@ import os
 import contract
 import pkgmeta
 from drift.server import startup
-from run.server import client, launch
+from run.server import client, launch, prepared_cache
 from run.server import nodes as node_layout
 
 #: How long reading the server environment's packages may take (a cold network disk).
@@ -159,6 +159,10 @@ def make(run_path, run_id, driver_args, *, client_python, server_python=None, no
             client_python, model=model, dataset=settings["dataset"], output=prepared_dir, port=settings["port"],
             seq_length=settings["max_length"], max_samples=settings["max_samples"], seed=settings["seed"])
         if clients else None,
+        # What the prepared data's cache key hashes (prepared_cache.py); None: no cache (turned off, or a worker).
+        "prepared_key": prepared_cache.key_settings(
+            settings, speculators=pkgmeta.versions(("speculators",))["speculators"], vllm=vllm_version)
+        if clients and settings["prepared_cache"] else None,
         "generate_argvs": client.generate_argvs(
             client_python, clients=settings["clients"], model=model, prepared=prepared_dir, output=out,
             port=settings["port"], concurrency=settings["concurrency"], request_timeout=settings["request_timeout"],
