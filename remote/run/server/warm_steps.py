@@ -103,8 +103,8 @@ class KeyJob:
 class StartUp:
     """One attempt's start-up: the key job, the client steps' warm processes, the times."""
 
-    def __init__(self, workload, entry):
-        self.workload, self.entry = workload, entry
+    def __init__(self, workload, entry, previous=None):
+        self.workload, self.entry, self.previous = workload, entry, previous
         sup = workload.supervisor
         self.sup, self.plan = sup, workload.plan
         self.go_dir = sup.run.file("warm")
@@ -131,6 +131,8 @@ class StartUp:
         """The server runs (since `started_at`): start the key job and the warm processes. A failure found (a
         process that could not be started), else None."""
         self.mark("server_started", started_at)
+        if self.previous is not None and self.previous.key_job is not None:
+            self.previous.key_job.thread.join()  # it may still link the cache's entry into the run's directory
         shutil.rmtree(self.go_dir, ignore_errors=True)
         os.makedirs(self.go_dir, mode=PRIVATE_DIR)
         prepared_dir = self.plan["prepared"]

@@ -256,7 +256,7 @@ class ServerExtraction:
             raise NotStarted(self.plan["server_argv"], exc) from None
         entry["pid"] = self.server.pid
         self.supervisor.started(server_state=health.LOADING)
-        self.startup = warm_steps.StartUp(self, entry)
+        self.startup = warm_steps.StartUp(self, entry, self.startup)
         found = self.startup.begin(started_at)
         return (None, found) if found else self.steps()
 
