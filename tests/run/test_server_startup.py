@@ -269,3 +269,33 @@ def test_the_warm_start_does_not_run_the_step_once_its_supervisor_is_gone(fake_s
     go.write_text("")
     time.sleep(0.2)
     assert not (work / "ran").exists()
+
+
+def test_a_warm_process_dying_in_its_imports_fails_the_attempt_as_its_step_classified(tmp_path):
+    """generate-offline-data's warm process finds no speculators while the server loads: the attempt's look
+    returns the step's failure, classified from driver.log (missing-package, role the step), not retried."""
+    from test_server_supervision import workload
+
+    extraction = workload(tmp_path)
+    extraction.supervisor.options.update(grace_s=5.0)
+    missing = [sys.executable, "-m", "speculators_nowhere", "generate-offline-data"]
+    extraction.plan.update(prepared=str(tmp_path / "run" / "prepared"), prepare_argv=missing,
+                           generate_argvs=[missing], prepared_key=None)
+    entry = {"attempt": 1}
+    startup = warm_steps.StartUp(extraction, entry)
+    extraction.startup = startup
+    try:
+        assert startup.begin(time.time()) is None
+        assert sorted(extraction.jobs.running) == ["client", "prepare"]
+        assert extraction.supervisor.status["jobs"]["client"]["argv"][1] == warm_steps.WARM_START
+        deadline = time.monotonic() + 60
+        while (found := startup.look()) is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+    finally:
+        extraction.jobs.end_all()
+    assert found["kind"] == "missing-package" and found["callee"] == "speculators_nowhere", found
+    assert found["role"] in (warm_steps.PREPARE, warm_steps.GENERATE) and not found["retryable"], found
+    log = Path(extraction.client_log).read_text()
+    assert "exited with status 1 before its go" in log
+    assert entry["startup"]["server_started"] and "health" not in entry["startup"]
