@@ -299,3 +299,23 @@ def test_a_warm_process_dying_in_its_imports_fails_the_attempt_as_its_step_class
     log = Path(extraction.client_log).read_text()
     assert "exited with status 1 before its go" in log
     assert entry["startup"]["server_started"] and "health" not in entry["startup"]
+
+
+def test_prepare_data_is_done_once_its_directory_is_whole_though_its_process_still_exits(tmp_path):
+    """save_to_disk writes state.json, then dataset_info.json: only both whole end the step early."""
+    directory = tmp_path / "prepared"
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        step = warm_steps.PreparedStep([sleeper], str(directory))
+        assert step.poll() is None
+        prepared_dir(directory)
+        (directory / "dataset_info.json").write_text('{"features": {"input_ids"')  # being written
+        assert prepared.complete(str(directory)) and step.poll() is None
+        (directory / "dataset_info.json").write_text('{"features": {}}')
+        assert step.poll() == 0 and step.ending
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    failing = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    failing.wait()
+    assert warm_steps.PreparedStep([failing], str(tmp_path / "nothing")).poll() == 3

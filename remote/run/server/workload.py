@@ -310,14 +310,14 @@ class ServerExtraction:
         return found_failure(DISK_LOW, "disk low: " + room["detail"], room["advice"], False, path=room["where"],
                              free_bytes=room["free"], need_bytes=room["need"])
 
-    def client_step(self, name, jobs):
+    def client_step(self, name, jobs, step=ClientStep):
         """Follow one of speculators' steps, its processes (`jobs`, started warm and just let go) writing into
-        the client's log, until they end; then end them."""
+        the client's log, until they end (`step` of the processes says when); then end them."""
         argv = self.plan["prepare_argv"] if name == PREPARE else self.plan["generate_argvs"][0]
         self.supervisor.log_marker("%s: %s (let go after its warm start%s)" % (
             name, " ".join(argv[1:4]), ", %d processes" % len(jobs) if len(jobs) > 1 else ""))
         try:
-            status, found = self.follow(name, ClientStep([self.jobs.running[job][0] for job in jobs]))
+            status, found = self.follow(name, step([self.jobs.running[job][0] for job in jobs]))
         finally:
             for job in jobs:
                 self.jobs.end(job)
