@@ -16,7 +16,8 @@ import pytest
 
 from run.server import prepared, prepared_cache, warm_steps
 
-SETTINGS = {"seq_length": 1024, "max_samples": None, "seed": 0, "speculators": "0.9.0", "vllm": "0.32.0"}
+SETTINGS = {"seq_length": 1024, "max_samples": None, "seed": 0, "speculators": "0.9.0", "speculators_sources": "s1",
+            "datasets": "5.1.0", "vllm": "0.32.0"}
 
 
 def model_dir(root: Path) -> Path:
@@ -57,7 +58,7 @@ def test_the_same_inputs_keep_the_key_and_a_copy_of_the_dataset_elsewhere_too(tm
 
 @pytest.mark.parametrize("change", ["dataset", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                                     "config.json", "chat_template.jinja", "seq_length", "max_samples", "seed",
-                                    "speculators", "vllm"])
+                                    "speculators", "speculators_sources", "datasets", "vllm"])
 def test_every_input_changes_the_key(tmp_path, change):
     model = model_dir(tmp_path)
     before = key(tmp_path)
@@ -68,7 +69,7 @@ def test_every_input_changes_the_key(tmp_path, change):
         (model / change).write_text("changed")
     else:
         changes = {change: {"seq_length": 2048, "max_samples": 10, "seed": 1, "speculators": "0.8.1",
-                            "vllm": "0.26.0"}[change]}
+                            "speculators_sources": "s2", "datasets": "5.0.1", "vllm": "0.26.0"}[change]}
     assert key(tmp_path, **changes) != before
 
 
@@ -319,3 +320,26 @@ def test_prepare_data_is_done_once_its_directory_is_whole_though_its_process_sti
     failing = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
     failing.wait()
     assert warm_steps.PreparedStep([failing], str(tmp_path / "nothing")).poll() == 3
+
+
+def test_the_sources_digest_follows_the_files_prepare_data_runs(tmp_path):
+    """A patch of the rendering changes the key; a file prepare-data does not run (the client's requests) does not."""
+    for name in (*prepared_cache.PREPARE_SOURCES, "speculators/data_generation/vllm_client.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("# " + name)
+    first = prepared_cache.sources_digest(str(tmp_path))
+    (tmp_path / "speculators/data_generation/vllm_client.py").write_text("# patched")
+    assert prepared_cache.sources_digest(str(tmp_path)) == first
+    (tmp_path / "speculators/data_generation/render_client.py").write_text("# patched")
+    assert prepared_cache.sources_digest(str(tmp_path)) != first
+
+
+def test_a_plan_keys_this_environments_speculators_and_its_sources():
+    """plan.prepared_key reads the client's own environment (the supervisor's, hosts.yaml `python`)."""
+    from run.server import plan
+
+    settings = {"dataset": "/d.jsonl", "model": "/m", "max_length": 1024, "max_samples": None, "seed": 0}
+    wanted = plan.prepared_key(settings, "0.32.0")
+    assert wanted["vllm"] == "0.32.0" and wanted["seq_length"] == 1024 and wanted["dataset"] == "/d.jsonl"
+    assert set(wanted) == {"dataset", "model", "seq_length", "max_samples", "seed", "speculators",
+                           "speculators_sources", "datasets", "vllm"}

@@ -11,7 +11,9 @@ skips the step:
 * the model's tokenizer and chat-template files (TOKENIZER_FILES), which the server renders with, and
   config.json, from which vLLM and transformers choose the tokenizer's class;
 * prepare-data's settings that change its rows: seq_length, max_samples, seed;
-* the speculators release (its rendering and masking) and the vLLM release (its render endpoint).
+* the speculators release and the bytes of its files that make the rows (PREPARE_SOURCES: a patch or a
+  development install changes the key too), the datasets release (its shuffle), and the vLLM release (its
+  render endpoint; specrig's vLLM patchsets change no rendering).
 
 <workdir>/prepared-cache/ (CACHE) is its user's alone (0700, files 0600), as runs/ is:
 
@@ -51,6 +53,10 @@ TOKENIZER_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "sp
 TOKENIZER_SUFFIXES = (".tiktoken", ".jinja")
 TOKENIZER_PREFIXES = ("tokenization_", "tokenizer")
 TEMPLATE_DIR = "additional_chat_templates"
+#: speculators' files whose code makes prepare-data's rows (0.8.0-0.9.0: the command, the rendering and
+#: masking, the render client), relative to its site-packages.
+PREPARE_SOURCES = ("speculators/cli/prepare_data.py", "speculators/data_generation/preprocessing.py",
+                   "speculators/data_generation/render_client.py")
 CHUNK = 1 << 20
 
 
@@ -62,11 +68,24 @@ def cache_root(workdir):
     return os.path.join(os.path.expanduser(workdir), CACHE)
 
 
-def key_settings(settings, *, speculators, vllm):
-    """What a plan keeps for the key (plan.py): the settings prepare-data's rows depend on."""
-    return {"dataset": settings["dataset"], "model": settings["model"], "seq_length": settings["max_length"],
-            "max_samples": settings["max_samples"], "seed": settings["seed"], "speculators": speculators,
-            "vllm": vllm}
+def key_settings(settings, **releases):
+    """What a plan keeps for the key (plan.py): the paths and settings prepare-data's rows depend on, and
+    `releases` (speculators, speculators_sources, datasets, vllm)."""
+    return dict({"dataset": settings["dataset"], "model": settings["model"], "seq_length": settings["max_length"],
+                 "max_samples": settings["max_samples"], "seed": settings["seed"]}, **releases)
+
+
+def sources_digest(site_packages):
+    """sha256 over PREPARE_SOURCES in `site_packages` (a missing one counts as missing)."""
+    digest = hashlib.sha256()
+    for name in PREPARE_SOURCES:
+        try:
+            with open(os.path.join(site_packages, name), "rb") as handle:
+                data = hashlib.sha256(handle.read()).hexdigest()
+        except OSError:
+            data = "missing"
+        digest.update(("%s %s\n" % (name, data)).encode())
+    return digest.hexdigest()
 
 
 def key_inputs(wanted, hashes=None, cwd=None):
@@ -87,8 +106,8 @@ def key_inputs(wanted, hashes=None, cwd=None):
         raise NoKey("the model %s is no local directory" % wanted["model"])
     tokenizer = [[name, hasher.sha256(os.path.join(model, name))] for name in tokenizer_files(model)]
     hasher.save()
-    return {"format": FORMAT, "dataset": data, "tokenizer": tokenizer,
-            **{name: wanted[name] for name in ("seq_length", "max_samples", "seed", "speculators", "vllm")}}
+    settings = {name: value for name, value in wanted.items() if name not in ("dataset", "model")}
+    return dict(settings, format=FORMAT, dataset=data, tokenizer=tokenizer)
 
 
 def cache_key(inputs):
