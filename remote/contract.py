@@ -90,6 +90,9 @@ SERVER_DEFAULTS = {
     "max_num_batched_tokens": None,  # vLLM's per-step token budget; None: vLLM's own default
     "enforce_eager": False,   # vLLM without torch.compile and CUDA graphs: no compiling at start-up, slower steps
     "storage": "bf16",        # how the files hold the hidden states: a storage type of STORAGES
+    # prepare-data's output kept in <workdir>/prepared-cache/, keyed by the dataset's and the tokenizer's
+    # hashes and the settings it depends on: a later run of the same key skips it (server/prepared_cache.py)
+    "prepared_cache": True,
 }
 
 # -- how server mode stores the hidden states (docs/server-mode.md, "fp8 storage") ------------------

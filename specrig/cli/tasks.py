@@ -104,7 +104,7 @@ NODE_OPTIONS = {
 @task(help={"host": HOST_HELP + "; several hosts split the dataset, one shard each (docs/runs.md, 'Fleet runs')",
             **task_help("model", "data", "out", "tp", "layers", "batch_size", "max_len", "max_samples", "port",
                         "concurrency", "clients", "allow_skipped", "staging", "writer_threads",
-                        "max_num_batched_tokens", "enforce_eager", "storage"),
+                        "max_num_batched_tokens", "enforce_eager", "storage", "prepared_cache"),
             **NODE_OPTIONS,
             "shared_out": "several hosts, server mode: every shard writes one --out on storage they all mount "
                           "(the preflight proves it is one)",
@@ -116,7 +116,8 @@ NODE_OPTIONS = {
 @guarded
 def extract(c, host, model=None, data=None, out=None, tp=None, layers=None, batch_size=None, max_len=None,
             max_samples=None, port=None, concurrency=None, clients=None, allow_skipped=False, staging=None,
-            writer_threads=None, max_num_batched_tokens=None, enforce_eager=False, storage=None, nodes=None, pp=None,
+            writer_threads=None, max_num_batched_tokens=None, enforce_eager=False, storage=None, prepared_cache=True,
+            nodes=None, pp=None,
             dp_local=None, rendezvous_port=None, watch_port=None, shared_out=False, array=None, skip_preflight=False,
             detach=False, json=False):
     """Preflight, launch the supervised extraction on a host, and show it live (Ctrl-C detaches; the run goes on).
@@ -142,7 +143,9 @@ def extract(c, host, model=None, data=None, out=None, tp=None, layers=None, batc
              "max_len": max_len, "max_samples": max_samples, "port": port, "concurrency": concurrency,
              "clients": clients, "allow_skipped": allow_skipped or None, "staging": staging,
              "writer_threads": writer_threads, "max_num_batched_tokens": max_num_batched_tokens,
-             "enforce_eager": enforce_eager or None, "storage": storage}
+             "enforce_eager": enforce_eager or None, "storage": storage,
+             # --no-prepared-cache turns it off; without it, hosts.yaml's extract.prepared_cache decides.
+             "prepared_cache": None if prepared_cache else False}
     sizes = {"pp": whole_number(pp, option="--pp", default=None),
              "dp_local": whole_number(dp_local, option="--dp-local", default=None),
              "rendezvous_port": whole_number(rendezvous_port, option="--rendezvous-port", default=None),

@@ -71,6 +71,10 @@ SETTINGS = {s.name: s for s in (
     Setting("storage", "storage", str, "server mode: how the files hold the hidden states: bf16 (the model's "
             "dtype) or fp8 (hs-connectors' FP8HiddenStatesConnector, about half the bytes; train with "
             "--hidden-states-backend fp8)", mode=SERVER, choices=STORAGES),
+    Setting("prepared_cache", "prepared_cache", bool, "server mode: keep prepare-data's output in the workdir's "
+            "prepared-cache/, keyed by the dataset's and the tokenizer's hashes and the settings, and skip "
+            "prepare-data when a run's key is there (--no-prepared-cache: prepare every time, cache nothing)",
+            mode=SERVER),
 )}
 #: What each extraction mode is called where a setting is refused.
 MODE_NAMES = {IN_PROCESS: "speculators <= 0.4's in-process extraction", SERVER: "server mode (speculators >= 0.8)"}

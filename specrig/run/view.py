@@ -117,6 +117,11 @@ def show_run(run: dict, *, log_tail: str | None = None) -> None:
                                                   f"ETA {format_duration(beat['eta_s'])}" if beat.get("eta_s") else ""))))
     if beat.get("server"):
         grid.add_row("server", f"vLLM server {markup(beat['server'])}")
+    started = beat.get("startup") or {}
+    if started.get("health_to_first_file_s") is not None:
+        # Server mode: what the start-up took once the server served (remote/run/server/warm_steps.py).
+        grid.add_row("start-up", f"first file {started['health_to_first_file_s']:.1f} s after /health, prepare-data "
+                                 f"{markup(started.get('prepare') or '-')}")
     grid.add_row("output", markup(run.get("out") or "-"))
     if run.get("slurm"):
         grid.add_row("Slurm", markup(slurm_job_text(run["slurm"])))

@@ -91,3 +91,11 @@ def test_a_disk_low_failure_says_its_kind_once_in_plain_words(monkeypatch):
     # Refused before any attempt: the run's failure is shown all the same.
     view.show_run({"run_id": "r1", "state": FAILED, "attempts": [], "last_failure": failure})
     assert "failure   disk low: 1.9 MiB free on /out, need about 16.0 MiB" in console.export_text()
+
+
+def test_a_server_mode_run_says_how_long_from_health_to_its_first_file(monkeypatch):
+    console = _printed(monkeypatch)
+    view.show_run({"run_id": "r1", "state": "running", "attempts": [], "heartbeat": {
+        "phase": "generating", "startup": {"health": 10.0, "first_file": 13.25, "health_to_first_file_s": 3.25,
+                                           "prepare": "cached"}}})
+    assert "start-up  first file 3.2 s after /health, prepare-data cached" in console.export_text()

@@ -12,7 +12,7 @@ import os
 import contract
 import pkgmeta
 from drift.server import startup
-from run.server import client, launch
+from run.server import client, launch, prepared_cache
 from run.server import nodes as node_layout
 
 #: How long reading the server environment's packages may take (a cold network disk).
@@ -90,6 +90,15 @@ def staging_dir(settings, key):
         settings["output_dir"], ".specrig-staging", key)))
 
 
+def prepared_key(settings, vllm_version):
+    """What the prepared data's cache key hashes (prepared_cache.py), read in this, the client's, environment."""
+    speculators = pkgmeta.installed("speculators")
+    return prepared_cache.key_settings(
+        settings, speculators=speculators and speculators["version"], vllm=vllm_version,
+        speculators_sources=prepared_cache.sources_digest(speculators["root"]) if speculators else None,
+        datasets=pkgmeta.versions(("datasets",))["datasets"])
+
+
 def make(run_path, run_id, driver_args, *, client_python, server_python=None, nodes=None):
     """The plan of run `run_id` in `run_path` ({"server_argv", "prepare_argv", "generate_argvs", ...});
     `nodes`: this node's part of a multi-node job (server/nodes.py record), whose workers run the server
@@ -159,6 +168,8 @@ def make(run_path, run_id, driver_args, *, client_python, server_python=None, no
             client_python, model=model, dataset=settings["dataset"], output=prepared_dir, port=settings["port"],
             seq_length=settings["max_length"], max_samples=settings["max_samples"], seed=settings["seed"])
         if clients else None,
+        # What the prepared data's cache key hashes (prepared_cache.py); None: no cache (turned off, or a worker).
+        "prepared_key": prepared_key(settings, vllm_version) if clients and settings["prepared_cache"] else None,
         "generate_argvs": client.generate_argvs(
             client_python, clients=settings["clients"], model=model, prepared=prepared_dir, output=out,
             port=settings["port"], concurrency=settings["concurrency"], request_timeout=settings["request_timeout"],

@@ -8,9 +8,11 @@ run.json "server") holds the three commands. An attempt:
    and 0.9 (which only reopens headers) alike; empties the connector's staging directory;
 2. starts the server in a session of its own (server.log) and waits for /health under
    `load_timeout_s`, the phase PHASE_LOADING;
-3. runs prepare-data unless the run's prepared directory is complete (PHASE_PREPARING), reads its row
-   count N, then runs generate-offline-data for this run's share of the rows (PHASE_GENERATING); both
-   in a session of their own, their output in driver.log;
+3. runs prepare-data unless the run's prepared directory is complete or the prepared-data cache has its
+   key (PHASE_PREPARING), reads its row count N, then runs generate-offline-data for this run's share of
+   the rows (PHASE_GENERATING); both in a session of their own, their output in driver.log, started while
+   the server loads and let go when their input is there (server/warm_steps.py: the start-up off the
+   critical path, and its times);
 4. watches both: the server gone or unhealthy ends the client step and fails the attempt with the
    server's log classified; a client step failing ends the server; no new file or log line for
    `stall_timeout_s` is a stall;
@@ -54,8 +56,9 @@ from contract import (
     SERVER_DEFAULTS,
 )
 from run import budget, classify
-from run.server import client, health, outputs, prepared
+from run.server import client, health, outputs, prepared, warm_steps
 from run.server.preflight import STAGING_MARGIN
+from run.server.warm_steps import CLIENT, GENERATE, PREPARE, ClientStep, client_job  # noqa: F401 (this module's names)
 from run.supervision import POLL_S, NotStarted, Watch, child_env, found_failure, log_since, log_size
 
 #: Seconds between health probes while the server loads, and once it serves.
@@ -70,10 +73,8 @@ COUNT_EVERY_S = 2.0
 #: end). A quarter of the host's cores, 4 at most, keep up without taking the server's; on a small host
 #: one thread of the supervisor does it.
 CHECK_WORKERS = max(1, min(4, (os.cpu_count() or 1) // 4))
-#: The attempt's jobs (status.json "jobs"): the server, then the client step's processes (client_job).
-SERVER, CLIENT = "server", "client"
-#: speculators' client steps, as logs and failures (`role`) name them.
-PREPARE, GENERATE = "prepare-data", "generate-offline-data"
+#: The attempt's jobs (status.json "jobs"): the server, then the client steps' processes (warm_steps.client_job).
+SERVER = "server"
 #: Written into the output: the stored layer ids and which activation each one is.
 LAYERS_FILE = "specrig-layers.json"
 #: A worker's headless server, as status.json's `server_state`, its heartbeat and its beacon tell it: no
@@ -99,26 +100,6 @@ class Heartbeat:
     def update(self, **changes):
         self.beat.update(changes)
         atomic.write_json(self.path, self.beat)
-
-
-def client_job(k):
-    """The job name of a client step's k-th process: "client", then "client-2", ... (plan's generate_argvs)."""
-    return CLIENT if k == 0 else "%s-%d" % (CLIENT, k + 1)
-
-
-class ClientStep:
-    """A client step's processes, followed as one: ended when all have ended, 0 when all exited 0, else the
-    first failure's status (its siblings are ended with it: they share the share and its log)."""
-
-    def __init__(self, processes):
-        self.processes = processes
-
-    def poll(self):
-        statuses = [proc.poll() for proc in self.processes]
-        failed = [status for status in statuses if status not in (None, 0)]
-        if failed:
-            return failed[0]
-        return None if None in statuses else 0
 
 
 class Jobs:
@@ -224,7 +205,7 @@ class ServerExtraction:
         self.client_log, self.server_log = supervisor.run.file("driver.log"), supervisor.run.file("server.log")
         # Where this attempt's part of each log starts (prepare() sets them): the whole log until then.
         self.offsets = {self.client_log: 0, self.server_log: 0}
-        self.server = None
+        self.server = self.startup = None
         # Kept over attempts: a restart's output check does not read again what an attempt found ok.
         self.checked = outputs.CheckedFiles()
 
@@ -268,13 +249,16 @@ class ServerExtraction:
                               samples_per_s=None, eta_s=None)
 
     def run(self, entry):
+        started_at = time.time()
         try:
             self.server = self.jobs.start(SERVER, self.plan["server_argv"], self.server_log)
         except OSError as exc:
             raise NotStarted(self.plan["server_argv"], exc) from None
         entry["pid"] = self.server.pid
         self.supervisor.started(server_state=health.LOADING)
-        return self.steps()
+        self.startup = warm_steps.StartUp(self, entry, self.startup)
+        found = self.startup.begin(started_at)
+        return (None, found) if found else self.steps()
 
     def end(self):
         ended = self.jobs.end_all()
@@ -291,15 +275,12 @@ class ServerExtraction:
         ready, found = self.follow(PHASE_LOADING)
         if ready is None:
             return None, found
+        self.startup.mark("health")
         sup.log_marker("the vLLM server is ready (port %d)" % self.plan["port"])
-        if prepared.complete(self.plan["prepared"]):
-            sup.log_marker("prepare-data: %s is complete, not run again" % self.plan["prepared"])
-        else:
-            shutil.rmtree(self.plan["prepared"], ignore_errors=True)  # a part-written one would be skipped
-            self.heartbeat.update(phase=PHASE_PREPARING)
-            status, found = self.client_step(PREPARE, [self.plan["prepare_argv"]])
-            if status != 0 or found:
-                return status, found
+        self.heartbeat.update(phase=PHASE_PREPARING)
+        status, found = self.startup.prepare()
+        if status != 0 or found:
+            return status, found
         try:
             total = prepared.rows(self.plan["prepared"])
         except (OSError, prepared.PreparedDataError) as exc:
@@ -312,9 +293,10 @@ class ServerExtraction:
         sup.status["samples_total"] = total
         self.heartbeat.update(phase=PHASE_GENERATING, samples_total=len(wanted), samples_done=self.count_done(wanted))
         with ArrivalCheck(self, wanted) as arrivals:
-            status, found = self.client_step(GENERATE, self.plan["generate_argvs"])
+            status, found = self.client_step(GENERATE, self.startup.generate())
             if status != 0 or found:
                 return status, found
+            self.startup.arrived()
             self.heartbeat.update(phase=PHASE_VALIDATING)
             arrivals.finish()
         return 0, self.validate(share, self.attempt_log())
@@ -328,30 +310,35 @@ class ServerExtraction:
         return found_failure(DISK_LOW, "disk low: " + room["detail"], room["advice"], False, path=room["where"],
                              free_bytes=room["free"], need_bytes=room["need"])
 
-    def client_step(self, name, argvs):
-        """Run one of speculators' steps: its processes (`argvs`, one each) into the client's log."""
-        sup = self.supervisor
-        sup.log_marker("%s: %s%s" % (name, " ".join(argvs[0][1:4]),
-                                     " (%d processes)" % len(argvs) if len(argvs) > 1 else ""))
-        started = []
+    def client_step(self, name, jobs, step=ClientStep):
+        """Follow one of speculators' steps, its processes (`jobs`, started warm and just let go) writing into
+        the client's log, until they end (`step` of the processes says when); then end them."""
+        argv = self.plan["prepare_argv"] if name == PREPARE else self.plan["generate_argvs"][0]
+        self.supervisor.log_marker("%s: %s (let go after its warm start%s)" % (
+            name, " ".join(argv[1:4]), ", %d processes" % len(jobs) if len(jobs) > 1 else ""))
         try:
-            try:
-                for k, argv in enumerate(argvs):
-                    started.append(self.jobs.start(client_job(k), argv, self.client_log))
-            except OSError as exc:
-                return None, found_failure("client-not-started", "%s could not be started: %s" % (name, exc),
-                                           "check `python` of the host in hosts.yaml (`inv doctor`)", False)
-            status, found = self.follow(name, ClientStep(started))
+            status, found = self.follow(name, step([self.jobs.running[job][0] for job in jobs]))
         finally:
-            for k in range(len(started)):
-                self.jobs.end(client_job(k))
+            for job in jobs:
+                self.jobs.end(job)
         if status not in (None, 0):
-            sup.log_marker("%s exited with status %s" % (name, status))
-            found = classify.classify(self.attempt_log(), status, host=sup.host(), subject=name)
-            found["role"] = name
-            if not found["rule"]:
-                found = self.server_cause("%s exited with status %s" % (name, status)) or found
+            found = self.step_failed(name, status)
         return status, found
+
+    def step_failed(self, name, status):
+        """The failure of step `name` whose process exited with `status`, classified from the attempt's log."""
+        sup = self.supervisor
+        sup.log_marker("%s exited with status %s" % (name, status))
+        found = classify.classify(self.attempt_log(), status, host=sup.host(), subject=name)
+        found["role"] = name
+        if not found["rule"]:
+            found = self.server_cause("%s exited with status %s" % (name, status)) or found
+        return found
+
+    @staticmethod
+    def not_started(name, exc):
+        return found_failure("client-not-started", "%s could not be started: %s" % (name, exc),
+                             "check `python` of the host in hosts.yaml (`inv doctor`)", False)
 
     def server_cause(self, what):
         """The cause the server's log names, for a client failure that names none (None when neither does):
@@ -387,6 +374,9 @@ class ServerExtraction:
             if self.server.poll() is not None:
                 return None, self.server_died(self.server.returncode)
             sup.look(self.jobs.members())
+            early = self.startup.look()  # a client step's process that exited before its go
+            if early:
+                return None, early
             state = server_health.look()
             if state == health.UNHEALTHY:
                 return None, self.server_died(None, unhealthy=server_health.answer)
@@ -419,6 +409,7 @@ class ServerExtraction:
         elapsed = time.monotonic() - started
         made = done - done_at_start
         rate = made / elapsed if elapsed > 0 and made > 0 else None
+        self.startup.arrived()
         self.heartbeat.update(samples_done=done, samples_per_s=round(rate, 2) if rate else None,
                               eta_s=round((total - done) / rate, 1) if rate and total is not None else None)
 
