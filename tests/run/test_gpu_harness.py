@@ -19,8 +19,8 @@ from support.paths import REPO
 GPU = REPO / "benchmarks" / "gpu"
 sys.path.insert(0, str(GPU))
 
-import arms  # noqa: E402
-import summarize  # noqa: E402
+import arms
+import summarize
 
 #: The call of speculators 0.8/0.9's generate_hidden_states_async as shipped, and the patch
 #: client-token-ids-in-extra-body's replacement (patchset speculators-0.8-0.9-client, count 2).

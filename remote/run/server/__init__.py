@@ -11,7 +11,7 @@ speculators 0.8 and newer no longer drive vLLM in process: a vLLM server runs wi
     health.py       the server's /health, asked without a proxy
     plan.py         a run's plan: the three commands, the layer ids and what they mean (run.json "server")
     workload.py     the supervisor's server-mode workloads: the server with the client steps, a worker's
-                    headless server (run/supervision.py is the loop around them)
+                    headless server (run/supervisor_loop.py is the loop around them)
     preflight.py    the checks a server-mode launch adds: environments, the command, port, staging
     smoke.py        `inv smoke` on this path: the same run on a shrunk model with dummy weights
     outputs.py      validation of the `hs_{i}.safetensors` files without torch: header, shapes,

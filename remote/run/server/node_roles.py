@@ -1,5 +1,5 @@
 """The node roles of a multi-node job's supervisors (server/nodes.py), stdlib only: what the head and a
-worker add to the supervisor's loop (run/supervision.py NodeRole).
+worker add to the supervisor's loop (run/supervisor_loop.py NodeRole).
 
 vLLM couples its nodes at start-up only (measured on the lab, docs/runs.md "Multi-node"): a data-parallel
 worker killed with all its processes leaves the head answering /health 200 while the requests routed to
@@ -23,9 +23,10 @@ import threading
 import time
 
 from contract import FAILED, FINAL_STATES, RESTARTING, RUNNING, STALLED, STOPPED
+from run.attempt import POLL_S, RETRY, AttemptEnds, found_failure
 from run.server import nodes as node_layout
 from run.server.workload import SERVER_EXITED, SERVER_RUNNING
-from run.supervision import POLL_S, RETRY, AttemptEnds, NodeRole, found_failure
+from run.supervisor_loop import NodeRole
 
 #: Seconds between two looks at the other nodes.
 WATCH_EVERY_S = 2.0

@@ -1,4 +1,4 @@
-"""The server-mode workloads (speculators >= 0.8) of the supervisor's loop (run/supervision.py), stdlib only.
+"""The server-mode workloads (speculators >= 0.8) of the supervisor's loop (run/supervisor_loop.py), stdlib only.
 
 ServerExtraction, a run on one host or a multi-node job's head. The run's plan (server/plan.py,
 run.json "server") holds the three commands. An attempt:
@@ -56,10 +56,10 @@ from contract import (
     SERVER_DEFAULTS,
 )
 from run import budget, classify
+from run.attempt import POLL_S, NotStarted, Watch, child_env, found_failure, log_since, log_size
 from run.server import client, health, outputs, prepared, warm_steps
 from run.server.preflight import STAGING_MARGIN
 from run.server.warm_steps import CLIENT, GENERATE, PREPARE, ClientStep, client_job  # noqa: F401 (this module's names)
-from run.supervision import POLL_S, NotStarted, Watch, child_env, found_failure, log_since, log_size
 
 #: Seconds between health probes while the server loads, and once it serves.
 HEALTH_EVERY_LOADING_S = 1.0
