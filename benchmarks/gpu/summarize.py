@@ -162,26 +162,40 @@ GOALS = (
 )
 
 
-def goal_arms(rows, shape="llama8b"):
+def goal_arms(rows, shape="llama8b", figure="steady_tokens_per_s"):
     """The arms issue 26's goals compare, at one shape: specrig with its defaults (no setting other than
     specrig's defaults) and speculators' client patched; by hand with the client as shipped; bare prefill.
-    Of several of one kind, the fastest in the steady part; None where there is none."""
+    Of several of one kind, the fastest by `figure`; None where there is none. Only arms that sent the
+    same prompts are compared: those of the prompt set with the most arms, else (no digests) all."""
+    rows = prompt_set(rows, shape)
+
     def measured(way, keep=lambda row: True):
         found = [row for row in rows if row["shape"] == shape and row["way_id"] == way and not row.get("error")
-                 and row.get("steady_tokens_per_s") and keep(row)]
-        return max(found, key=lambda row: row["steady_tokens_per_s"], default=None)
+                 and row.get(figure) and keep(row)]
+        return max(found, key=lambda row: row[figure], default=None)
     return {"specrig": measured("specrig", lambda row: row.get("client_patch") == "patched"
                                 and not row.get("settings_nondefault")),
             "hand": measured("hand", lambda row: row.get("client_patch") in ("unpatched", None)),
             "bare": measured("bare")}
 
 
+def prompt_set(rows, shape="llama8b"):
+    """The arms of one shape that sent the same prompts (the digest of their token ids), the set with the most
+    ways measured, then the most arms: a call that measured 512 samples and another 768 compares each
+    within its own set. Rows without a digest (runs before issue 26) are one set."""
+    at = [row for row in rows if row["shape"] == shape]
+    sets = {}
+    for row in at:
+        sets.setdefault((row.get("prompts") or {}).get("sha256"), []).append(row)
+    return max(sets.values(), key=lambda found: (len({row["way_id"] for row in found}), len(found)), default=[])
+
+
 def goals(rows, shape="llama8b"):
     """Each goal of issue 26 at one shape: the value, the goal, PASS or MISS (NOT MEASURED where an arm or a
-    figure is missing), and the two arms."""
-    chosen = goal_arms(rows, shape)
+    figure is missing), and the two arms, each goal's specrig arm the best of its defaults by that figure."""
     out = {}
     for name, ours, way, theirs, goal, what in GOALS:
+        chosen = goal_arms(rows, shape, ours)
         mine, other = chosen["specrig"], chosen[way]
         value = round(mine[ours] / other[theirs], 4) if mine and other and mine.get(ours) and other.get(theirs) \
             else None
@@ -203,6 +217,9 @@ def checks(rows, shape="llama8b"):
     bare = {value for arm, value in logged.items() if ways[arm] == "bare"}
     return {"same_prompts": (len(set(digests.values())) == 1 and None not in digests.values()) if digests else None,
             "prompts_sha256": digests,
+            # goals() compares within one of them (prompt_set): several sets are said, not mixed
+            "goal_arms_prompts_sha256": (prompt_set(rows, shape)[0].get("prompts") or {}).get("sha256")
+            if prompt_set(rows, shape) else None,
             "prefix_caching_logged": logged,
             "prefix_caching_same": (len(extraction | bare) == 1 and None not in extraction | bare)
             if extraction and bare else None}
