@@ -94,8 +94,10 @@ SERVER_DEFAULTS = {
     # hashes and the settings it depends on: a later run of the same key skips it (server/prepared_cache.py)
     "prepared_cache": True,
     # prepare-data renders through a GPU-less `vllm launch render` server started with the model's server, so
-    # that it runs while the model loads (server/render.py); off: it renders through the model's server at /health
-    "render_server": True,
+    # that it runs while the model loads (server/render.py); off: through the model's server at /health. Off by
+    # default: on the lab it took a first run's /health to first file from 3.3 s to 0.7 s, but its one try on
+    # the H200 (docs/gpu.md, the sixth run) did not finish and brought no logs back
+    "render_server": False,
 }
 
 # -- how server mode stores the hidden states (docs/server-mode.md, "fp8 storage") ------------------

@@ -795,6 +795,7 @@ def arm_specrig(name, concurrency, settings, keep_for_states=0):
         arm.update(launch=launched, error="not launched (exit %s; preflight failed: %s)"
                    % (launched["exit"], ", ".join(failed) or "-"))
         return arm
+    RUNNING[name] = info["path"]
     beat, status, done = wait_run(info["path"], lambda b, s: run_state(info["path"]) in FINAL, timeout=560,
                                   on_beat=note)
     ended = time.time()
@@ -817,10 +818,8 @@ def arm_specrig(name, concurrency, settings, keep_for_states=0):
     arm.update(concurrency=sum(given) if given else concurrency, clients=len(generate) or None,
                layer_ids=plan.get("layer_ids"), server_argv=plan.get("server_argv"),
                generate_argvs=generate, prepare_argv=plan.get("prepare_argv"))
-    for log_name in ("driver.log", "server.log"):
-        path = os.path.join(info["path"], log_name)
-        if os.path.exists(path):
-            shutil.copy(path, os.path.join(EXTRAS, "arm-%s-%s" % (name, log_name)))
+    keep_run_files(name, info["path"])
+    RUNNING.pop(name, None)
     flag = arms.prefix_caching_flag(plan.get("server_argv"))
     arm["prefix_caching"] = {"flag": flag, "setting": arms.PREFIX_FLAGS.get(flag, "vLLM's default"),
                              "from": "the run's plan (server_argv)",
@@ -1165,6 +1164,30 @@ def budget_left():
     return None if BUDGET_S is None else BUDGET_S - BUDGET_MARGIN_S - (time.time() - T0)
 
 
+#: The specrig arms whose run is under way: {arm name: run directory}, for the budget's end (on_budget_end).
+RUNNING = {}
+#: What an arm's run directory holds that says what happened in it.
+RUN_FILES = ("driver.log", "server.log", "render.log", "status.json", "heartbeat.json")
+
+
+def keep_run_files(name, run_path):
+    """Copy what run `run_path` of arm `name` wrote into the extras."""
+    for file_name in RUN_FILES:
+        path = os.path.join(run_path, file_name)
+        if os.path.exists(path):
+            shutil.copy(path, os.path.join(EXTRAS, "arm-%s-%s" % (name, file_name)))
+
+
+def on_budget_end(signum, frame):
+    """device.sh's `timeout` ends the harness at BUDGET_S: keep the logs of the arms still running (the sixth
+    run's arm ran into it and brought nothing back), then exit as timeout does."""
+    for name, run_path in list(RUNNING.items()):
+        keep_run_files(name, run_path)
+        results.setdefault("errors", []).append({"phase": "arm:%s" % name, "error": "cut by the budget"})
+    save()
+    os._exit(124)
+
+
 def main(phases):
     """Run `phases` in order (a preset, arms.PRESETS, expands to its phases and sets its environment where
     the call does not); each one's failure is recorded and the next still runs; one that the budget left
@@ -1205,4 +1228,5 @@ def main(phases):
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, on_budget_end)
     main(sys.argv[1:])

@@ -76,8 +76,8 @@ SETTINGS = {s.name: s for s in (
             "prepare-data when a run's key is there (--no-prepared-cache: prepare every time, cache nothing)",
             mode=SERVER),
     Setting("render_server", "render_server", bool, "server mode: prepare-data renders through a GPU-less "
-            "`vllm launch render` server while the model loads, instead of through the model's server after it "
-            "loaded (--no-render-server: after)", mode=SERVER),
+            "`vllm launch render` server while the model loads, instead of through the model's server once it "
+            "has loaded (measured on the lab, not yet on a GPU: docs/gpu.md)", mode=SERVER),
 )}
 #: What each extraction mode is called where a setting is refused.
 MODE_NAMES = {IN_PROCESS: "speculators <= 0.4's in-process extraction", SERVER: "server mode (speculators >= 0.8)"}

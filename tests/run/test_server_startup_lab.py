@@ -4,7 +4,7 @@ server and keeps it in the workdir's prepared-data cache; the second finds the k
 prepare-data, and its states still equal transformers'. In both, the client steps start warm while the
 server loads (remote/run/server/warm_steps.py) and are let go in order: prepare-data once the render server
 it renders through answers (render.py; or at the model's server's /health, should that answer first, or
-with --no-render-server), generate-offline-data once the prepared data is whole. The runs' "startup" times say how long it took from
+without --render-server), generate-offline-data once the prepared data is whole. The runs' "startup" times say how long it took from
 /health to the first file (printed)."""
 from __future__ import annotations
 
@@ -85,7 +85,7 @@ def test_a_second_run_of_one_dataset_skips_prepare_data_through_the_cache_and_ma
                                                                                                   tmp_path):
     inventory, seed = _seeded(tmp_path)  # a key no earlier run made: the first run must prepare
     with phase("the first run prepares, warm, and keeps the data"):
-        first = _extract(_out(), inventory)
+        first = _extract(_out(), inventory, "--render-server")
         startup = _startup(first)
         assert startup["prepare"] == "ran" and startup["key"], startup
         assert "render_started" in startup, "prepare-data is given a render server to render through"
@@ -119,11 +119,12 @@ def test_a_second_run_of_one_dataset_skips_prepare_data_through_the_cache_and_ma
 
 
 def test_no_prepared_cache_prepares_and_keeps_nothing(server_host, tmp_path):
-    """--no-prepared-cache: prepare-data runs (warm) and the cache gets no entry of its key; --no-render-server:
-    it renders through the model's server, let go at /health, and no render server is started."""
+    """--no-prepared-cache: prepare-data runs (warm) and the cache gets no entry of its key; without
+    --render-server (the default) it renders through the model's server, let go at /health, and no render
+    server is started."""
     inventory, _seed = _seeded(tmp_path)
     before = set(CACHE.iterdir()) if CACHE.exists() else set()
-    run_id = _extract(_out(), inventory, "--no-prepared-cache", "--no-render-server", "--max-samples", "8")
+    run_id = _extract(_out(), inventory, "--no-prepared-cache", "--max-samples", "8")
     startup = _startup(run_id)
     assert startup["prepare"] == "ran" and "key" not in startup, startup
     assert startup["render"] == "the model's server" and "render_started" not in startup, startup
