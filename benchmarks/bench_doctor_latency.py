@@ -22,11 +22,11 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from delay_proxy import DelayProxy  # noqa: E402
+from delay_proxy import DelayProxy
 
-from specrig.doctor import doctor  # noqa: E402
-from specrig.inventory import load_inventory  # noqa: E402
-from specrig.transport.bundle import current_bundle  # noqa: E402
+from specrig.doctor import doctor
+from specrig.inventory import load_inventory
+from specrig.transport.bundle import current_bundle
 
 #: One bundle for the whole run, so that "warm" means the same bytes are already on the host.
 BUNDLE = current_bundle()

@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from specrig.drift.compat import package_root  # noqa: E402
+from specrig.drift.compat import package_root
 
 #: (consumer line, the vLLM parameter) of the three signature drifts of speculators 0.3.0 on vLLM 0.16.0.
 KNOWN = {"kv_cache_specs", "block_size", "is_encoder_decoder"}

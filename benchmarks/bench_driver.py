@@ -166,7 +166,7 @@ def main():
         rates = writes_run(work, 5 * options.repeat)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    median = lambda runs, key: statistics.median(r[key] for r in runs)  # noqa: E731
+    median = lambda runs, key: statistics.median(r[key] for r in runs)
     print(f"# {options.samples} samples of the tiny model, batch {SETTINGS['batch_size']}, "
           f"max_length {SETTINGS['max_length']}, median of {options.repeat}, {env_note}")
     print(f"extraction phase   driver {median(driver, 'loop_s'):7.2f} s   bare generate loop "

@@ -45,10 +45,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from delay_proxy import DelayProxy  # noqa: E402
+from delay_proxy import DelayProxy
 
-from specrig.inventory import load_inventory  # noqa: E402
-from specrig.transport.hostkeys import known_hosts_name  # noqa: E402
+from specrig.inventory import load_inventory
+from specrig.transport.hostkeys import known_hosts_name
 
 #: The real hosts the entries are spread over (bench-01, the single host, is lab-1).
 TARGETS = ["lab-1", "lab-2", "lab-3", "lab"]

@@ -39,7 +39,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "remote"))
 
-from run.server import client, launch, outputs  # noqa: E402
+from run.server import client, launch, outputs
 
 HOME = Path(os.environ.get("SPECRIG_RUNNABLE_HOME", "/home/specrig"))
 CLIENT = HOME / "venv-spec-0.9" / "bin" / "python"

@@ -26,8 +26,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "remote"))
 
-from slurm import jobs  # noqa: E402
-from specrig.inventory import load_inventory  # noqa: E402
+from slurm import jobs
+from specrig.inventory import load_inventory
 
 #: The jobs each side submits are told apart by name: a run's job is specrig-<run id>.
 RUN_JOB, BY_HAND = "specrig-2", "bench-by-hand"

@@ -537,7 +537,7 @@ class HealthWatch(threading.Thread):
                     if answer.status == 200:
                         self.at = time.time()
                         return
-            except Exception:  # noqa: BLE001 - not up yet
+            except Exception:  # not up yet
                 pass
             time.sleep(0.1)
 
@@ -551,7 +551,7 @@ def wait_health(port, proc, timeout):
             with urllib.request.urlopen("http://127.0.0.1:%d/health" % port, timeout=2) as answer:
                 if answer.status == 200:
                     return True
-        except Exception:  # noqa: BLE001 - not up yet
+        except Exception:  # not up yet
             pass
         time.sleep(0.1)
     return False
@@ -613,7 +613,7 @@ def server_defaults():
     leaves out."""
     try:
         return dict(remote_module("contract").SERVER_DEFAULTS)
-    except Exception as exc:  # noqa: BLE001 - names then carry every setting given
+    except Exception as exc:  # names then carry every setting given
         log("specrig's defaults not read: %r" % exc)
         return {}
 
@@ -679,7 +679,7 @@ def prefix_caching_decision():
             source = ("specrig's launch settings for %s %s (remote/drift/server/startup.py, as its plan takes "
                       "them; no specrig plan on this machine yet): startup flags %s"
                       % (distribution, version, [entry["flag"] for entry in decided["startup_flags"]]))
-        except Exception as exc:  # noqa: BLE001 - said in the record
+        except Exception as exc:  # said in the record
             flag, source = None, "no specrig plan here and its launch settings unread (%r)" % exc
     return {"flag": flag, "setting": arms.PREFIX_FLAGS.get(flag, "vLLM's default"), "from": source}
 
@@ -855,7 +855,7 @@ def docs_server_argv(staging):
         distribution, vllm_dir, version = remote_module("run.server.plan").server_environment(None)
         scale_out = remote_module("drift.server.startup").installed_launch_settings(
             vllm_package_dir=vllm_dir, distribution=distribution, version=version)["enable_scale_out"]
-    except Exception:  # noqa: BLE001 - the GPU's own
+    except Exception:  # the GPU's own
         distribution, scale_out = "vllm", False
     return launch.server_argv({"model": MODEL, "model_config": launch.read_model_config(MODEL),
                                "hidden_states_path": staging, "port": PORT, "host": "127.0.0.1",
@@ -1218,7 +1218,7 @@ def main(phases):
                 phase_warm(phase)
             else:
                 globals()["phase_" + phase]()
-        except Exception as exc:  # noqa: BLE001 - recorded, the next phase still runs
+        except Exception as exc:  # recorded, the next phase still runs
             import traceback
             traceback.print_exc()
             results.setdefault("errors", []).append({"phase": phase, "error": repr(exc)})

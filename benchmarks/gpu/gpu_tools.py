@@ -315,7 +315,7 @@ def wait_for_health(port, timeout=900):
             with urllib.request.urlopen("http://127.0.0.1:%d/health" % port, timeout=2) as answer:
                 if answer.status == 200:
                     return True
-        except Exception:  # noqa: BLE001 - not up yet
+        except Exception:  # not up yet
             pass
         time.sleep(0.1)
     return False
@@ -353,7 +353,7 @@ def bare_client(prepared, port, model, concurrency, n, out_json, wait_health=Fal
                 with lock:
                     done.append(usage.get("prompt_tokens") or len(prompts[i]))
                     answered.append(time.time())
-            except Exception as exc:  # noqa: BLE001 - counted and reported
+            except Exception as exc:  # counted and reported
                 with lock:
                     errors.append("%d: %s" % (i, exc))
 

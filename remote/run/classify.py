@@ -49,7 +49,7 @@ class _Defaults(dict):
 
 
 class Rule:
-    def __init__(self, *, id, kind, retryable, explain, advice, log=None, signal=None):  # noqa: A002 - the table's key
+    def __init__(self, *, id, kind, retryable, explain, advice, log=None, signal=None):  # the table's key
         if not isinstance(id, str) or not RULE_ID.match(id):
             raise ValueError("rule %r: id must be kebab-case, got %r" % (kind, id))
         if not isinstance(retryable, bool):

@@ -69,10 +69,10 @@ import traceback
 # the stage packages are, exactly as for a call through entry.py.
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from run.driver.arguments import Locked, Refused, load_arguments  # noqa: E402
-from run.driver.extraction import extract  # noqa: E402
-from run.driver.heartbeat import Heartbeat  # noqa: E402
-from run.driver.output import DiskFull  # noqa: E402
+from run.driver.arguments import Locked, Refused, load_arguments
+from run.driver.extraction import extract
+from run.driver.heartbeat import Heartbeat
+from run.driver.output import DiskFull
 
 EXIT_FAILED, EXIT_USAGE, EXIT_LOCKED = 1, 2, 3
 
@@ -102,7 +102,7 @@ def main(argv):
         heartbeat.fail("disk full: %s" % full)
         sys.stderr.write("extract_driver: disk full: %s\n" % full)
         return EXIT_FAILED
-    except BaseException as exc:  # noqa: BLE001 - reported whole, then the process ends
+    except BaseException as exc:  # reported whole, then the process ends
         heartbeat.fail("%s: %s" % (type(exc).__name__, exc))
         traceback.print_exc()
         sys.stderr.flush()

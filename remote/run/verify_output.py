@@ -20,7 +20,7 @@ import sys
 # Started by path, so sys.path[0] is remote/run/: make it remote/, as the driver does.
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from run.driver.output import SAMPLE_PREFIX, SAMPLE_SUFFIX, load_sample, sample_is_whole  # noqa: E402
+from run.driver.output import SAMPLE_PREFIX, SAMPLE_SUFFIX, load_sample, sample_is_whole
 
 SAMPLE = re.compile(r"^%s(\d+)%s$" % (re.escape(SAMPLE_PREFIX), re.escape(SAMPLE_SUFFIX)))
 
@@ -41,7 +41,7 @@ def check(output_dir):
         path = os.path.join(output_dir, name)
         try:
             sample = load_sample(path)
-        except Exception as exc:  # noqa: BLE001 - any failure to load is the finding
+        except Exception as exc:  # any failure to load is the finding
             unloadable.append({"index": index, "reason": "%s: %s" % (type(exc).__name__, str(exc)[:200])})
             continue
         if layers is None or not sample_is_whole(sample, layers):

@@ -69,7 +69,7 @@ class OutputDir:
             return False
         try:
             return sample_is_whole(load_sample(path), layers)
-        except Exception:  # noqa: BLE001 - any failure to load means: extract it again
+        except Exception:  # any failure to load means: extract it again
             return False
 
     def submit(self, index, sample, on_written):

@@ -49,7 +49,7 @@ if __name__ == "__main__":
     # Started by path, sys.path[0] is remote/run/server/: make it remote/, where contract.py is (as on a host).
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import contract  # noqa: E402
+import contract
 
 #: Bytes per element of each safetensors dtype this module understands.
 DTYPE_SIZES = {
@@ -404,7 +404,7 @@ class CheckedFiles:
         for future in concurrent.futures.as_completed(pending):
             try:
                 report = future.result()
-            except Exception:  # noqa: BLE001 - cancelled or failed: the final check reads it again and names it
+            except Exception:  # cancelled or failed: the final check reads it again and names it
                 continue
             self._record(*pending[future], report)
 
