@@ -27,7 +27,10 @@ def assert_task_help(text: str, *, command: str, task: str) -> None:
     assert namespace[task].__doc__.splitlines()[0] in text, text
     for argument in namespace[task].get_arguments():
         name = argument.names[0]
-        assert ("-" if len(name) == 1 else "--") + name in text, (name, text)
+        # A flag on by default is shown with its negation (`--[no-]prepared-cache`).
+        shown = "--[no-]" + name if argument.kind is bool and argument.default is True else \
+            ("-" if len(name) == 1 else "--") + name
+        assert shown in text, (shown, text)
 
 
 @pytest.mark.parametrize("flag", ["--help", "-h"])
