@@ -20,8 +20,9 @@ sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from run import rundir
 from run.in_process import InProcessDriver
+from run.server.headless import HeadlessServer
 from run.server.node_roles import Head, Worker
-from run.server.workload import HeadlessServer, ServerExtraction
+from run.server.workload import ServerExtraction
 from run.supervisor_loop import Supervisor
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 import contract
+from run.server import arrivals as arrivals_module
 from run.server import outputs
 
 LAB_MODEL = Path("/home/specrig/models/tiny-llama/model.safetensors")
@@ -322,7 +323,7 @@ def test_files_written_by_safetensors_torch(lab, tmp_path):  # `lab`: its venvs 
 
 def test_files_checked_on_several_processes_join_what_is_known(tmp_path):
     """CheckedFiles.check_all: the arrival check's reads on a pool of spawned processes, as the supervisor
-    runs them on a host with the cores (run/server/workload.py CHECK_WORKERS)."""
+    runs them on a host with the cores (run/server/arrivals.py CHECK_WORKERS)."""
     import concurrent.futures
     import multiprocessing
 
@@ -342,10 +343,8 @@ def test_files_checked_on_several_processes_join_what_is_known(tmp_path):
 
 @pytest.mark.parametrize("workers", [1, 2])
 def test_the_arrival_check_leaves_nothing_to_read_at_the_end(tmp_path, workers):
-    """ArrivalCheck (run/server/workload.py) on its thread, then finish() after the client's exit 0: every
+    """ArrivalCheck (run/server/arrivals.py) on its thread, then finish() after the client's exit 0: every
     file of the share is known ok, with or without a pool of processes; files outside the share are not read."""
-    from run.server import workload
-
     class Output:  # the part of a server-mode workload the arrival check reads
         checked = outputs.CheckedFiles()
         plan = {"out": str(tmp_path)}
@@ -356,7 +355,7 @@ def test_the_arrival_check_leaves_nothing_to_read_at_the_end(tmp_path, workers):
 
     for index in range(5):
         hs_file(tmp_path / outputs.file_name(index), tokens=3, layers=2, width=8)
-    with workload.ArrivalCheck(Output, wanted={0, 1, 2, 3}, workers=workers) as arrivals:
+    with arrivals_module.ArrivalCheck(Output, wanted={0, 1, 2, 3}, workers=workers) as arrivals:
         arrivals.finish()
     assert set(Output.checked.ok) == {0, 1, 2, 3}
 

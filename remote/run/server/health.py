@@ -6,12 +6,16 @@ not urllib: urllib would send a loopback request through $http_proxy when the ho
 """
 import http.client
 import socket
+import time
 
 #: The server's states as /health tells them: status.json's `server_state` and the heartbeat's `server`
-#: (a worker's headless server, which serves no /health, has its own: server/workload.py). A third
+#: (a worker's headless server, which serves no /health, has its own: SERVER_RUNNING, SERVER_EXITED). A third
 #: vocabulary beside the run states and the heartbeat phases (remote/contract.py); LOADING is the same
 #: word as PHASE_LOADING, and while the server loads the attempt's phase is that one.
 LOADING, READY, UNHEALTHY = "loading", "ready", "unhealthy"
+#: A worker's headless server, as status.json's `server_state`, its heartbeat and its beacon tell it: no
+#: /health to ask (LOADING/READY are the head's), only whether its process runs.
+SERVER_RUNNING, SERVER_EXITED = "running", "exited"
 
 
 def probe(port, host="127.0.0.1", timeout=2.0):
@@ -25,3 +29,32 @@ def probe(port, host="127.0.0.1", timeout=2.0):
     finally:
         connection.close()
     return READY if status == 200 else UNHEALTHY
+
+
+#: Seconds between health probes while the server loads, and once it serves.
+HEALTH_EVERY_LOADING_S = 1.0
+HEALTH_EVERY_S = 5.0
+#: Probes in a row that must find a served server unhealthy (503, or no answer) before it counts as dead.
+UNHEALTHY_PROBES = 3
+
+
+class ServerHealth:
+    """The server's /health, asked every second while it loads and every 5 s once it serves."""
+
+    def __init__(self, port, state):
+        self.port, self.state = port, state
+        self.last_probe, self.unhealthy, self.answer = 0.0, 0, None
+
+    def look(self):
+        """The server's state: LOADING until it first answers 200, then READY, UNHEALTHY once
+        UNHEALTHY_PROBES probes in a row found it otherwise (`answer` the last one)."""
+        now = time.monotonic()
+        if now - self.last_probe < (HEALTH_EVERY_LOADING_S if self.state == LOADING else HEALTH_EVERY_S):
+            return self.state
+        self.last_probe = now
+        self.answer = probe(self.port)
+        if self.state == LOADING:
+            self.state = READY if self.answer == READY else LOADING
+            return self.state
+        self.unhealthy = 0 if self.answer == READY else self.unhealthy + 1
+        return UNHEALTHY if self.unhealthy >= UNHEALTHY_PROBES else self.state

@@ -25,7 +25,7 @@ import time
 from contract import FAILED, FINAL_STATES, RESTARTING, RUNNING, STALLED, STOPPED
 from run.attempt import POLL_S, RETRY, AttemptEnds, found_failure
 from run.server import nodes as node_layout
-from run.server.workload import SERVER_EXITED, SERVER_RUNNING
+from run.server.health import SERVER_EXITED, SERVER_RUNNING
 from run.supervisor_loop import NodeRole
 
 #: Seconds between two looks at the other nodes.

@@ -25,20 +25,15 @@ run.json "server") holds the three commands. An attempt:
    run/disk_watch.py): running low ends the attempt before the disk fills, and the files the client cut
    short meanwhile are deleted (ran_low), every whole one kept.
 
-HeadlessServer, a multi-node job's worker: its `--headless` server for one of the head's attempts,
-until the head's attempt is over (its node role, server/node_roles.py, says when), the server dies or
-a stop comes.
+A multi-node job's worker runs HeadlessServer (server/headless.py) instead.
 
 No driver writes heartbeat.json in server mode: the supervisor does (Heartbeat): the phase, samples
 done of total, samples/s, ETA, the server's state.
 """
-import concurrent.futures
-import multiprocessing
 import os
 import re
 import shutil
 import subprocess
-import threading
 import time
 
 import atomic
@@ -49,37 +44,22 @@ from contract import (
     PHASE_GENERATING,
     PHASE_LOADING,
     PHASE_PREPARING,
-    PHASE_SERVING,
     PHASE_STARTING,
     PHASE_VALIDATING,
-    PHASE_WAITING,
     SERVER_DEFAULTS,
 )
 from run import budget, classify
 from run.attempt import POLL_S, NotStarted, Watch, child_env, found_failure, log_since, log_size
 from run.server import client, health, outputs, prepared, warm_steps
+from run.server.arrivals import COUNT_EVERY_S, ArrivalCheck
+from run.server.health import ServerHealth
 from run.server.preflight import STAGING_MARGIN
 from run.server.warm_steps import CLIENT, GENERATE, PREPARE, ClientStep, client_job  # noqa: F401 (this module's names)
 
-#: Seconds between health probes while the server loads, and once it serves.
-HEALTH_EVERY_LOADING_S = 1.0
-HEALTH_EVERY_S = 5.0
-#: Probes in a row that must find a served server unhealthy (503, or no answer) before it counts as dead.
-UNHEALTHY_PROBES = 3
-#: Seconds between counts of the output directory.
-COUNT_EVERY_S = 2.0
-#: Processes checking the files as they arrive: the NaN/Inf scan reads about 1 GB/s on one core, and an 8B
-#: model's client landed files at 1.4-1.5 GB/s on an H200 (issue 19, run 2: 5 s of them were left for the
-#: end). A quarter of the host's cores, 4 at most, keep up without taking the server's; on a small host
-#: one thread of the supervisor does it.
-CHECK_WORKERS = max(1, min(4, (os.cpu_count() or 1) // 4))
 #: The attempt's jobs (status.json "jobs"): the server, then the client steps' processes (warm_steps.client_job).
 SERVER = "server"
 #: Written into the output: the stored layer ids and which activation each one is.
 LAYERS_FILE = "specrig-layers.json"
-#: A worker's headless server, as status.json's `server_state`, its heartbeat and its beacon tell it: no
-#: /health to ask (that is health.py's LOADING/READY, the head's), only whether its process runs.
-SERVER_RUNNING, SERVER_EXITED = "running", "exited"
 
 
 def server_status(previous):
@@ -167,28 +147,6 @@ def server_failure(supervisor, log_offset, exit_status, unhealthy=None, ending_c
         found["advice"] = "`inv logs --server` shows the server's traceback"
     supervisor.log_marker(found["explain"] + ("; ending the client" if ending_client else ""))
     return found
-
-
-class ServerHealth:
-    """The server's /health, asked every second while it loads and every 5 s once it serves."""
-
-    def __init__(self, port, state):
-        self.port, self.state = port, state
-        self.last_probe, self.unhealthy, self.answer = 0.0, 0, None
-
-    def look(self):
-        """The server's state: health.LOADING until it first answers 200, then READY, UNHEALTHY once
-        UNHEALTHY_PROBES probes in a row found it otherwise (`answer` the last one)."""
-        now = time.monotonic()
-        if now - self.last_probe < (HEALTH_EVERY_LOADING_S if self.state == health.LOADING else HEALTH_EVERY_S):
-            return self.state
-        self.last_probe = now
-        self.answer = health.probe(self.port)
-        if self.state == health.LOADING:
-            self.state = health.READY if self.answer == health.READY else health.LOADING
-            return self.state
-        self.unhealthy = 0 if self.answer == health.READY else self.unhealthy + 1
-        return health.UNHEALTHY if self.unhealthy >= UNHEALTHY_PROBES else self.state
 
 
 class ServerExtraction:
@@ -500,121 +458,6 @@ class ServerExtraction:
         shutil.rmtree(self.plan["staging"], ignore_errors=True)
         outcome = dict(outcome, result=self.supervisor.status.get("result"))
         # The heartbeat's last phase is the run's final state.
-        self.heartbeat.update(phase=outcome["state"], server=None)
-        return outcome
-
-
-class ArrivalCheck:
-    """While generate-offline-data runs, a thread checks each file of the share once it is in the output
-    (speculators' client moves it there whole), on CHECK_WORKERS processes where the host has the cores;
-    after the client's exit 0, finish() checks what is left on all of them at once, so that the check at
-    the end (validate) reads nothing again."""
-
-    def __init__(self, workload, wanted, workers=CHECK_WORKERS):
-        self.workload, self.wanted, self.workers = workload, wanted, workers
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self.follow, name="arrival-check", daemon=True)
-        self.pool = None
-
-    def __enter__(self):
-        if self.workers > 1:
-            # spawn, not fork: the supervisor has threads of its own.
-            self.pool = concurrent.futures.ProcessPoolExecutor(
-                self.workers, mp_context=multiprocessing.get_context("spawn"))
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.done.set()
-        if self.pool is not None:
-            self.pool.shutdown(wait=False, cancel_futures=True)  # a stop or a failure waits for no backlog
-        self.thread.join()
-        if self.pool is not None:
-            self.pool.shutdown(wait=True)
-
-    def follow(self):
-        while not self.done.wait(COUNT_EVERY_S):
-            self.check_arrived(interruptible=True)
-
-    def finish(self):
-        """The client exited 0: stop following, and check every file not yet known ok."""
-        self.done.set()
-        self.thread.join()
-        self.check_arrived(interruptible=False)
-
-    def check_arrived(self, *, interruptible):
-        checked, out = self.workload.checked, self.workload.plan["out"]
-        try:
-            arrived = [i for i in outputs.existing_indices(out) if i in self.wanted and i not in checked.ok]
-        except OSError:
-            return
-        files = [(index, os.path.join(out, outputs.file_name(index))) for index in arrived]
-        checks = self.workload.file_checks()
-        if self.pool is not None:
-            checked.check_all(files, checks, self.pool)
-            return
-        for index, path in files:  # one by one: a stop or a failure is not kept waiting for a backlog
-            if interruptible and self.done.is_set():
-                return
-            checked.check(index, path, **checks)
-
-
-class HeadlessServer:
-    """A worker node's part of the head's attempt: its server, no client steps, no outputs of its own
-    (SAMPLE_FILE None). Its node role (server/node_roles.py Worker) decides everything its attempts
-    lead to, so it has no FINISHED and no attempt_log."""
-    STARTS = "starting the headless vLLM server"
-    SAMPLE_FILE = None
-
-    def __init__(self, supervisor):
-        self.supervisor = supervisor
-        self.plan = supervisor.record["server"]
-        self.jobs = Jobs(supervisor)
-        self.heartbeat = Heartbeat(supervisor.run.file("heartbeat.json"))
-        self.server_log = supervisor.run.file("server.log")
-        self.offset = 0
-        self.server = None
-
-    def status_fields(self, previous):
-        return server_status(previous)
-
-    def disk_use(self):
-        return None  # the head watches the staging directory every node's connector writes
-
-    def wait(self):
-        """Between the head's attempts: no server."""
-        self.heartbeat.update(phase=PHASE_WAITING, server=None)
-
-    def prepare(self, entry):
-        self.offset = log_size(self.server_log)
-
-    def run(self, entry):
-        """The server until it dies ((its exit status, its failure)) or a stop comes ((None, None)); the
-        head's attempt being over ends it from the node role's look (AttemptEnds)."""
-        sup = self.supervisor
-        try:
-            self.server = self.jobs.start(SERVER, self.plan["server_argv"], self.server_log)
-        except OSError as exc:
-            raise NotStarted(self.plan["server_argv"], exc) from None
-        entry["pid"] = self.server.pid
-        sup.started(server_state=SERVER_RUNNING)
-        self.heartbeat.update(phase=PHASE_SERVING, server=SERVER_RUNNING)
-        while not sup.stop_requested():
-            if self.server.poll() is not None:
-                return self.server.returncode, server_failure(sup, self.offset, self.server.returncode)
-            sup.look(self.jobs.members())
-            time.sleep(POLL_S)
-        return None, None
-
-    def end(self):
-        """The server ended; the attempt's exit status is its own, whoever ended it."""
-        ended = dict(self.jobs.end_all(), exit_status=self.server.poll())
-        self.supervisor.save(server_state=None)
-        self.wait()
-        return ended
-
-    def finish(self, outcome):
-        # The heartbeat's last phase is the run's final state. The staging directory is the head's to remove.
         self.heartbeat.update(phase=outcome["state"], server=None)
         return outcome
 
