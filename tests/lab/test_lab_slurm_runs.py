@@ -10,6 +10,7 @@ environments are not built, and fail then under CI's SPECRIG_REQUIRE_LAB=1.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import uuid
 from pathlib import Path
@@ -26,7 +27,7 @@ from specrig.run.sharded_runs import verify_output
 from support.lab import inv, inv_json, lab_entry, phase, require_lab, wait_for
 from support.patchenv import as_lab_user
 from support.paths import REPO
-from support.runnable_env import HOME, private_inventory, runnable_env_or_skip
+from support.runnable_env import HOME, clean_venv_copy, private_inventory, runnable_env_or_skip
 from support.server_lab import CLIENT, LAB_SERVER_ENV, run_files, states_against_transformers
 
 HOST = "lab-slurm"
@@ -43,10 +44,26 @@ RUN_TIMEOUT_S = 900
 
 
 @pytest.fixture(scope="module")
-def cluster(lab):
+def cluster(lab, tmp_path_factory):
+    """The lab's Slurm, its login node lab-slurm running a private copy of ~/venv-cpu, patched here: the tests
+    in the other CI process patch and revert the shared one while these run (issue 27). Every `inv` of this
+    module without an inventory of its own reads this one (SPECRIG_HOSTS)."""
     require_lab(lab_slurm.slurm_is_up(), "lab Slurm not built: run `inv lab.up --runnable --slurm` as root")
     require_lab(READY.read_text() == "runnable\n", "lab-slurm needs the runnable environments: inv lab.up --runnable")
-    return lab
+    prefix = clean_venv_copy(HOME / "venv-cpu")
+    inventory = private_inventory(tmp_path_factory.mktemp("lab-slurm"), HOST, python=str(prefix / "bin" / "python"))
+    before = os.environ.get("SPECRIG_HOSTS")
+    os.environ["SPECRIG_HOSTS"] = str(inventory)
+    try:
+        applied = inv("apply-patches", "--host", HOST, timeout=600)
+        assert applied.returncode == 0, applied.stdout[-3000:] + applied.stderr[-3000:]
+        yield lab
+    finally:
+        if before is None:
+            os.environ.pop("SPECRIG_HOSTS", None)
+        else:
+            os.environ["SPECRIG_HOSTS"] = before
+        as_lab_user("rm", "-rf", str(prefix))
 
 
 @pytest.fixture
