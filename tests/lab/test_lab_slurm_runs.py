@@ -43,6 +43,10 @@ TOLERANCE = 2e-2
 RUN_TIMEOUT_S = 900
 
 
+#: The in-process environment of this module's lab-slurm: {"python": its interpreter}, set by `cluster`.
+PRIVATE: dict[str, str] = {}
+
+
 @pytest.fixture(scope="module")
 def cluster(lab, tmp_path_factory):
     """The lab's Slurm, its login node lab-slurm running a private copy of ~/venv-cpu, patched here: the tests
@@ -51,7 +55,8 @@ def cluster(lab, tmp_path_factory):
     require_lab(lab_slurm.slurm_is_up(), "lab Slurm not built: run `inv lab.up --runnable --slurm` as root")
     require_lab(READY.read_text() == "runnable\n", "lab-slurm needs the runnable environments: inv lab.up --runnable")
     prefix = clean_venv_copy(HOME / "venv-cpu")
-    inventory = private_inventory(tmp_path_factory.mktemp("lab-slurm"), HOST, python=str(prefix / "bin" / "python"))
+    PRIVATE["python"] = str(prefix / "bin" / "python")
+    inventory = private_inventory(tmp_path_factory.mktemp("lab-slurm"), HOST, python=PRIVATE["python"])
     before = os.environ.get("SPECRIG_HOSTS")
     os.environ["SPECRIG_HOSTS"] = str(inventory)
     try:
@@ -152,7 +157,7 @@ def server_mode_inventory(directory: Path, **changes) -> Path:
     client python, the server venv lab-server uses (the same files), patched as its tests patch it."""
     if not (CLIENT / "bin" / "python").exists():
         pytest.skip("server mode's environments are not built (inv lab.up --runnable)")
-    patched = inv("apply-patches", "--host", "lab-server", timeout=300)
+    patched = inv("apply-patches", "--host", "lab-server", inventory=REPO / "hosts.yaml", timeout=300)
     assert patched.returncode == 0, patched.stdout + patched.stderr
     return private_inventory(directory, HOST, python=str(CLIENT / "bin" / "python"),
                              server_python="~/venv-server-0.32/bin/python",
@@ -339,7 +344,8 @@ def test_a_job_warned_of_its_time_limit_before_any_sample_fails_naming_slurm_tim
         assert log.count("stopped (SIGUSR1)") == 1 and "; not requeued" in log, log[-3000:]
         assert not list(out.glob("data_*.pt"))
     with phase("resumed with a longer slurm.time, as the advice says"):
-        longer = private_inventory(tmp_path, HOST, slurm=dict(lab_entry_slurm(), time="00:45:00"))
+        longer = private_inventory(tmp_path, HOST, python=PRIVATE["python"],
+                                   slurm=dict(lab_entry_slurm(), time="00:45:00"))
         code, resumed = inv_json("resume", "--host", HOST, "--run", launched["run_id"], inventory=longer)
         assert code == 0, resumed
         again = resumed["slurm"]["job_id"]
