@@ -1,0 +1,64 @@
+"""docs/ARCHITECTURE.md against the tree: every product module is listed, every module path it names exists.
+
+A product module is any .py file under specrig/ or remote/ except those in __pycache__; `__init__.py`
+files count too (each package's line says what its folder holds), so none is left out. Each has its
+own line under "Every module" ("- `path` — what it does"), once.
+
+The doc's one notation for a module is its path from the repository's root, in backticks:
+`remote/run/launching.py`, never `run/launching.py` or `launching.py`. So every .py path the doc names
+in backticks outside fenced blocks (one that does not continue a longer path such as
+`<bundle>/remote/entry.py`) must be a file of the checkout: a module that moved fails here, and so
+does a path written relative to specrig/ or remote/ (`run/runs.py`), which is not a file at the root.
+"""
+
+import re
+
+from support.paths import REPO
+
+DOC = REPO / "docs" / "ARCHITECTURE.md"
+ROOTS = ("specrig", "remote")
+
+#: Fenced blocks (a layout sketch, an example) are not where modules are named: left out first.
+FENCED = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
+#: Inline code spans; a span may run over a line break.
+CODE_SPAN = re.compile(r"`([^`]+)`")
+#: A .py path inside a span that does not continue a longer one (`<run>/code/run/supervisor.py` is a
+#: host path, not the checkout's).
+PY_PATH = re.compile(r"(?<![\w./<>-])([\w][\w./-]*\.py)\b")
+
+
+def product_modules() -> set:
+    return {path.relative_to(REPO).as_posix()
+            for root in ROOTS for path in (REPO / root).rglob("*.py")
+            if "__pycache__" not in path.parts}
+
+
+def named_paths() -> set:
+    text = FENCED.sub("", DOC.read_text(encoding="utf-8"))
+    return {found for span in CODE_SPAN.findall(text) for found in PY_PATH.findall(span)}
+
+
+def test_every_product_module_is_listed():
+    missing = sorted(product_modules() - named_paths())
+    assert not missing, f"modules missing from docs/ARCHITECTURE.md (add a line each): {missing}"
+
+
+def test_every_product_module_has_its_own_line():
+    text = DOC.read_text(encoding="utf-8")
+    lines = re.findall(r"^- `((?:specrig|remote)/[^`]+\.py)` — ", text, re.MULTILINE)
+    twice = sorted({path for path in lines if lines.count(path) > 1})
+    assert not twice, f"modules with more than one line in 'Every module': {twice}"
+    assert not sorted(product_modules() - set(lines)), (
+        "modules named in docs/ARCHITECTURE.md without their line under 'Every module' "
+        f"(- `path` — what it does): {sorted(product_modules() - set(lines))}")
+
+
+def test_every_module_path_the_doc_names_exists():
+    gone = sorted(path for path in named_paths() if not (REPO / path).is_file())
+    assert not gone, ("docs/ARCHITECTURE.md names .py paths that are not files of the checkout "
+                      f"(moved, removed, or not written from the repository's root): {gone}")
+
+
+def test_the_doc_names_modules_of_both_sides():
+    named = named_paths()
+    assert {path.split("/")[0] for path in named if path.split("/")[0] in ROOTS} == set(ROOTS)
