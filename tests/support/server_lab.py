@@ -12,9 +12,9 @@ import pytest
 import yaml
 
 from specrig.lab import fleet as lab_fleet
-from support.lab import inv
 from support.paths import REPO
 from support.runnable_env import HOME
+from support.shared_envs import ensure_patched
 
 CLIENT = HOME / "venv-spec-0.9"
 MODEL = HOME / "models" / "tiny-llama"
@@ -42,8 +42,7 @@ def require_server_fleet(hosts: list[str]) -> dict:
     if not (CLIENT / "bin" / "python").exists() or lab_fleet.fleet_size() < len(hosts):
         pytest.skip(f"needs `inv lab.up --runnable --hosts {len(hosts)}` (server mode's environments and "
                     f"{len(hosts)} fleet hosts)")
-    patched = inv("apply-patches", "--host", "lab-server", timeout=300)
-    assert patched.returncode == 0, patched.stdout + patched.stderr
+    ensure_patched("lab-server")
     return yaml.safe_load((REPO / ".lab" / "fleet.yaml").read_text())["hosts"]
 
 
