@@ -67,7 +67,7 @@ DRIVER_DEFAULTS = {
     "layer_ids": None, "tensor_parallel_size": None, "max_length": 2048, "batch_size": 8, "seed": 0,
     "max_samples": None, "load_format": None, "hf_overrides": None, "heartbeat": None,
     "writes_in_flight": 4, "gpu_memory_utilization": 0.8, "cpu_kvcache_space_gib": 1, "preprocess_procs": 1,
-    # One shard of a fleet run (docs/runs.md, "Fleet runs"): the driver takes the global sample indices
+    # One shard of a sharded run (docs/runs.md, "Sharded runs"): the driver takes the global sample indices
     # i with i % shard_count == shard_index. Both null: every sample (one host).
     "shard_index": None, "shard_count": None,
     # The Hugging Face repo id `model` was found by in the host's cache (run/launching.py host_paths sets it; the

@@ -28,7 +28,7 @@ args.json (an object; only the first three are required):
   gpu_memory_utilization float     passed to the generator (default 0.8)
   cpu_kvcache_space_gib int        VLLM_CPU_KVCACHE_SPACE when unset (default 1; CPU hosts only)
   preprocess_procs      int        processes for speculators' preprocessing (default 1)
-  shard_index           int|null   one shard of a fleet run (both or neither): only the global
+  shard_index           int|null   one shard of a sharded run (both or neither): only the global
   shard_count           int|null   sample indices i with i % shard_count == shard_index; files
                                    keep the global index, so the shards' outputs merge as they are
   model_id              str|null   the repo id `model` was found by (recorded for people, not read)

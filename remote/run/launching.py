@@ -2,7 +2,7 @@
 (stdlib only).
 
     runs.launch   {"workdir", "host", "driver_args": {...}, "env": {...}, "options": {...},
-                   "driver_program": path|null, "server_python": path|null, "fleet": {...}|null,
+                   "driver_program": path|null, "server_python": path|null, "shard": {...}|null,
                    "nodes": {...}|null, "slurm": {...}|null, "array": {...}|null}
                                                   speculators >= 0.8 on this python: a server-mode
                                                   run (run/server/plan.py); nodes: this node's part
@@ -14,8 +14,8 @@
                                                   array: {task, tasks}, a task of a job array, and
                                                   nodes with slurm: submitted together later
                                                   (runs.submit-array, runs.submit-nodes)
-    runs.resume   {"workdir", "run": id|null, "fleet": bool, "slurm": {...}|null}
-                                                  null: the newest run; fleet: a run that succeeded
+    runs.resume   {"workdir", "run": id|null, "whole_sharded_run": bool, "slurm": {...}|null}
+                                                  null: the newest run; whole_sharded_run: a run that succeeded
                                                   or is active is left as it is
 
 A launch's call is read once into a LaunchRequest: its arguments checked and made this host's (paths,
@@ -78,8 +78,8 @@ class LaunchRequest:
     driver_program: Optional[str]
     #: The python of the vLLM server (server mode), when not this call's.
     server_python: Optional[str]
-    #: One shard of a fleet run: {fleet_run_id, hosts, shard_index, shard_count}; else None.
-    fleet: Optional[dict]
+    #: One shard of a sharded run: {sharded_run_id, hosts, shard_index, shard_count}; else None.
+    shard: Optional[dict]
     #: One node of a multi-node job (run/server/nodes.py record: job_id, role, node_rank, ...); else None.
     nodes: Optional[dict]
     #: hosts.yaml's `slurm:` settings of a login node: the run is a Slurm job; else None.
@@ -106,7 +106,7 @@ class LaunchRequest:
         program = args.get("driver_program")
         return cls(workdir=workdir, host=args.get("host"), driver_args=driver_args, options=options,
                    env_keys=env_keys, driver_program=os.path.abspath(os.path.expanduser(program)) if program else None,
-                   server_python=args.get("server_python"), fleet=args.get("fleet"), nodes=args.get("nodes"),
+                   server_python=args.get("server_python"), shard=args.get("shard"), nodes=args.get("nodes"),
                    slurm=args.get("slurm"), array=args.get("array"))
 
     def run_record(self, run, driver_args, server):
@@ -116,7 +116,7 @@ class LaunchRequest:
             "run_id": run.run_id, "created_at": rundir.now_iso(), "host": self.host,
             "python": sys.executable, "workdir": self.workdir, "out": driver_args["output_dir"],
             "driver_args": driver_args, "options": self.options, "env_keys": self.env_keys,
-            "fleet": self.fleet, "nodes": self.nodes, "driver_program": self.driver_program,
+            "shard": self.shard, "nodes": self.nodes, "driver_program": self.driver_program,
             "server": server, "server_python": self.server_python,
             # The Slurm job's id is filled in once it is submitted; a resume submits another (job_ids).
             "slurm": {"settings": self.slurm, "job_id": None, "job_ids": [], "array": self.array}
@@ -199,8 +199,8 @@ def resume(args):
         run = rundir.find_run(workdir, args.get("run"))
         stored = scrub_env(run)  # before anything may refuse: a finished or active run is scrubbed too
         state = run.state()
-        if args.get("fleet") and (state in ACTIVE_STATES or state == SUCCEEDED):
-            # The whole fleet run resumed: a host whose shard is done or still going is left alone.
+        if args.get("whole_sharded_run") and (state in ACTIVE_STATES or state == SUCCEEDED):
+            # The whole sharded run resumed: a host whose shard is done or still going is left alone.
             return {"run_id": run.run_id, "path": run.path, "supervisor_pid": None, "resumed_from": state,
                     "skipped": True}
         if state in ACTIVE_STATES:

@@ -30,7 +30,7 @@ def verify_output(args):
     workdir = rundir.workdir_of(args)
     run = rundir.find_run(workdir, args.get("run"))
     out = run.record.get("out")
-    result = {"run_id": run.run_id, "state": run.state(), "out": out, "fleet": run.record.get("fleet")}
+    result = {"run_id": run.run_id, "state": run.state(), "out": out, "shard": run.record.get("shard")}
     if not out or not os.path.isdir(out):
         return dict(result, indices=[], unloadable=[], layers=None, dataset_samples=None, missing_dir=True)
     model = (run.record.get("driver_args") or {}).get("model")
@@ -69,11 +69,11 @@ def _server_output(run):
     server = run.record["server"]
     present = outputs.existing_indices(server["out"])
     total = run.status.get("samples_total")
-    fleet = run.record.get("fleet") or {}
-    if fleet.get("shared_out") and total is not None:
+    shard = run.record.get("shard") or {}
+    if shard.get("shared_out") and total is not None:
         # One directory holds every shard (`inv extract --shared-out`): this shard is its own indices there.
         # (a run made before --clients has no "clients": one process)
-        own = set(client.shard_indices(total, server["max_samples"], fleet["shard_count"], fleet["shard_index"],
+        own = set(client.shard_indices(total, server["max_samples"], shard["shard_count"], shard["shard_index"],
                                        server.get("clients", 1)))
         present = [index for index in present if index in own]
     report = outputs.check_dataset(server["out"], None, indices=present, n_layers=len(server["layer_ids"]),
@@ -91,4 +91,4 @@ def _server_output(run):
                            for index, found in sorted(report["files"].items())],
             # The samples the run covers: min(max_samples, N) as generate-offline-data counts them.
             "dataset_samples": None if total is None else min(total, server["max_samples"] or total),
-            "shard_index": fleet.get("shard_index"), "shard_count": fleet.get("shard_count")}
+            "shard_index": shard.get("shard_index"), "shard_count": shard.get("shard_count")}

@@ -66,6 +66,15 @@ def new_run_id():
     return "%s-%s" % (stamp, "".join(random.choice(string.ascii_lowercase + string.digits) for _ in range(4)))
 
 
+def current_names(record):
+    """A launch record in today's names. Records written before a sharded run had a word of its own hold
+    its shard as "fleet" with "fleet_run_id"; such runs are still resumed and gathered on an upgraded host."""
+    old = record.pop("fleet", None)
+    if old and "shard" not in record:
+        record["shard"] = {("sharded_run_id" if key == "fleet_run_id" else key): value for key, value in old.items()}
+    return record
+
+
 class RunDir:
     """The files of one run and the questions asked of them."""
 
@@ -78,7 +87,7 @@ class RunDir:
 
     @property
     def record(self):
-        return read_json(self.file("run.json"), {})
+        return current_names(read_json(self.file("run.json"), {}))
 
     @property
     def status(self):
@@ -168,13 +177,13 @@ def workdir_of(args):
 
 
 def group_id(run):
-    """The id of the fleet run or the multi-node job the run is a part of, or None."""
+    """The id of the sharded run or the multi-node job the run is a part of, or None."""
     record = run.record
-    return (record.get("fleet") or {}).get("fleet_run_id") or (record.get("nodes") or {}).get("job_id")
+    return (record.get("shard") or {}).get("sharded_run_id") or (record.get("nodes") or {}).get("job_id")
 
 
 def find_run(workdir, run_id, *, prefer_active=False):
-    """The run a call names: a run id, a fleet-run id (that host's run of the fleet run) or a multi-node
+    """The run a call names: a run id, a sharded-run id (that host's run of the sharded run) or a multi-node
     job's id (this node's run of the job); None: the newest run, or the newest active one."""
     runs = all_runs(workdir)
     if run_id:

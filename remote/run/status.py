@@ -8,7 +8,7 @@ read from their files alone (stdlib only).
                    "log": "driver"|"server"}      driver.log: the driver, or speculators' CLI steps;
                                                   server.log: the vLLM server
 
-`run` is a run id, a fleet-run id or a multi-node job's id (rundir.find_run).
+`run` is a run id, a sharded-run id or a multi-node job's id (rundir.find_run).
 """
 import os
 
@@ -29,7 +29,7 @@ def status(args):
 
 
 def _summary(run):
-    return dict(run.summary(), fleet=run.record.get("fleet"), nodes=run.record.get("nodes"))
+    return dict(run.summary(), shard=run.record.get("shard"), nodes=run.record.get("nodes"))
 
 
 def logs(args):

@@ -2,7 +2,7 @@
 run's tasks as one job array, a multi-node job's runs as one job of their nodes; each run's job
 recorded in its run.json. The job scripts and sbatch are slurm/jobs.py's.
 
-    runs.submit-array {"workdir", "fleet_run_id"} the array's task runs (launched with `array`)
+    runs.submit-array {"workdir", "sharded_run_id"} the array's task runs (launched with `array`)
                                                   submitted as one job array
     runs.submit-nodes {"workdir", "job_id"}       a multi-node job's runs (launched with `nodes` and
                                                   `slurm`) submitted as one job of its nodes
@@ -50,22 +50,22 @@ def record_job(run, record, submitted):
 
 
 def submit_array(args):
-    """`runs.submit-array` {"workdir", "fleet_run_id"}: the runs launched as the tasks of a sharded run's
+    """`runs.submit-array` {"workdir", "sharded_run_id"}: the runs launched as the tasks of a sharded run's
     job array (launch's `array`), submitted as one array: its script and outputs in
-    <workdir>/runs/<fleet_run_id>/. {job_id, script, runs: [run ids by task]}. Refused by sbatch: the
+    <workdir>/runs/<sharded_run_id>/. {job_id, script, runs: [run ids by task]}. Refused by sbatch: the
     task runs are removed, nothing was queued."""
     workdir = rundir.workdir_of(args)
-    fleet_run_id = args.get("fleet_run_id")
-    tasks = sorted((run for run in rundir.all_runs(workdir) if rundir.group_id(run) == fleet_run_id
+    sharded_run_id = args.get("sharded_run_id")
+    tasks = sorted((run for run in rundir.all_runs(workdir) if rundir.group_id(run) == sharded_run_id
                     and (run.record.get("slurm") or {}).get("array")),
                    key=lambda run: run.record["slurm"]["array"]["task"])
     if not tasks or [run.record["slurm"]["array"]["task"] for run in tasks] != list(range(len(tasks))):
-        raise RemoteFailure("bad-argument", "no job array's runs of %r under %s" % (fleet_run_id, workdir))
-    directory = os.path.join(rundir.runs_root(workdir), fleet_run_id)
+        raise RemoteFailure("bad-argument", "no job array's runs of %r under %s" % (sharded_run_id, workdir))
+    directory = os.path.join(rundir.runs_root(workdir), sharded_run_id)
     first = tasks[0].record
     return _submit_together(
-        tasks, directory, "sharded run %s" % fleet_run_id, lambda job_id, task: "%s_%d" % (job_id, task),
-        lambda: jobs.submit_array(first["slurm"]["settings"], directory=directory, sharded_run_id=fleet_run_id,
+        tasks, directory, "sharded run %s" % sharded_run_id, lambda job_id, task: "%s_%d" % (job_id, task),
+        lambda: jobs.submit_array(first["slurm"]["settings"], directory=directory, sharded_run_id=sharded_run_id,
                                   run_paths=[run.path for run in tasks], python=first["python"]))
 
 

@@ -101,7 +101,7 @@ NODE_OPTIONS = {
 }
 
 
-@task(help={"host": HOST_HELP + "; several hosts split the dataset, one shard each (docs/runs.md, 'Fleet runs')",
+@task(help={"host": HOST_HELP + "; several hosts split the dataset, one shard each (docs/runs.md, 'Sharded runs')",
             **task_help("model", "data", "out", "tp", "layers", "batch_size", "max_len", "max_samples", "port",
                         "concurrency", "clients", "allow_skipped", "staging", "writer_threads",
                         "max_num_batched_tokens", "enforce_eager", "storage", "prepared_cache",

@@ -93,7 +93,7 @@ def refuse_in_process(head: Host) -> None:
         raise UsageError(f"{head.name}: a multi-node job runs vLLM's server (speculators >= 0.8); speculators "
                          f"{found['packages'].get('speculators') or 'is not installed'} generates in process, on "
                          f"one host by design",
-                         hint="nothing was launched; without --nodes a group is a fleet run, one shard per host")
+                         hint="nothing was launched; without --nodes a group is a sharded run, one shard per host")
 
 
 # ---- preflight --------------------------------------------------------------------------------

@@ -105,7 +105,7 @@ def resume(host: Host, run_id: str | None, *, whole_run: bool = False,
         if slurm:
             # The job takes hosts.yaml's `slurm:` now (a longer slurm.time): checked as a launch's.
             refuse_impossible(remote, host, paths=[])
-        resumed = runs_call(remote, host, "resume", {"run": run_id, "fleet": whole_run, "slurm": slurm})
+        resumed = runs_call(remote, host, "resume", {"run": run_id, "whole_sharded_run": whole_run, "slurm": slurm})
         if on_update is None:
             return resumed
         return {**resumed, "final": watch_run(remote, host, resumed["run_id"], on_update)}

@@ -1,5 +1,5 @@
 """A sharded run: one extraction over a group of hosts, each host one shard of the dataset: `inv
-extract` on a group or a list, and `inv gather` (docs/runs.md, "Fleet runs"). Data only (run/sharded_view.py
+extract` on a group or a list, and `inv gather` (docs/runs.md, "Sharded runs"). Data only (run/sharded_view.py
 shows it, specrig/cli/extract.py sequences it).
 
 The dataset is split by global sample index: host k of n (in the order `--host` names them) takes
@@ -7,7 +7,7 @@ the indices i with i % n == k (server mode: speculators' own contiguous chunks),
 its global index (data_{i}.pt), so the shards' outputs merge as they are. One sharded-run id, made
 here, goes into every host's run.json; `status`, `stop`, `resume`, `logs` and `gather` find each
 host's run by it. On the host and in --json the record keeps the words of its first version:
-`fleet: {fleet_run_id, hosts, shard_index, shard_count}`, ids `fleet-<UTC stamp>-xxxx`.
+`shard: {sharded_run_id, hosts, shard_index, shard_count}`, ids `sharded-<UTC stamp>-xxxx`.
 """
 from __future__ import annotations
 
@@ -30,8 +30,10 @@ from specrig.run.runs import launch_args, runs_call, watch_run
 from specrig.run.settings import MODE_NAMES, Request, build_request
 from specrig.transport import connect
 
-#: A sharded run's id starts so (the word of its first version: ids on hosts keep it).
-SHARDED_PREFIX = "fleet-"
+#: A sharded run's id starts so.
+SHARDED_PREFIX = "sharded-"
+#: Sharded runs launched before they had a word of their own (then "fleet runs") have ids with this prefix.
+EARLIER_SHARDED_PREFIX = "fleet-"
 #: A multi-node job's id (specrig/run/node_runs.py): one run per node, found by it as a sharded run's shards are.
 JOB_PREFIX = "nodes-"
 #: In --out (or hosts.yaml's extract.out), replaced by each host's name: hosts sharing a filesystem
@@ -49,7 +51,7 @@ def new_group_run_id(prefix: str) -> str:
 
 def is_group_run_id(run_id: str | None) -> bool:
     """Whether `run_id` names a sharded run or a multi-node job (each host finds its own run of it)."""
-    return bool(run_id) and run_id.startswith((SHARDED_PREFIX, JOB_PREFIX))
+    return bool(run_id) and run_id.startswith((SHARDED_PREFIX, EARLIER_SHARDED_PREFIX, JOB_PREFIX))
 
 
 def shard_requests(hosts: Sequence[Host], given: dict, *, shared_out: bool = False) -> dict[str, Request]:
@@ -179,7 +181,7 @@ def one_mode(modes: dict[str, str | None]) -> str | None:
     for name, mode in modes.items():
         by_mode.setdefault(mode, []).append(name)
     if len(by_mode) > 1:
-        raise UsageError("one fleet run needs one extraction mode, and these hosts take several: " + "; ".join(
+        raise UsageError("one sharded run needs one extraction mode, and these hosts take several: " + "; ".join(
             f"{', '.join(hosts_on)}: {MODE_NAMES.get(mode, 'none')}" for mode, hosts_on in by_mode.items()),
             hint="install the same speculators on every host (`inv doctor --host ...` shows them); nothing was "
                  "launched")
@@ -189,13 +191,13 @@ def one_mode(modes: dict[str, str | None]) -> str | None:
 def launch_shard(host: Host, request: Request, *, sharded_run_id: str, names: Sequence[str], shared_out: bool = False,
                  on_launched: Callable[[dict], None] | None = None,
                  on_update: Callable[[dict], None] | None = None) -> dict:
-    """Launch one host's shard: {run_id, ..., fleet_run_id, hosts, shard_index, shard_count, shared_out, out,
+    """Launch one host's shard: {run_id, ..., sharded_run_id, hosts, shard_index, shard_count, shared_out, out,
     layers_source}, handed to on_launched once launched. With on_update, its run is followed on the same
     connection until it ends (`final`: its last status)."""
-    shard = {"fleet_run_id": sharded_run_id, "hosts": list(names), "shard_index": request.driver_args["shard_index"],
+    shard = {"sharded_run_id": sharded_run_id, "hosts": list(names), "shard_index": request.driver_args["shard_index"],
              "shard_count": len(names), "shared_out": shared_out}
     with connect(host) as remote:
-        launched = runs_call(remote, host, "launch", launch_args(host, request, fleet=shard))
+        launched = runs_call(remote, host, "launch", launch_args(host, request, shard=shard))
         result = {**launched, **shard, "out": request.driver_args["output_dir"],
                   "layers_source": request.sources.get("layers")}
         if on_launched is not None:

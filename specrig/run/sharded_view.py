@@ -48,12 +48,12 @@ def shards_total(outcomes: Sequence[HostOutcome]) -> str | None:
 
 def show_sharded_run(sharded_run_id: str, names: Sequence[str], *, server: bool) -> None:
     split = "speculators' own split, in contiguous chunks" if server else f"sample i goes to host i % {len(names)}"
-    console.print(f"fleet run [bold]{sharded_run_id}[/]: {len(names)} shards ({split}: "
+    console.print(f"sharded run [bold]{sharded_run_id}[/]: {len(names)} shards ({split}: "
                   f"{', '.join(f'{k}={name}' for k, name in enumerate(names))})")
 
 
 def gather_figures(result: dict) -> str:
-    shard = result.get("fleet") or {}
+    shard = result.get("shard") or {}
     part = (f"shard {shard['shard_index']} of {shard['shard_count']}, " if shard else "")
     bad = f", {len(result['unloadable'])} do not load" if result["unloadable"] else ""
     where = "no output directory" if result.get("missing_dir") else result["out"]

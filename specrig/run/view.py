@@ -248,8 +248,8 @@ def status_figures(result: dict) -> str:
         return "no runs yet"
     newest = runs[-1]
     active = [run for run in runs if run["state"] in ACTIVE_STATES]
-    shard = newest.get("fleet")
-    part = (f" (shard {shard['shard_index']} of {shard['shard_count']}, {shard['fleet_run_id']})"
+    shard = newest.get("shard")
+    part = (f" (shard {shard['shard_index']} of {shard['shard_count']}, {shard['sharded_run_id']})"
             if shard else "")
     return (f"{len(runs)} run(s), {len(active)} active; newest {newest['run_id']}{part} {newest['state']}, "
             f"{samples(newest.get('heartbeat') or {})} samples")

@@ -54,7 +54,7 @@ def own_port(request: Request, task: int) -> Request:
 
 
 def extract_array(host: Host, given: dict, *, tasks: int, skip_preflight: bool) -> dict:
-    """Check, launch each task's run, submit the array: {fleet_run_id, job_id, script, runs: [{task,
+    """Check, launch each task's run, submit the array: {sharded_run_id, job_id, script, runs: [{task,
     run_id, out}], preflight}. A failed check is Findings (its payload: the checks); nothing is queued."""
     requests = task_requests(host, given, tasks)
     with connect(host) as remote:
@@ -72,12 +72,12 @@ def extract_array(host: Host, given: dict, *, tasks: int, skip_preflight: bool) 
         sharded_run_id = new_group_run_id(SHARDED_PREFIX)
         runs = []
         for task, request in enumerate(requests):
-            shard = {"fleet_run_id": sharded_run_id, "hosts": [host.name], "shard_index": task, "shard_count": tasks}
-            launched = runs_call(remote, host, "launch", launch_args(host, request, fleet=shard,
+            shard = {"sharded_run_id": sharded_run_id, "hosts": [host.name], "shard_index": task, "shard_count": tasks}
+            launched = runs_call(remote, host, "launch", launch_args(host, request, shard=shard,
                                                                      array={"task": task, "tasks": tasks}))
             runs.append({"task": task, "run_id": launched["run_id"], "out": request.driver_args["output_dir"]})
-        submitted = runs_call(remote, host, "submit-array", {"fleet_run_id": sharded_run_id})
-    return {"fleet_run_id": sharded_run_id, "job_id": submitted["job_id"], "script": submitted["script"],
+        submitted = runs_call(remote, host, "submit-array", {"sharded_run_id": sharded_run_id})
+    return {"sharded_run_id": sharded_run_id, "job_id": submitted["job_id"], "script": submitted["script"],
             "runs": runs, "preflight": checks}
 
 
@@ -87,12 +87,12 @@ def gather_array(host: Host, run_id: str) -> tuple[GroupResult, dict]:
     outcomes = []
     with connect(host) as remote:
         runs = [run for run in runs_call(remote, host, "status", {"run": None})["runs"]
-                if (run.get("fleet") or {}).get("fleet_run_id") == run_id]
+                if (run.get("shard") or {}).get("sharded_run_id") == run_id]
         if not runs:
             raise UsageError(f"{host.name}: no task of sharded run {run_id!r}",
                              hint=f"`inv status --host {host.name}` lists the runs")
-        for run in sorted(runs, key=lambda found: found["fleet"]["shard_index"]):
-            name, started = f"{host.name}#{run['fleet']['shard_index']}", time.monotonic()
+        for run in sorted(runs, key=lambda found: found["shard"]["shard_index"]):
+            name, started = f"{host.name}#{run['shard']['shard_index']}", time.monotonic()
             try:
                 found = runs_call(remote, host, "verify-output", {"run": run["run_id"]}, timeout=GATHER_TIMEOUT_S)
                 outcomes.append(HostOutcome(name, ExitStatus.OK, time.monotonic() - started, result=found))

@@ -60,12 +60,12 @@ def show_job_array(result: dict, *, host: Host, as_json: bool) -> None:
         return
     if result["preflight"]:
         show_checks(result["preflight"])
-    console.print(f"submitted sharded run [bold]{markup(result['fleet_run_id'])}[/] on {host.name} as Slurm job "
+    console.print(f"submitted sharded run [bold]{markup(result['sharded_run_id'])}[/] on {host.name} as Slurm job "
                   f"array {markup(result['job_id'])} (its script: {markup(result['script'])})")
     for run in result["runs"]:
         console.print(f"  task {run['task']}: run {markup(run['run_id'])} → {markup(run['out'])}")
     console.print(f"`inv status --host {host.name}` shows the tasks, `inv gather --host {host.name} --run "
-                  f"{markup(result['fleet_run_id'])}` checks their union; `inv resume --host {host.name} --run RUN` "
+                  f"{markup(result['sharded_run_id'])}` checks their union; `inv resume --host {host.name} --run RUN` "
                   f"resubmits one task alone")
 
 

@@ -1,5 +1,5 @@
-"""One extraction over the lab fleet (lab-1 … lab-3, docs/runs.md "Fleet runs"): the dataset split by
-sample index, one shard per host, under one fleet-run id; status/stop/resume on the whole fleet run
+"""One extraction over the lab fleet (lab-1 … lab-3, docs/runs.md "Sharded runs"): the dataset split by
+sample index, one shard per host, under one sharded-run id; status/stop/resume on the whole sharded run
 or one host of it; `inv gather` checks the union (every index once, each file loads).
 
 Tiny runs (9 samples, batch 1, 256 tokens) on the shared runnable ~/venv-cpu; each test writes its
@@ -31,7 +31,7 @@ SAMPLES = 9
 SETTINGS = ("--max-samples", str(SAMPLES), "--batch-size", "1", "--max-len", "256")
 #: bf16 states against transformers' own (tests/run/test_extraction_driver.py says why).
 TOLERANCE = 2e-2
-#: Fleet runs this module launched and has not stopped yet.
+#: Sharded runs this module launched and has not stopped yet.
 LAUNCHED: list[str] = []
 
 
@@ -66,37 +66,37 @@ def host_path(inventory, host: str, relative: str) -> Path:
 
 
 def launch(out: str) -> str:
-    """A detached fleet extraction; its fleet-run id."""
+    """A detached fleet extraction; its sharded-run id."""
     code, launched = inv_json("extract", "--host", GROUP, *SETTINGS, "--out", out, timeout=CALL_TIMEOUT_S)
     assert code == 0, launched
     assert list(launched) == HOSTS
-    ids = {record["result"]["fleet_run_id"] for record in launched.values()}
+    ids = {record["result"]["sharded_run_id"] for record in launched.values()}
     assert len(ids) == 1
     assert [record["result"]["shard_index"] for record in launched.values()] == [0, 1, 2]
     LAUNCHED.append(ids.pop())
     return LAUNCHED[-1]
 
 
-def runs(fleet_run_id: str, hosts: str = GROUP) -> dict:
-    code, found = inv_json("status", "--host", hosts, "--run", fleet_run_id, timeout=CALL_TIMEOUT_S)
+def runs(sharded_run_id: str, hosts: str = GROUP) -> dict:
+    code, found = inv_json("status", "--host", hosts, "--run", sharded_run_id, timeout=CALL_TIMEOUT_S)
     assert code == 0, found
     if "runs" in found:  # one host: its own answer
         return {hosts: found["runs"][0]}
     return {host: record["result"]["runs"][0] for host, record in found.items()}
 
 
-def wait_until_ended(fleet_run_id: str, hosts: str = GROUP, timeout: float = 420) -> dict:
+def wait_until_ended(sharded_run_id: str, hosts: str = GROUP, timeout: float = 420) -> dict:
     deadline = time.monotonic() + timeout
     while True:
-        now = runs(fleet_run_id, hosts)
+        now = runs(sharded_run_id, hosts)
         if not any(run["state"] in ACTIVE_STATES for run in now.values()):
             return now
         assert time.monotonic() < deadline, {host: run["state"] for host, run in now.items()}
         time.sleep(2)
 
 
-def gather(fleet_run_id: str) -> tuple[int, dict]:
-    return inv_json("gather", "--host", GROUP, "--run", fleet_run_id, timeout=CALL_TIMEOUT_S)
+def gather(sharded_run_id: str) -> tuple[int, dict]:
+    return inv_json("gather", "--host", GROUP, "--run", sharded_run_id, timeout=CALL_TIMEOUT_S)
 
 
 def ssh_kill_9(host: str, *targets: str) -> None:
@@ -114,29 +114,29 @@ def ssh_kill_9(host: str, *targets: str) -> None:
 
 def test_a_fleet_run_one_host_killed_then_resumed_alone_gathers_every_sample_once(fleet, out):
     runnable = runnable_env_or_skip(fleet)
-    fleet_run_id = launch(out)
+    sharded_run_id = launch(out)
     # The same extraction on one host, for the numbering: shard files must be its files.
     whole = out.replace("{host}", "lab-1") + "-whole"
     single = inv("extract", "--host", "lab-1", *SETTINGS, "--out", whole, "--skip-preflight", "--detach")
     assert single.returncode == 0, single.stdout + single.stderr
     whole_run = single.stdout.split("launched run ", 1)[1].split()[0]
     LAUNCHED.append(whole_run)
-    started = runs(fleet_run_id)
+    started = runs(sharded_run_id)
     for index, host in enumerate(HOSTS):
-        record = started[host]["fleet"]
-        assert record == {"fleet_run_id": fleet_run_id, "hosts": HOSTS, "shard_index": index, "shard_count": 3,
+        record = started[host]["shard"]
+        assert record == {"sharded_run_id": sharded_run_id, "hosts": HOSTS, "shard_index": index, "shard_count": 3,
                           "shared_out": False}
         assert started[host]["driver_args"]["shard_index"] == index
         assert started[host]["driver_args"]["output_dir"].endswith(f"/{host}/out/{out.rsplit('/', 1)[1]}")
 
     # kill -9 of lab-2's supervisor and driver job as soon as the driver runs: its run is lost.
     deadline = time.monotonic() + 120
-    while not (run := runs(fleet_run_id, "lab-2")["lab-2"]).get("driver_pgid"):
+    while not (run := runs(sharded_run_id, "lab-2")["lab-2"]).get("driver_pgid"):
         assert time.monotonic() < deadline, run
         time.sleep(0.5)
     ssh_kill_9("lab-2", str(run["supervisor_pid"]), f"-{run['driver_pgid']}")
 
-    ended = wait_until_ended(fleet_run_id)
+    ended = wait_until_ended(sharded_run_id)
     assert ended["lab-2"]["state"] == LOST, ended["lab-2"]
     assert ended["lab-1"]["state"] == ended["lab-3"]["state"] == SUCCEEDED
     for host, index in (("lab-1", 0), ("lab-3", 2)):
@@ -144,28 +144,28 @@ def test_a_fleet_run_one_host_killed_then_resumed_alone_gathers_every_sample_onc
         assert beat["samples_done"] == beat["samples_total"] == len(range(index, SAMPLES, 3))
 
     # The union lacks lab-2's samples, and says which.
-    code, found = gather(fleet_run_id)
+    code, found = gather(sharded_run_id)
     assert code == ExitStatus.FINDINGS, found
     assert not found["complete"] and found["duplicated"] == {} and found["unloadable"] == []
     assert found["missing"] and set(found["missing"]) <= {1, 4, 7}, found
-    shown = inv("gather", "--host", GROUP, "--run", fleet_run_id, env={"COLUMNS": "200"})
+    shown = inv("gather", "--host", GROUP, "--run", sharded_run_id, env={"COLUMNS": "200"})
     assert shown.returncode == ExitStatus.FINDINGS and "missing: " in shown.stdout, shown.stdout
 
-    # The whole fleet run resumed, detached: only lab-2 restarts; the others are left as they are.
-    code, resumed = inv_json("resume", "--host", GROUP, "--run", fleet_run_id, timeout=CALL_TIMEOUT_S)
+    # The whole sharded run resumed, detached: only lab-2 restarts; the others are left as they are.
+    code, resumed = inv_json("resume", "--host", GROUP, "--run", sharded_run_id, timeout=CALL_TIMEOUT_S)
     assert code == 0, resumed
     assert resumed["lab-2"]["result"]["resumed_from"] == LOST and not resumed["lab-2"]["result"].get("skipped")
     assert resumed["lab-1"]["result"]["skipped"] and resumed["lab-3"]["result"]["skipped"]
-    final = wait_until_ended(fleet_run_id, "lab-2")
+    final = wait_until_ended(sharded_run_id, "lab-2")
     assert final["lab-2"]["state"] == SUCCEEDED, final
 
-    code, found = gather(fleet_run_id)
+    code, found = gather(sharded_run_id)
     assert code == 0, found
     assert found["complete"] and found["dataset_samples"] == SAMPLES and found["samples"] == SAMPLES
     for index, host in enumerate(HOSTS):
         assert found["hosts"][host]["result"]["indices"] == list(range(index, SAMPLES, 3))
 
-    total = inv("status", "--host", GROUP, "--run", fleet_run_id, env={"COLUMNS": "200"})
+    total = inv("status", "--host", GROUP, "--run", sharded_run_id, env={"COLUMNS": "200"})
     assert f"total: {SAMPLES}/{SAMPLES} samples over 3 host(s) (3 succeeded)" in total.stdout, total.stdout
 
     # Each shard's states are transformers' own, and each file is the one-host run's sample of its index.
@@ -182,20 +182,20 @@ def test_a_fleet_run_one_host_killed_then_resumed_alone_gathers_every_sample_onc
 
 
 def test_stop_of_the_whole_fleet_run_leaves_every_host_clean_and_one_host_resumes_alone(fleet, out):
-    fleet_run_id = launch(out)
-    code, stopped = inv_json("stop", "--host", GROUP, "--run", fleet_run_id, timeout=CALL_TIMEOUT_S)
+    sharded_run_id = launch(out)
+    code, stopped = inv_json("stop", "--host", GROUP, "--run", sharded_run_id, timeout=CALL_TIMEOUT_S)
     assert code == 0, stopped
     for host in HOSTS:
         result = stopped[host]["result"]
         assert result["clean"] and result["left"] == [] and result["state"] == STOPPED, (host, result)
-    assert {run["state"] for run in runs(fleet_run_id).values()} == {STOPPED}
+    assert {run["state"] for run in runs(sharded_run_id).values()} == {STOPPED}
 
-    # One host of it, by the fleet-run id: only that host's run restarts.
-    code, resumed = inv_json("resume", "--host", "lab-3", "--run", fleet_run_id, timeout=CALL_TIMEOUT_S)
+    # One host of it, by the sharded-run id: only that host's run restarts.
+    code, resumed = inv_json("resume", "--host", "lab-3", "--run", sharded_run_id, timeout=CALL_TIMEOUT_S)
     assert code == 0 and resumed["resumed_from"] == STOPPED, resumed
-    code, stopped = inv_json("stop", "--host", "lab-3", "--run", fleet_run_id, timeout=CALL_TIMEOUT_S)
+    code, stopped = inv_json("stop", "--host", "lab-3", "--run", sharded_run_id, timeout=CALL_TIMEOUT_S)
     assert code == 0 and stopped["clean"] and stopped["was"] in ACTIVE_STATES, stopped
-    assert {run["state"] for run in runs(fleet_run_id).values()} == {STOPPED}
+    assert {run["state"] for run in runs(sharded_run_id).values()} == {STOPPED}
     LAUNCHED.clear()
 
 

@@ -40,18 +40,18 @@ def pair(lab, tmp_path):
         shutil.rmtree(out, ignore_errors=True)
 
 
-def wait_final(inventory: Path, fleet_run_id: str, timeout: float = 900) -> dict:
+def wait_final(inventory: Path, sharded_run_id: str, timeout: float = 900) -> dict:
     """Each host's state once no shard is active any more."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        code, found = inv_json("status", "--host", "pair", "--run", fleet_run_id, inventory=inventory,
+        code, found = inv_json("status", "--host", "pair", "--run", sharded_run_id, inventory=inventory,
                                timeout=CALL_TIMEOUT_S)
         assert code == 0, found
         states = {host: record["result"]["runs"][0]["state"] for host, record in found.items()}
         if not set(states.values()) & set(ACTIVE_STATES):
             return states
         time.sleep(5)
-    raise AssertionError(f"fleet run {fleet_run_id} still active after {timeout} s: {states}")
+    raise AssertionError(f"sharded run {sharded_run_id} still active after {timeout} s: {states}")
 
 
 def test_a_server_mode_fleet_run_splits_the_rows_as_speculators_does(pair):
@@ -59,14 +59,14 @@ def test_a_server_mode_fleet_run_splits_the_rows_as_speculators_does(pair):
     code, launched = inv_json("extract", "--host", "pair", "--max-samples", str(ROWS), "--concurrency", "2",
                               inventory=inventory, timeout=CALL_TIMEOUT_S)
     assert code == 0, launched
-    fleet_run_id = launched["lab-1"]["result"]["fleet_run_id"]
+    sharded_run_id = launched["lab-1"]["result"]["sharded_run_id"]
     try:
-        states = wait_final(inventory, fleet_run_id)
+        states = wait_final(inventory, sharded_run_id)
         assert states == {"lab-1": SUCCEEDED, "lab-2": SUCCEEDED}, states
-        code, gathered = inv_json("gather", "--host", "pair", "--run", fleet_run_id, inventory=inventory,
+        code, gathered = inv_json("gather", "--host", "pair", "--run", sharded_run_id, inventory=inventory,
                                   timeout=CALL_TIMEOUT_S)
     finally:
-        inv("stop", "--host", "pair", "--run", fleet_run_id, inventory=inventory, timeout=CALL_TIMEOUT_S)
+        inv("stop", "--host", "pair", "--run", sharded_run_id, inventory=inventory, timeout=CALL_TIMEOUT_S)
     assert code == 0 and gathered["complete"], gathered
     assert gathered["dataset_samples"] == ROWS and gathered["samples"] == ROWS, gathered
     for rank, out in enumerate(outs):
@@ -79,14 +79,14 @@ def test_a_sharded_launch_says_for_each_shard_that_its_layers_are_not_trainings_
     inventory, _ = pair
     done = inv("extract", "--host", "pair", "--layers", "1,2,3", "--max-samples", "4", "--skip-preflight",
                "--detach", inventory=inventory, env={"COLUMNS": "300"}, timeout=CALL_TIMEOUT_S)
-    fleet_run_id = next(iter(re.findall(r"\bfleet-\d{8}-\d{6}-\w{4}\b", done.stdout)), None)
+    sharded_run_id = next(iter(re.findall(r"\bsharded-\d{8}-\d{6}-\w{4}\b", done.stdout)), None)
     try:
-        assert done.returncode == 0 and fleet_run_id, done.stdout + done.stderr
+        assert done.returncode == 0 and sharded_run_id, done.stdout + done.stderr
         said = [line for line in done.stdout.splitlines() if "as --layers asks" in line]
         assert sorted(line.split(": ", 1)[0] for line in said) == HOSTS, done.stdout
         # The tiny model's 8 layers: the plan adds the last one, training takes [2, L // 2, L - 3, L].
         assert all(line.split(": ", 1)[1].startswith("layers [1, 2, 3, 8], as --layers asks; speculators' "
                                                      "training defaults to [2, 4, 5, 8]") for line in said), said
     finally:
-        if fleet_run_id:
-            inv("stop", "--host", "pair", "--run", fleet_run_id, inventory=inventory, timeout=CALL_TIMEOUT_S)
+        if sharded_run_id:
+            inv("stop", "--host", "pair", "--run", sharded_run_id, inventory=inventory, timeout=CALL_TIMEOUT_S)

@@ -126,7 +126,7 @@ def test_the_in_process_path_is_refused_before_anything_runs(lab):
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.strip() == (
         "error: lab-1: a multi-node job runs vLLM's server (speculators >= 0.8); speculators 0.3.0 generates in "
-        "process, on one host by design (nothing was launched; without --nodes a group is a fleet run, one shard "
+        "process, on one host by design (nothing was launched; without --nodes a group is a sharded run, one shard "
         "per host)"), done.stderr
     assert [sorted(os.listdir(path)) if path.exists() else [] for path in workdirs] == before
 

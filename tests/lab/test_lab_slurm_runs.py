@@ -185,14 +185,14 @@ def test_a_job_array_shards_the_run_and_a_task_cancelled_is_resubmitted_alone(cl
     code, launched = inv_json("extract", "--host", HOST, "--model", str(MODEL), "--data", str(DATA), "--out", str(out),
                               "--max-len", "512", "--batch-size", "4", "--array", "3", "--skip-preflight", timeout=600)
     assert code == 0, launched
-    array, sharded = launched["job_id"], launched["fleet_run_id"]
+    array, sharded = launched["job_id"], launched["sharded_run_id"]
     paths = {run["task"]: WORKDIR / "runs" / run["run_id"] for run in launched["runs"]}
     with phase("one array, a task a shard"):
         # Pending, the array is one line (77_[0-2]); running, a line a task (77_0 ...).
         assert set(name for job, name in queue().items() if job.split("_")[0] == array) == {f"specrig-{sharded}"}
         for task, path in paths.items():
             record = json.loads((path / "run.json").read_text())
-            assert record["fleet"]["shard_index"] == task and record["fleet"]["shard_count"] == 3
+            assert record["shard"]["shard_index"] == task and record["shard"]["shard_count"] == 3
             assert record["slurm"]["job_ids"] == [f"{array}_{task}"]
             assert record["out"] == f"{out}/task-{task}"
     with phase("task 1 cancelled"):
@@ -233,7 +233,7 @@ def test_a_job_array_in_server_mode_shards_the_rows_as_speculators_does(cluster,
         assert [ended(paths[task])["state"] for task in (0, 1)] == [SUCCEEDED, SUCCEEDED], \
             [log_text(paths[task])[-2000:] for task in (0, 1)]
     with phase("gather"):
-        code, gathered = inv_json("gather", "--host", HOST, "--run", launched["fleet_run_id"], inventory=inventory,
+        code, gathered = inv_json("gather", "--host", HOST, "--run", launched["sharded_run_id"], inventory=inventory,
                                   timeout=600)
         assert code == 0 and gathered["complete"], gathered
         assert gathered["dataset_samples"] == gathered["samples"] == ROWS and not gathered["duplicated"]

@@ -1,4 +1,4 @@
-"""Do the shards of a fleet run hold the samples one host's run numbers alike? (runnable venv's Python)
+"""Do the shards of a sharded run hold the samples one host's run numbers alike? (runnable venv's Python)
 
     same_samples.py <whole_output_dir> <shard_output_dir>...
 

@@ -42,7 +42,7 @@ def load_arguments(path):
             raise Refused("%s=%r: give a positive integer or null" % (key, value))
     shard_index, shard_count = args["shard_index"], args["shard_count"]
     if (shard_index is None) != (shard_count is None):
-        raise Refused("shard_index=%r, shard_count=%r: give both (one shard of a fleet run) or neither"
+        raise Refused("shard_index=%r, shard_count=%r: give both (one shard of a sharded run) or neither"
                       % (shard_index, shard_count))
     if shard_count is not None:
         if (not isinstance(shard_count, int) or isinstance(shard_count, bool) or shard_count < 1

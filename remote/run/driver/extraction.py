@@ -11,12 +11,12 @@ from run.driver.output import OutputDir, remove_temporaries, sample_is_whole
 #: Settings that must be equal for a resume to continue the same sequence of samples.
 RESUME_KEYS = ("model", "dataset", "layer_ids", "max_length", "seed", "max_samples", "load_format", "hf_overrides",
                "shard_index", "shard_count")
-#: Recorded in data_config.json only for one shard of a fleet run: one host's output stays as it was.
+#: Recorded in data_config.json only for one shard of a sharded run: one host's output stays as it was.
 SHARD_KEYS = ("shard_index", "shard_count")
 
 
 def shard_indices(total, args):
-    """The global sample indices this driver extracts: all of them, or (one shard of a fleet run)
+    """The global sample indices this driver extracts: all of them, or (one shard of a sharded run)
     those i with i % shard_count == shard_index. Strided, so every shard's size is known from the
     dataset's alone and differs from another's by one at most; files keep the global index."""
     if args.get("shard_count") is None:
