@@ -62,3 +62,17 @@ def test_every_module_path_the_doc_names_exists():
 def test_the_doc_names_modules_of_both_sides():
     named = named_paths()
     assert {path.split("/")[0] for path in named if path.split("/")[0] in ROOTS} == set(ROOTS)
+
+
+def test_modules_of_one_name_are_each_named_under_same_name_same_role():
+    """No two product modules share a file name unless ARCHITECTURE.md's "Same name, same role" names
+    every one of them (the same role on two sides, or a piece of data and its view)."""
+    text = DOC.read_text(encoding="utf-8")
+    section = text[text.index("## Same name, same role"):text.index("## One shape for every task")]
+    explained = {found for span in CODE_SPAN.findall(section) for found in PY_PATH.findall(span)}
+    by_name: dict = {}
+    for path in product_modules():
+        if not path.endswith("/__init__.py"):
+            by_name.setdefault(path.rsplit("/", 1)[1], set()).add(path)
+    unexplained = sorted(path for paths in by_name.values() if len(paths) > 1 for path in paths - explained)
+    assert not unexplained, f"modules sharing a file name, not under 'Same name, same role': {unexplained}"

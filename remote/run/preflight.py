@@ -22,8 +22,7 @@ import pkgmeta
 import procs
 import telemetry
 from run import budget, launching, rundir
-from run.server import client, launch
-from run.server import preflight as server_preflight
+from run.server import client, launch, server_preflight
 from run.storage import existing_parent
 from units import human_bytes
 
@@ -49,7 +48,7 @@ def run(args):
     # What the driver will run with where the launch leaves a setting to its default.
     max_len = driver.get("max_length") or contract.DRIVER_DEFAULTS["max_length"]
     batch_size = driver.get("batch_size") or contract.DRIVER_DEFAULTS["batch_size"]
-    server_mode = contract.extraction_mode(pkgmeta.versions(("speculators",))["speculators"]) == "server"
+    server_mode = contract.extraction_mode(pkgmeta.versions(("speculators",))["speculators"]) == contract.SERVER
     checks = [] if server_mode else [packages()]
     config, config_check = model_config(driver.get("model"), driver.get("model_id"))
     checks.append(config_check)

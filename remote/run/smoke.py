@@ -6,7 +6,7 @@ args: {"model": directory or Hugging Face repo id (required), "samples": int, "t
                           argument names), each absent: the default,
        "slurm": hosts.yaml's `slurm:` of a login node|null (the call runs as a job on a node, slurm/jobs.py)}
 
-speculators >= 0.8 takes server mode: run/server/smoke.py, the same differences on `inv extract`'s
+speculators >= 0.8 takes server mode: run/server/server_smoke.py, the same differences on `inv extract`'s
 server run. Otherwise:
 
 The driver runs exactly as `inv extract` runs it (same file, same code path through
@@ -29,7 +29,7 @@ import hfcache
 import pkgmeta
 from rpc import RemoteFailure
 from run import classify
-from run.server import smoke as server_smoke
+from run.server import server_smoke
 from slurm import jobs as slurm_jobs
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -135,7 +135,7 @@ def run(args):
     os.makedirs(SMOKE_ROOT, exist_ok=True)
     work = tempfile.mkdtemp(prefix="smoke-", dir=SMOKE_ROOT)
     timeout_s = float(args.get("timeout_s") or 540)
-    server_mode = contract.extraction_mode(pkgmeta.versions(("speculators",))["speculators"]) == "server"
+    server_mode = contract.extraction_mode(pkgmeta.versions(("speculators",))["speculators"]) == contract.SERVER
     try:
         if server_mode:
             result = server_smoke.run(sys.modules[__name__], model=model, config=config, samples=samples, work=work,

@@ -16,8 +16,7 @@ import pytest
 
 from drift.server import parser, startup
 from drift.server.context import Context
-from run.server import launch, nodes
-from run.server import preflight as server_preflight
+from run.server import launch, nodes, server_preflight
 from support.drift_wheels import compat_report, root
 
 RELEASES = ["0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0", "0.19.1", "0.20.0", "0.20.1", "0.20.2",

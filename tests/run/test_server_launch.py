@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from run.server import launch
-from run.server import preflight as server_preflight
+from run.server import launch, server_preflight
 
 SPECULATORS_MIRROR = Path("/work/.mirror/vllm-project+speculators/repo")
 SCRIPT_COMMIT = "899a41b8"

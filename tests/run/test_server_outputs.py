@@ -481,9 +481,9 @@ def test_files_written_by_the_fp8_connector(lab, tmp_path):  # `lab`: its server
 
 def test_the_preflight_refuses_an_output_of_the_other_storage_type(tmp_path):
     """The start of an attempt deletes every file that is not ok, and a file of the other storage type is not:
-    the server preflight refuses such an output by name instead (remote/run/server/preflight.py output_free)."""
+    the server preflight refuses such an output by name instead (remote/run/server/server_preflight.py output_free)."""
     from run import preflight
-    from run.server import preflight as server_preflight
+    from run.server import server_preflight
 
     out = tmp_path / "out"
     out.mkdir()

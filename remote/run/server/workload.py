@@ -53,7 +53,7 @@ from run.attempt import POLL_S, NotStarted, Watch, child_env, found_failure, log
 from run.server import client, health, outputs, prepared, warm_steps
 from run.server.arrivals import COUNT_EVERY_S, ArrivalCheck
 from run.server.health import ServerHealth
-from run.server.preflight import STAGING_MARGIN
+from run.server.server_preflight import STAGING_MARGIN
 from run.server.warm_steps import CLIENT, GENERATE, PREPARE, ClientStep, client_job  # noqa: F401 (this module's names)
 
 #: The attempt's jobs (status.json "jobs"): the server, then the client steps' processes (warm_steps.client_job).
