@@ -4,34 +4,27 @@
 
 Prints one JSON object: per layer, the largest |extracted - transformers| over every sample, the
 largest |value|, and the samples whose shapes are wrong. speculators captures the output of
-decoder layer i before the final norm: a forward hook on each layer gives exactly that (the last
-entry of transformers' `hidden_states` is taken after the norm, so it is not used).
+decoder layer i before the final norm, as reference_states.py keeps it (computed once for every test).
 """
 import json
 import sys
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM
+from reference_states import ReferenceStates
 
 
 def main(output_dir, model_dir):
     config = json.loads((output_dir / "data_config.json").read_text())
     layer_ids = config["hidden_states"]["layer_ids"]
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
-    captured = {}
-    for layer in layer_ids:
-        model.model.layers[layer].register_forward_hook(
-            lambda module, inputs, output, layer=layer: captured.__setitem__(
-                layer, (output[0] if isinstance(output, tuple) else output).detach()))
+    reference_states = ReferenceStates(model_dir)
     worst = {str(layer): 0.0 for layer in layer_ids}
     largest, bad_shapes, samples = 0.0, [], sorted(output_dir.glob("data_*.pt"))
     for path in samples:
         sample = torch.load(path, weights_only=True)
-        with torch.no_grad():
-            model(sample["input_ids"][None])
+        states = reference_states.of(sample["input_ids"])
         for layer, extracted in zip(layer_ids, sample["hidden_states"], strict=True):
-            reference = captured[layer][0]
+            reference = states[layer + 1]  # the output of decoder layer `layer`
             if reference.shape != extracted.shape:
                 bad_shapes.append(path.name)
                 continue

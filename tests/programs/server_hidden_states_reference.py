@@ -6,7 +6,8 @@ torch, transformers and safetensors: the speculators venv).
 For each stored layer id k (axis 1 of hidden_states, ascending) the largest |stored - reference| over
 every file, for two conventions: "input" (id k = the output of decoder layer k-1 = the input of
 layer k; id 0 = the embeddings) and "output" (id k = the output of decoder layer k, as the old path
-of speculators <= 0.4 stores it). Forward hooks give the residual stream before the final norm.
+of speculators <= 0.4 stores it). The residual stream before the final norm is reference_states.py's,
+computed once for every test.
 
 fp8 files (hidden_states_scales present, docs/server-mode.md "fp8 storage") are dequantized as training
 reads them, hs-connectors' FP8Transfer (hs_connectors==0.9.0 transfer.py:229-240). For every file and
@@ -22,8 +23,8 @@ import sys
 from pathlib import Path
 
 import torch
+from reference_states import ReferenceStates
 from safetensors.torch import load_file, save
-from transformers import AutoModelForCausalLM
 
 SCALES = "hidden_states_scales"
 
@@ -33,14 +34,7 @@ def relative_l2(got, reference):
 
 
 def main(hs_dir, model_dir, layer_ids):
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
-    layers = model.model.layers
-    outputs = {}
-    model.model.embed_tokens.register_forward_hook(
-        lambda module, inputs, output: outputs.__setitem__(-1, output.detach()))
-    for i, layer in enumerate(layers):
-        layer.register_forward_hook(lambda module, inputs, output, i=i: outputs.__setitem__(
-            i, (output[0] if isinstance(output, tuple) else output).detach()))
+    reference_states = ReferenceStates(model_dir)
     worst = {"input": {str(k): 0.0 for k in layer_ids}, "output": {str(k): 0.0 for k in layer_ids}}
     rel_l2 = {str(k): 0.0 for k in layer_ids}
     shifted = {str(k): float("inf") for k in layer_ids}
@@ -53,21 +47,21 @@ def main(hs_dir, model_dir, layer_ids):
 
             stored = dequantize_fp8_tensor(stored, tensors[SCALES])
         bf16_bytes += len(save({"hidden_states": stored.to(torch.bfloat16), "token_ids": token_ids}))
-        if stored.shape != (len(token_ids), len(layer_ids), model.config.hidden_size):
+        states = reference_states.of(token_ids)  # [0] the embeddings, [i + 1] decoder layer i's output
+        n_layers, hidden_size = states.shape[0] - 1, states.shape[-1]
+        if stored.shape != (len(token_ids), len(layer_ids), hidden_size):
             problems.append("%s: shape %s" % (path.name, tuple(stored.shape)))
             continue
         tokens += len(token_ids)
-        with torch.no_grad():
-            model(token_ids[None].long())
         for j, k in enumerate(layer_ids):
             got = stored[:, j].float()
-            reference_input = outputs[k - 1][0].float()  # k - 1 = -1: the embeddings
+            reference_input = states[k].float()  # the input of layer k: layer k - 1's output (k = 0: embeddings)
             worst["input"][str(k)] = max(worst["input"][str(k)], (got - reference_input).abs().max().item())
             rel_l2[str(k)] = max(rel_l2[str(k)], relative_l2(got, reference_input))
             if len(token_ids) > 1:
                 shifted[str(k)] = min(shifted[str(k)], relative_l2(got[1:], reference_input[:-1]))
-            if k < len(layers):
-                reference_output = outputs[k][0].float()
+            if k < n_layers:
+                reference_output = states[k + 1].float()
                 worst["output"][str(k)] = max(worst["output"][str(k)], (got - reference_output).abs().max().item())
             else:
                 worst["output"][str(k)] = None  # no layer L: "output of layer L" does not exist
