@@ -16,6 +16,8 @@ import json
 import os
 import re
 import struct
+import time
+import urllib.request
 
 WAYS = ("specrig", "hand", "bare")
 #: How each way runs (the results' "way": the earlier runs' words, kept).
@@ -296,3 +298,20 @@ def phase_min_s(phase):
     head = phase.split(":")
     key = ":".join(head[:2]) if head[0] == "arm" else head[0]
     return PHASE_MIN_S.get(key, 0)
+
+
+def wait_for_health(port, timeout=900, given_up=None):
+    """Until the server on `port` answers /health with 200 (polled every 0.1 s): True; False at `timeout`,
+    or as soon as `given_up()` holds (the server's process ended, the watch was stopped)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if given_up is not None and given_up():
+            return False
+        try:
+            with urllib.request.urlopen("http://127.0.0.1:%d/health" % port, timeout=2) as answer:
+                if answer.status == 200:
+                    return True
+        except Exception:  # not up yet
+            pass
+        time.sleep(0.1)
+    return False

@@ -57,7 +57,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 
 import arms
 import profiling
@@ -530,31 +529,8 @@ class HealthWatch(threading.Thread):
         self.port, self.timeout, self.at, self.stopped = port, timeout, None, False
 
     def run(self):
-        deadline = time.time() + self.timeout
-        while not self.stopped and time.time() < deadline:
-            try:
-                with urllib.request.urlopen("http://127.0.0.1:%d/health" % self.port, timeout=2) as answer:
-                    if answer.status == 200:
-                        self.at = time.time()
-                        return
-            except Exception:  # not up yet
-                pass
-            time.sleep(0.1)
-
-
-def wait_health(port, proc, timeout):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            return False
-        try:
-            with urllib.request.urlopen("http://127.0.0.1:%d/health" % port, timeout=2) as answer:
-                if answer.status == 200:
-                    return True
-        except Exception:  # not up yet
-            pass
-        time.sleep(0.1)
-    return False
+        if arms.wait_for_health(self.port, self.timeout, lambda: self.stopped):
+            self.at = time.time()
 
 
 def end_group(proc, grace=30):
@@ -913,7 +889,7 @@ def arm_by_hand(name, concurrency, bare=False, prefix=None):
     try:
         if bare and cache["hit"]:
             client = start_bare_client()
-        if not wait_health(PORT, server, 400):
+        if not arms.wait_for_health(PORT, 400, lambda ended=server.poll: ended() is not None):
             arm["error"] = "server not healthy (exit %s)" % server.poll()
             return arm
         ready = time.time()
@@ -1019,7 +995,7 @@ def phase_warm(spec="warm"):
         with open(os.path.join(EXTRAS, "warm-%s-server.log" % kind), "ab") as server_log:
             server = subprocess.Popen(argv, stdout=server_log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                       start_new_session=True, cwd=SG)
-        healthy = wait_health(PORT, server, 500)
+        healthy = arms.wait_for_health(PORT, 500, lambda ended=server.poll: ended() is not None)
         warmed[kind] = {"healthy": healthy, "server_ready_s": round(time.time() - started, 2), "exit": server.poll()}
         end_group(server)
         shutil.rmtree(staging, ignore_errors=True)

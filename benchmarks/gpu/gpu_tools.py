@@ -307,20 +307,6 @@ def reference(hs_dir, model_dir, layer_ids, out_json):
 
 # -- bare prefill: the same prompts, no extraction, max_tokens=1 --------------------------------------
 
-def wait_for_health(port, timeout=900):
-    """Until the server on `port` answers /health with 200 (the bare arm starts its client with the server)."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen("http://127.0.0.1:%d/health" % port, timeout=2) as answer:
-                if answer.status == 200:
-                    return True
-        except Exception:  # not up yet
-            pass
-        time.sleep(0.1)
-    return False
-
-
 def bare_client(prepared, port, model, concurrency, n, out_json, wait_health=False):
     """Each prepared sample once, max_tokens=1, `concurrency` in flight. With `wait_health`, the prompts are
     loaded first and the requests start once the server answers /health. Times are epoch seconds (the
@@ -332,7 +318,7 @@ def bare_client(prepared, port, model, concurrency, n, out_json, wait_health=Fal
     rows = load_from_disk(prepared)
     prompts = [list(map(int, row)) for row in rows["input_ids"][:n]]
     digest = arms.prompts_digest(prompts)
-    if wait_health and not wait_for_health(port):
+    if wait_health and not arms.wait_for_health(port):
         sys.exit("the server on port %d never answered /health" % port)
     url = "http://127.0.0.1:%d/v1/completions" % port
     lock, queue, done = threading.Lock(), list(range(len(prompts)))[::-1], []
