@@ -16,6 +16,7 @@ import pytest
 import yaml
 from test_server_runs_lab import HOST, ROWS, RUNS, _free_port, _out, _patched_and_verified, _wait
 
+import contract
 from run.server import outputs, prepared_cache
 from support.lab import inv, inv_json, phase
 from support.paths import REPO
@@ -44,7 +45,7 @@ def _extract(out: Path, inventory: Path, *more: str) -> str:
     assert code == 0 and result["launched"], result
     run_id = result["run_id"]
     try:
-        _wait(run_id, lambda r: r["state"] == "succeeded", "success")
+        _wait(run_id, lambda r: r["state"] == contract.SUCCEEDED, "success")
     finally:
         inv("stop", "--host", HOST, "--run", run_id, inventory=inventory, timeout=300)
     return run_id
