@@ -376,3 +376,17 @@ def _write_command(out, result):
         handle.write(text)
     os.replace(path + ".tmp", path)
     return path
+
+
+def at_run_end(run):
+    """What a run's end records of its dataset (exit.json's "dataset"): the verdict of `verify` on the run, in
+    a few fields, or why it could not be had. Never raises: a run's end is not the place to fail."""
+    try:
+        found = verify({"workdir": os.path.dirname(os.path.dirname(run.path.rstrip("/"))), "run": run.run_id})
+    except RemoteFailure as failure:
+        return {"verified": False, "error": "%s: %s" % (failure.kind, failure.message)}
+    except Exception as exc:  # a bug of the check must not change the run's outcome
+        return {"verified": False, "error": "%s: %s" % (type(exc).__name__, exc)}
+    return {"verified": True, "trainable": found["trainable"], "rows": found["counts"]["rows"],
+            "bad_rows": len(found["bad"]), "problems": found["refusals"] + found["problems"],
+            "command_file": found["command_file"]}

@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from specrig.exit_status import ExitStatus
 from specrig.group import GroupResult, HostOutcome, run_group
 from specrig.inventory import Host
-from specrig.transport import connect
 
 #: The trainer's loading code over every row of a large output reads it all: an 8B model's 512 rows are 22 GB.
 VERIFY_TIMEOUT_S = 3600
@@ -24,6 +23,8 @@ SHARED = {"storage": "storage type", "layer_ids": "layer ids", "hidden_size": "h
 def verify(host: Host, *, run: str | None, outs: Sequence[str] | None, data: str | None, full: bool,
            backend: str | None, target_layer_ids: Sequence[int] | None) -> dict:
     """The host's verdict on the output: {trainable, counts, bad, problems, refusals, command, ...}."""
+    from specrig.transport import connect
+
     with connect(host) as remote:
         return remote.call("dataset.verify", {
             "workdir": host.workdir, "run": run, "out": list(outs) if outs else None, "data": data, "full": full,

@@ -62,6 +62,16 @@ def show(result: dict, *, host: Host, as_json: bool) -> None:
         console.print(visible(result["command_line"]), markup=False, soft_wrap=True)
 
 
+def run_end_text(dataset: dict) -> str:
+    """What a run's end recorded of its dataset (exit.json's "dataset", remote/dataset/verify.py at_run_end)."""
+    if not dataset.get("verified"):
+        return f"[bold red]not verified[/]: {markup(dataset.get('error') or '?')}"
+    if dataset["trainable"]:
+        return f"[green]trainable[/]: {dataset['rows']} rows; the command is in {markup(dataset['command_file'] or '-')}"
+    return (f"[bold red]NOT trainable[/]: {dataset['bad_rows']} bad row(s), {len(dataset['problems'])} other "
+            f"problem(s); `inv verify-dataset` names them")
+
+
 DATASET = TaskView("verify-dataset", show=show, figures=figures, judge=judge)
 
 
