@@ -12,6 +12,7 @@ storage type is the one recorded; no file is extra, no row held twice; the share
 and the layers. Then the trainer's code loads rows (a sample of them; every one with `full`), and the command
 that fits is written beside the output (`specrig-train-command.sh`) and returned.
 """
+import hashlib
 import json
 import os
 import subprocess
@@ -66,7 +67,7 @@ def verify(args):
     total = _dataset_rows(shares, file_format, data_path) if _whole(shares) else None
     for row in range(total or 0):
         if row not in held and row not in bad:
-            bad[row] = "no file in any shard: %s is missing" % _file(file_format, row)
+            bad[row] = "no file: %s is missing" % _file(file_format, row)
     stray = _stray_samples(shares) if file_format == command.PT else []
     refused = command.refusals(file_format=file_format, trainer=trainer, storage=plan["storage"],
                                slots=plan["slots"], layer_ids=plan["layer_ids"],
@@ -77,11 +78,8 @@ def verify(args):
     if data_path and file_format == command.SAFETENSORS and not os.access(data_path, os.W_OK):
         problems.append("the data path %s is not writable: the trainer writes its vocab mappings there; copy it "
                         "somewhere writable and pass that as --data-path" % data_path)
-    if len(set(share["out"] for share in shares)) > 1:
-        problems.append("the rows are in %d directories, where the trainer reads one --hidden-states-path: link "
-                        "them into one (ln -s <dir>/hs_*.safetensors or data_*.pt into it) and train from there"
-                        % len(shares))
-    search = shares[0]["out"]
+    # The trainer reads one directory: the shards of a job array (or several --out) are linked into one.
+    search = shares[0]["out"] if len(set(share["out"] for share in shares)) == 1 else _merged(shares, file_format)
     vocab = command.vocabulary(data_path, file_format, search)
     words = command.training_command(
         trainer=trainer, model=plan.get("model") or "<the verifier model>", data_path=data_path,
@@ -103,6 +101,7 @@ def verify(args):
         "extra": [name for share in shares for name in share["extra"]],
         "problems": problems, "refusals": refused, "vocab": vocab, "data_path": data_path,
         "held": sorted(held),
+        "merged": None if search == shares[0]["out"] else search,
         "command": words, "command_line": command.shell_line(words) if words else None, "command_file": None,
         "trainable": trainable,
     }
@@ -363,6 +362,25 @@ def _run_program(arguments):
                             % (sys.executable, done.returncode, done.stderr.decode(errors="replace").strip()[-500:]),
                             traceback=done.stderr.decode(errors="replace")[-4000:])
     return json.loads(lines[-1])
+
+
+def _merged(shares, file_format):
+    """A directory of links to every share's files, beside the shares (the same one for the same shares):
+    what the trainer's one --hidden-states-path (0.3-0.4: --data-path) reads. Links left from an earlier
+    verification are replaced."""
+    outs = sorted(set(share["out"] for share in shares))
+    digest = hashlib.sha256("\0".join(outs).encode()).hexdigest()[:8]
+    merged = os.path.join(os.path.commonpath(outs), "specrig-train-merged-%s" % digest)
+    os.makedirs(merged, mode=0o700, exist_ok=True)
+    for name in os.listdir(merged):
+        if os.path.islink(os.path.join(merged, name)):
+            os.unlink(os.path.join(merged, name))
+    for share in shares:
+        for row in share["held"]:
+            name = _file(file_format, row)
+            if not os.path.lexists(os.path.join(merged, name)):
+                os.symlink(os.path.join(share["out"], name), os.path.join(merged, name))
+    return merged
 
 
 def _write_command(out, result):

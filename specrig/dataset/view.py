@@ -29,8 +29,9 @@ def show(result: dict, *, host: Host, as_json: bool) -> None:
     trainer = result["trainer"]
     outs = ", ".join(share["out"] for share in result["shares"])
     verdict = "[bold green]trainable[/]" if result["trainable"] else "[bold red]NOT trainable[/]"
-    console.print(f"{markup(host.name)}:{markup(outs)}: {verdict} by speculators {markup(trainer['version'] or '?')} "
+    console.print(f"{verdict} by speculators {markup(trainer['version'] or '?')} "
                   f"({markup(trainer['command'] or 'no trainer reads extraction outputs')})")
+    console.print(f"output: {markup(host.name)}:{markup(outs)}", soft_wrap=True)
     plan = result["plan"]
     console.print(f"layers {plan['layer_ids']} (the last the verifier's), hidden size {plan['hidden_size']}, "
                   f"{markup(plan['storage'])} storage, {markup(result['format'])} files")
