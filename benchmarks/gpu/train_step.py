@@ -29,8 +29,10 @@ import time
 N_TRAIN = int(os.environ.get("N_TRAIN", "64"))
 TRAIN_STEPS = int(os.environ.get("TRAIN_STEPS", "4"))
 TRAIN_TIMEOUT_S = int(os.environ.get("TRAIN_TIMEOUT_S", "420"))
-#: A loss value as the trainer's metric log prints it: 'loss': 10.4, loss_epoch=9.8, "loss": NaN.
-LOSS = re.compile(r"""loss[a-z_/0-9]*['"]?\s*[:=]\s*([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|NaN|inf|Infinity))""")
+#: A loss value as the trainer's metric log prints it (a dict's repr through the root logger: speculators
+#: 0.9.0 train/trainer.py metric_logger.info, train/utils.py normalize_counted_metrics): 'loss': 10.4,
+#: 'loss_0': nan, 'loss_epoch': inf. Not 'ttt_step_loss_decay': the key is loss itself.
+LOSS = re.compile(r"""'loss(?:_\d+|_epoch)?':\s*([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))""")
 
 
 def phase_train(spec, *, harness):
@@ -96,8 +98,9 @@ def _train(harness, words):
     started = time.time()
     with open(log_path, "w") as log_file:
         try:
+            # Wide: rich wraps the logged metric dicts at the console's width, and a wrap can split a key from its value.
             code = subprocess.run(words, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  timeout=TRAIN_TIMEOUT_S).returncode
+                                  timeout=TRAIN_TIMEOUT_S, env=dict(os.environ, COLUMNS="1000")).returncode
         except subprocess.TimeoutExpired:
             code = 124
         except FileNotFoundError as exc:  # no `speculators` on PATH
