@@ -59,7 +59,10 @@ def server_runs(lab):
     applied = inv("apply-patches", "--host", "lab-server", timeout=300)
     assert applied.returncode == 0, applied.stdout + applied.stderr
     port = ("--port", str(_free_port()), "--concurrency", "2")
-    return {"bf16": _extracted("lab-server", *port), "fp8": _extracted("lab-server", *port, "--storage", "fp8")}
+    runs = {"bf16": _extracted("lab-server", *port), "fp8": _extracted("lab-server", *port, "--storage", "fp8")}
+    yield runs
+    for run in runs.values():
+        as_lab_user("rm", "-rf", str(run["out"]))
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +70,9 @@ def in_process_run(lab):
     """lab-cpu's real in-process output (speculators 0.3.0: data_{i}.pt), once for the module."""
     runnable = runnable_env_or_skip(lab)
     patch(runnable, "apply")
-    return _extracted("lab-cpu", "--batch-size", "1", "--max-len", "512")
+    run = _extracted("lab-cpu", "--batch-size", "1", "--max-len", "512")
+    yield run
+    as_lab_user("rm", "-rf", str(run["out"]))
 
 
 @pytest.fixture
