@@ -23,7 +23,7 @@ import pkgmeta
 from dataset import command
 from rpc import RemoteFailure
 from run import rundir
-from run.server import client, outputs, prepared
+from run.server import client, nodes, outputs, prepared
 
 #: The program that runs the trainer's loading code (this file is remote/dataset/verify.py).
 TRAINER_PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "trainer_load.py")
@@ -398,7 +398,10 @@ def _write_command(out, result):
 
 def at_run_end(run):
     """What a run's end records of its dataset (exit.json's "dataset"): the verdict of `verify` on the run, in
-    a few fields, or why it could not be had. Never raises: a run's end is not the place to fail."""
+    a few fields, or why it could not be had; None for a multi-node job's worker, whose head holds the output.
+    Never raises: a run's end is not the place to fail."""
+    if (run.record.get("nodes") or {}).get("role") == nodes.WORKER:
+        return None
     try:
         found = verify({"workdir": os.path.dirname(os.path.dirname(run.path.rstrip("/"))), "run": run.run_id})
     except RemoteFailure as failure:
