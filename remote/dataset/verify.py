@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 
+import contract
 import pkgmeta
 from dataset import command
 from rpc import RemoteFailure
@@ -50,6 +51,10 @@ def verify(args):
     trainer = command.trainer_of(version)
     plan = shares[0]["plan"]
     problems, bad = [], {}
+    if not args.get("at_run_end"):  # the run's own end verifies it before its state says so
+        problems += ["run %s is %s: its output is not whole yet; verify it once it ends" % (share["run_id"],
+                                                                                           share["state"])
+                     for share in shares if share["state"] in contract.ACTIVE_STATES]
     for share in shares:
         _check_headers(share, file_format, bad, problems)
     _check_agreement(shares, bad, problems)
@@ -403,7 +408,8 @@ def at_run_end(run):
     if (run.record.get("nodes") or {}).get("role") == nodes.WORKER:
         return None
     try:
-        found = verify({"workdir": os.path.dirname(os.path.dirname(run.path.rstrip("/"))), "run": run.run_id})
+        found = verify({"workdir": os.path.dirname(os.path.dirname(run.path.rstrip("/"))), "run": run.run_id,
+                        "at_run_end": True})
     except RemoteFailure as failure:
         return {"verified": False, "error": "%s: %s" % (failure.kind, failure.message)}
     except Exception as exc:  # a bug of the check must not change the run's outcome
