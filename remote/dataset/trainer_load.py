@@ -75,6 +75,8 @@ def _shape_problem(sample, slots, hidden_size):
 
 def check_arrow(args):
     """speculators >= 0.8: ArrowDataset and CollateFn, as `speculators train` builds them."""
+    from pathlib import Path
+
     import torch
     from datasets import load_from_disk
     from hs_connectors.transfer import FileTransfer, FP8Transfer
@@ -102,7 +104,7 @@ def check_arrow(args):
             bad[row] = _token_difference(token_ids, input_ids)
     transfer_class = FP8Transfer if args["storage"] == "fp8" else FileTransfer
     dataset = ArrowDataset(max_len=args["max_len"], datapath=args["data_path"], on_missing="raise",
-                           train_ratio=1.0, transfer=transfer_class(_path(path)))
+                           train_ratio=1.0, transfer=transfer_class(Path(path)))
     collate = CollateFn(args["max_len"], args["hidden_size"] or 1, num_target_layers=args["slots"] - 1,
                         preprocess=shift_batch)
     loaded = 0
@@ -114,12 +116,6 @@ def check_arrow(args):
         if problem:
             bad[row] = problem
     return {"bad": bad, "tokens": tokens, "loaded": loaded, "data_rows": len(data)}
-
-
-def _path(path):
-    from pathlib import Path
-
-    return Path(path)
 
 
 def _token_difference(token_ids, input_ids):
