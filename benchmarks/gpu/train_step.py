@@ -16,7 +16,9 @@ What it records in the results (key "train"), each step's argv, exit, seconds an
   files, and whether every tensor of its safetensors is finite (a NaN loss leaves NaN weights).
 
 The trainer's log goes to $SG/extras/train.log (device.sh packs the extras). Pass: verify exit 0, training
-exit 0, at least one loss and all finite, the checkpoint written and finite (`passed`).
+exit 0, at least one loss and all finite, the checkpoint written and finite (`passed`). The results file that
+comes back is committed as benchmarks/gpu/results/train-h200-<date>.json, which tests/dataset/test_train_results.py
+checks.
 """
 import glob
 import json
