@@ -10,7 +10,8 @@ plan, else the directory's own record: specrig-layers.json, data_config.json). F
 hold: its file is there, its header and size are whole, its layer slots and hidden size are the plan's, its
 storage type is the one recorded; no file is extra, no row held twice; the shares agree on the storage type
 and the layers. Then the trainer's code loads rows (a sample of them; every one with `full`), and the command
-that fits is written beside the output (`specrig-train-command.sh`) and returned.
+that fits is written beside the output (`specrig-train-command.sh`) and returned. Shares in several directories
+are linked into one (`specrig-train-merged-<digest>`, beside them): the trainer reads one.
 """
 import hashlib
 import json
