@@ -2,6 +2,8 @@
 training command; a sharded run's hosts and their union. Host text is escaped (`markup`, `visible`)."""
 from __future__ import annotations
 
+from pathlib import PurePosixPath
+
 from rich.table import Table
 
 from specrig.dataset.verify import judge
@@ -68,7 +70,9 @@ def run_end_text(dataset: dict) -> str:
     if not dataset.get("verified"):
         return f"[bold red]not verified[/]: {markup(dataset.get('error') or '?')}"
     if dataset["trainable"]:
-        return f"[green]trainable[/]: {dataset['rows']} rows; the command is in {markup(dataset['command_file'] or '-')}"
+        # The run's own output holds the file (its path is the row above): its name fits 80 columns.
+        name = PurePosixPath(dataset["command_file"]).name if dataset["command_file"] else "-"
+        return f"[green]trainable[/]: {dataset['rows']} rows; the command is the output's {markup(name)}"
     return (f"[bold red]NOT trainable[/]: {dataset['bad_rows']} bad row(s), {len(dataset['problems'])} other "
             f"problem(s); `inv verify-dataset` names them")
 

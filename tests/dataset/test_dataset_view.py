@@ -37,7 +37,7 @@ def test_a_result_with_faults_names_every_bad_row_and_prints_the_command_whole(m
 def test_a_run_end_says_whether_its_dataset_verified():
     assert view.run_end_text({"verified": True, "trainable": True, "rows": 16, "bad_rows": 0, "problems": [],
                               "command_file": "/o/specrig-train-command.sh"}) == (
-        "[green]trainable[/]: 16 rows; the command is in /o/specrig-train-command.sh")
+        "[green]trainable[/]: 16 rows; the command is the output's specrig-train-command.sh")
     assert view.run_end_text({"verified": True, "trainable": False, "rows": 16, "bad_rows": 2, "problems": ["x"],
                               "command_file": None}).startswith("[bold red]NOT trainable[/]: 2 bad row(s), 1 other")
     assert view.run_end_text({"verified": False, "error": "bad-argument: [x]"}) == (
