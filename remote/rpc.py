@@ -41,6 +41,7 @@ COMMANDS = {
     "runs.submit-array": "slurm.submission:submit_array",   # run: a sharded run's tasks as one Slurm job array
     "runs.submit-nodes": "slurm.submission:submit_nodes",   # run: a multi-node job's runs as one Slurm job
     "slurm.check": "slurm.jobs:check_request",              # run: could a job of `slurm:` run, its paths shared
+    "dataset.verify": "dataset.verify:verify",              # train: is an output trainable, and with which command
 }
 _print_lock = threading.Lock()
 _printed = False

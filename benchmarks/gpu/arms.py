@@ -277,7 +277,7 @@ PRESETS = {
 #: fp32, about 20 s, and 64 files): a phase is not begun with less than this left of the call's budget,
 #: since one cut short brings back nothing and costs what it ran.
 PHASE_MIN_S = {"arm:bare": 95, "arm:hand": 120, "arm:specrig": 130, "states": 45, "extract": 300, "stop": 120,
-               "smoke": 190}
+               "smoke": 190, "train": 240}
 
 
 def expand(phases, env):

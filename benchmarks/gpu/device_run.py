@@ -29,6 +29,8 @@ cut short still brings back what it did):
                     spread over its files) against transformers' forward: the tolerance from bf16's own error,
                     the shifted control
     smoke           inv smoke on a DeepSeek-V3-shaped config (MLA, MoE), shrunk, dummy weights
+    train[:DIR]     issue 28: inv verify-dataset --full of an output (DIR, or a short extraction of N_TRAIN rows),
+                    then a few steps of the training command it printed (train_step.py)
     warm[:bare]     the extraction server (and with :bare the bare one) started to its /health and stopped:
                     the first start's costs paid in the last staging call, not in the measurement's
 
@@ -60,6 +62,7 @@ import time
 
 import arms
 import profiling
+import train_step
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TREE = os.path.dirname(os.path.dirname(HERE))
@@ -1192,6 +1195,8 @@ def main(phases):
                 phase_states(phase)
             elif phase.startswith("warm"):
                 phase_warm(phase)
+            elif phase.startswith("train"):
+                train_step.phase_train(phase, harness=sys.modules[__name__])
             else:
                 globals()["phase_" + phase]()
         except Exception as exc:  # recorded, the next phase still runs

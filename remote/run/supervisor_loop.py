@@ -65,6 +65,7 @@ from contract import (
     STOPPED,
     SUCCEEDED,
 )
+from dataset import verify as dataset_verify
 from run import classify, disk_watch, rundir
 from run.attempt import POLL_S, RETRY, AttemptEnds, NotStarted, found_failure
 from slurm import time_limit
@@ -367,6 +368,10 @@ class Supervisor:
         outcome = self.workload.finish(outcome)
         record = dict(outcome, state=outcome["state"], ended_at=rundir.now_iso(),
                       attempts=len(self.status["attempts"]), restarts=self.status["restarts"])
+        # The run's end says whether its output is trainable as the host's trainer reads it (issue 28).
+        dataset = dataset_verify.at_run_end(self.run) if outcome["state"] == SUCCEEDED else None
+        if dataset is not None:
+            record["dataset"] = dataset
         self.status["history"].append(record)
         self.save(state=outcome["state"], driver_pid=None, stalled=False)
         atomic.write_json(self.run.file("exit.json"), record)

