@@ -1192,6 +1192,9 @@ def main(phases):
                 phase_states(phase)
             elif phase.startswith("warm"):
                 phase_warm(phase)
+            elif phase.startswith("kimi"):  # issue 29's shrunk Kimi-K2.5, its steps in a module of their own
+                import kimi_phase
+                kimi_phase.run(sys.modules[__name__], phase)
             else:
                 globals()["phase_" + phase]()
         except Exception as exc:  # recorded, the next phase still runs

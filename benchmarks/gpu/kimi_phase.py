@@ -1,0 +1,157 @@
+"""Issue 29's phases of the GPU run: the shrunk Kimi-K2.5 (shrunk_kimi.py) through specrig's own tasks on the
+device, vLLM 0.26.0 + speculators 0.9.0, `inv ... --host local` as a user runs them. device_run.py hands any
+phase named kimi:STEP here (`run(harness, phase)`, harness: device_run's module: its inv, run, record, ...).
+
+    kimi:build    shrunk_kimi.py build: $SG/models/kimi/{kimi-k25, kimi-k2-text, reference-bf16} and
+                  N_KIMI_DATA conversations; the model checks (remote/model_support.py) on both directories
+    kimi:drift    inv verify-signatures and inv apply-patches with --model the stand-in: the findings as the
+                  analyzer sees them for this class
+    kimi:extract  inv extract --max-samples 64, speculators' own layer choice for the shrunk depth (the
+                  function that gives [2, 30, 58, 61] for 61 layers gives [2, 4, 5, 8] for 8), --enforce-eager
+                  (no compile in a call of 600 s); the class first, and the text model alone when the class's
+                  run does not succeed; the files kept for kimi:states
+    kimi:states   the kept files against transformers' forward of the dequantized bf16 copy (gpu_tools.py
+                  reference: the tolerance from bf16's own error, the shifted-layer control that must fail)
+    kimi:smoke    inv smoke --model the stand-in (the driver on its config shrunk again, dummy weights)
+
+Environment: as device_run.py's; N_KIMI_DATA (256 conversations).
+"""
+import json
+import os
+import shutil
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+N_SAMPLES = 64
+N_KIMI_DATA = int(os.environ.get("N_KIMI_DATA", "256"))
+#: The published depth, whose layer choice is mapped onto the shrunk one by the same function.
+PUBLISHED_LAYERS = 61
+
+
+def paths(harness):
+    root = os.path.join(harness.SG, "models", "kimi")
+    return {"root": root, "kimi": os.path.join(root, "kimi-k25"), "text": os.path.join(root, "kimi-k2-text"),
+            "reference": os.path.join(root, "reference-bf16"),
+            "data": os.path.join(harness.SG, "data", "chat-kimi.jsonl")}
+
+
+def default_layer_ids(num_layers):
+    """speculators' default choice as specrig's launch reads it (remote/run/server/launch.py)."""
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "remote"))
+    from run.server import launch
+
+    return launch.default_layer_ids(num_layers)
+
+
+def model_checks(model):
+    """remote/model_support.py's checks of `model` on this machine, as doctor and the preflight make them."""
+    sys.path.insert(0, os.path.join(HERE, "..", "..", "remote"))
+    import model_support
+
+    return model_support.host_checks(model)
+
+
+def step_build(harness):
+    where = paths(harness)
+    if not os.path.exists(os.path.join(where["kimi"], "config.json")):
+        rc, out, err, seconds = harness.run([sys.executable, os.path.join(HERE, "shrunk_kimi.py"), "build",
+                                             where["root"], where["data"], str(N_KIMI_DATA)], timeout=600)
+        harness.log("shrunk_kimi build rc %d in %.0f s: %s %s" % (rc, seconds, out[-400:], err[-1500:] if rc else ""))
+        harness.record("kimi_build", {"exit": rc, "seconds": seconds,
+                                      "built": json.loads(out.strip().splitlines()[-1]) if rc == 0 else err[-2000:]})
+        if rc:
+            raise SystemExit("the shrunk Kimi build failed")
+    harness.record("kimi_model_checks", {name: model_checks(where[name]) for name in ("kimi", "text")})
+    harness.record("kimi_numba", __import__("importlib.util").util.find_spec("numba") is not None)
+
+
+def step_drift(harness):
+    model = paths(harness)["kimi"]
+    found = {}
+    for task in ("verify-signatures", "apply-patches"):
+        done = harness.inv(task, "--host", "local", "--model", model, "--json", timeout=300)
+        found[task] = {"argv": done["argv"], "exit": done["exit"], "seconds": done["seconds"],
+                       "stderr_tail": done["stderr_tail"],
+                       "result": harness.trim_patch_result(done["json"]) if task == "apply-patches" else done["json"]}
+        harness.log("%s: exit %s in %.1f s" % (task, done["exit"], done["seconds"]))
+    harness.record("kimi_drift", found)
+
+
+def extract_one(harness, name, model):
+    """inv extract of `model` over N_SAMPLES; its files kept for kimi:states when it succeeds."""
+    out = os.path.join(harness.SG, "out", "kimi-" + name)
+    shutil.rmtree(out, ignore_errors=True)
+    launched = harness.inv("extract", "--host", "local", "--model", model, "--data", paths(harness)["data"],
+                           "--out", out, "--max-len", "2048", "--max-samples", str(N_SAMPLES), "--port",
+                           str(harness.PORT), "--enforce-eager", "--json", timeout=600)
+    info = launched["json"] or {}
+    found = {"model": model, "launch_exit": launched["exit"], "launch_s": launched["seconds"],
+             "stderr_tail": launched["stderr_tail"], "preflight": info.get("preflight")}
+    if not info.get("launched"):
+        return dict(found, error="not launched")
+    beat, status, done = harness.wait_run(info["path"], lambda b, s: harness.run_state(info["path"]) in harness.FINAL,
+                                          timeout=540)
+    plan = (harness.read_json(os.path.join(info["path"], "run.json"), {}) or {}).get("server") or {}
+    files = harness.hs_files(out)
+    harness.keep_run_files("kimi-" + name, info["path"])
+    found.update(state=harness.run_state(info["path"]), run_id=info["run_id"], samples=len(files),
+                 tokens=harness.tokens_in(files), layer_ids=plan.get("layer_ids"),
+                 num_hidden_layers=plan.get("num_hidden_layers"), server_argv=plan.get("server_argv"),
+                 error=(status or {}).get("error"))
+    if files:
+        keep = os.path.join(harness.SG, "states-input", "kimi-" + name)
+        shutil.rmtree(keep, ignore_errors=True)
+        shutil.copytree(out, keep, ignore=shutil.ignore_patterns(".specrig-staging"))
+        found["kept"] = keep
+    return found
+
+
+def step_extract(harness):
+    where = paths(harness)
+    mapped = default_layer_ids(8)
+    runs = {"kimi-k25": extract_one(harness, "kimi-k25", where["kimi"])}
+    if runs["kimi-k25"].get("state") != "succeeded":
+        harness.wait_port_free()
+        runs["kimi-k2-text"] = extract_one(harness, "kimi-k2-text", where["text"])
+    harness.record("kimi_extract", {
+        "layer_choice": {"published_depth": PUBLISHED_LAYERS, "published_ids": default_layer_ids(PUBLISHED_LAYERS),
+                         "shrunk_depth": 8, "shrunk_ids": mapped,
+                         "rule": "speculators' default [2, L // 2, L - 3, L] (launch_vllm.py), applied to each depth"},
+        "runs": runs})
+
+
+def step_states(harness):
+    found = harness.results.get("kimi_extract") or {}
+    kept = [(name, entry) for name, entry in (found.get("runs") or {}).items() if entry.get("kept")]
+    if not kept:
+        harness.record("kimi_states", {"error": "no kimi:extract run kept files in this call"})
+        return
+    name, entry = kept[0]
+    harness.wait_idle()
+    target = os.path.join(harness.SG, "reference-kimi.json")
+    rc, out, err, seconds = harness.run([sys.executable, os.path.join(HERE, "gpu_tools.py"), "reference", entry["kept"],
+                                         paths(harness)["reference"], ",".join(map(str, entry["layer_ids"])), target],
+                                        timeout=560)
+    harness.log("kimi reference rc %d in %.0f s: %s %s" % (rc, seconds, out[-400:], err[-2000:] if rc else ""))
+    result = (harness.read_json(target) or {}) if rc == 0 else {"exit": rc, "error": err[-3000:]}
+    result.update(run=name, reference_model="reference-bf16: the text model, experts dequantized to bf16 "
+                                            "(value x scale, rounded once), in transformers")
+    harness.record("kimi_states", result)
+
+
+def step_smoke(harness):
+    smoke = harness.inv("smoke", "--host", "local", "--model", paths(harness)["kimi"], "--json", timeout=560)
+    harness.record("kimi_smoke", smoke)
+    harness.log("kimi smoke: exit %d in %.0f s" % (smoke["exit"], smoke["seconds"]))
+
+
+STEPS = {"build": step_build, "drift": step_drift, "extract": step_extract, "states": step_states,
+         "smoke": step_smoke}
+
+
+def run(harness, phase):
+    step = phase.split(":", 1)[1] if ":" in phase else ""
+    if step not in STEPS:
+        raise ValueError("phase %r: one of %s" % (phase, ", ".join("kimi:" + s for s in STEPS)))
+    os.makedirs(harness.EXTRAS, exist_ok=True)  # each run's logs are kept there (keep_run_files)
+    STEPS[step](harness)
