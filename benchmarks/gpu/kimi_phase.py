@@ -9,7 +9,8 @@ phase named kimi:STEP here (`run(harness, phase)`, harness: device_run's module:
     kimi:extract  inv extract --max-samples 64, speculators' own layer choice for the shrunk depth (the
                   function that gives [2, 30, 58, 61] for 61 layers gives [2, 4, 5, 8] for 8), --enforce-eager
                   (no compile in a call of 600 s); the class first, and the text model alone when the class's
-                  run does not succeed; the files kept for kimi:states
+                  run fails otherwise than by the connector's refusal of MLA (verify-signatures' mla-refused,
+                  predicted for vLLM 0.26.0); the files kept for kimi:states
     kimi:states   the kept files against transformers' forward of the dequantized bf16 copy (gpu_tools.py
                   reference: the tolerance from bf16's own error, the shifted-layer control that must fail)
     kimi:smoke    inv smoke --model the stand-in (the driver on its config shrunk again, dummy weights)
@@ -97,7 +98,7 @@ def extract_one(harness, name, model):
     found.update(state=harness.run_state(info["path"]), run_id=info["run_id"], samples=len(files),
                  tokens=harness.tokens_in(files), layer_ids=plan.get("layer_ids"),
                  num_hidden_layers=plan.get("num_hidden_layers"), server_argv=plan.get("server_argv"),
-                 error=(status or {}).get("error"))
+                 error=(status or {}).get("error"), mla_refused=mla_refused(info["path"]))
     if files:
         keep = os.path.join(harness.SG, "states-input", "kimi-" + name)
         shutil.rmtree(keep, ignore_errors=True)
@@ -106,11 +107,26 @@ def extract_one(harness, name, model):
     return found
 
 
+#: What vLLM 0.26's ExampleHiddenStatesConnector raises at start-up for an MLA target
+#: (example_hidden_states_connector.py:133-137); specrig's analyzer predicts it (point C16, mla-refused).
+MLA_REFUSAL = "Could not uniquely identify the extract-hidden-states KV cache group"
+
+
+def mla_refused(run_path):
+    """Whether the run's server log holds the connector's refusal of an MLA target."""
+    try:
+        with open(os.path.join(run_path, "server.log"), errors="replace") as handle:
+            return MLA_REFUSAL in handle.read()
+    except OSError:
+        return None
+
+
 def step_extract(harness):
     where = paths(harness)
     mapped = default_layer_ids(8)
     runs = {"kimi-k25": extract_one(harness, "kimi-k25", where["kimi"])}
-    if runs["kimi-k25"].get("state") != "succeeded":
+    # The text model alone is MLA too: after the connector's refusal it would only repeat it.
+    if runs["kimi-k25"].get("state") != "succeeded" and not runs["kimi-k25"].get("mla_refused"):
         harness.wait_port_free()
         runs["kimi-k2-text"] = extract_one(harness, "kimi-k2-text", where["text"])
     harness.record("kimi_extract", {
