@@ -12,8 +12,11 @@ phase named kimi:STEP here (`run(harness, phase)`, harness: device_run's module:
                   refuses it for verify-signatures' mla-refused, predicted for vLLM 0.26.0) and, refused
                   there, again with --skip-preflight to see vLLM's own verdict; the text model alone when
                   that run fails otherwise than by the connector's refusal of MLA; files kept for kimi:states
-    kimi:states   the kept files against transformers' forward of the dequantized bf16 copy (gpu_tools.py
-                  reference: the tolerance from bf16's own error, the shifted-layer control that must fail)
+    kimi:forward  vLLM's own residual stream at the same ids with extraction off (vllm_forward.py: forward
+                  hooks in the offline LLM), N_FORWARD chats: the class, else the text model alone
+    kimi:states   each kept set (the extraction's, the forward's) against transformers' forward of the
+                  dequantized bf16 copy (gpu_tools.py reference: the tolerance from bf16's own error, the
+                  shifted-layer control that must fail)
     kimi:smoke    inv smoke --model the stand-in (the driver on its config shrunk again, dummy weights)
 
 Environment: as device_run.py's; N_KIMI_DATA (256 conversations).
@@ -147,23 +150,59 @@ def step_extract(harness):
         "runs": runs})
 
 
+#: Chats read by vLLM's forward with extraction off (vllm_forward.py): the states check's second subject.
+N_FORWARD = 16
+
+
+def step_forward(harness):
+    """vLLM's own residual stream with extraction off (vllm_forward.py): the class, or the text model alone
+    when the class does not load; the files kept for kimi:states."""
+    where = paths(harness)
+    ids = default_layer_ids(8)
+    found = {}
+    for name in ("kimi", "text"):
+        out = os.path.join(harness.SG, "states-input", "kimi-forward-" + name)
+        shutil.rmtree(out, ignore_errors=True)
+        harness.wait_idle()
+        rc, stdout, err, seconds = harness.run([sys.executable, os.path.join(HERE, "vllm_forward.py"), where[name],
+                                                where["data"], str(N_FORWARD), out, ",".join(map(str, ids))],
+                                               timeout=400)
+        harness.log("vllm_forward %s rc %d in %.0f s: %s %s" % (name, rc, seconds, stdout[-300:],
+                                                                 err[-1500:] if rc else ""))
+        found[name] = {"exit": rc, "seconds": seconds, "layer_ids": ids, "kept": out if rc == 0 else None,
+                       "result": json.loads(stdout.strip().splitlines()[-1]) if rc == 0 else err[-3000:]}
+        if rc == 0:
+            break
+    harness.record("kimi_forward", found)
+
+
 def step_states(harness):
-    found = harness.results.get("kimi_extract") or {}
-    kept = [(name, entry) for name, entry in (found.get("runs") or {}).items() if entry.get("kept")]
-    if not kept:
-        harness.record("kimi_states", {"error": "no kimi:extract run kept files in this call"})
+    """Every kept set of states (the extraction's, vLLM's forward with extraction off) against transformers'
+    forward of the dequantized bf16 copy: gpu_tools.py reference, its tolerance and shifted control."""
+    subjects = {}
+    for name, entry in ((harness.results.get("kimi_extract") or {}).get("runs") or {}).items():
+        if entry.get("kept"):
+            subjects["extraction " + name] = entry
+    for name, entry in (harness.results.get("kimi_forward") or {}).items():
+        if entry.get("kept"):
+            subjects["vllm forward, extraction off, " + name] = entry
+    if not subjects:
+        harness.record("kimi_states", {"error": "neither kimi:extract nor kimi:forward kept files in this call"})
         return
-    name, entry = kept[0]
-    harness.wait_idle()
-    target = os.path.join(harness.SG, "reference-kimi.json")
-    rc, out, err, seconds = harness.run([sys.executable, os.path.join(HERE, "gpu_tools.py"), "reference", entry["kept"],
-                                         paths(harness)["reference"], ",".join(map(str, entry["layer_ids"])), target],
-                                        timeout=560)
-    harness.log("kimi reference rc %d in %.0f s: %s %s" % (rc, seconds, out[-400:], err[-2000:] if rc else ""))
-    result = (harness.read_json(target) or {}) if rc == 0 else {"exit": rc, "error": err[-3000:]}
-    result.update(run=name, reference_model="reference-bf16: the text model, experts dequantized to bf16 "
-                                            "(value x scale, rounded once), in transformers")
-    harness.record("kimi_states", result)
+    checked = {}
+    for label, entry in subjects.items():
+        harness.wait_idle()
+        target = os.path.join(harness.SG, "reference-kimi-%d.json" % len(checked))
+        rc, out, err, seconds = harness.run([sys.executable, os.path.join(HERE, "gpu_tools.py"), "reference",
+                                             entry["kept"], paths(harness)["reference"],
+                                             ",".join(map(str, entry["layer_ids"])), target], timeout=300)
+        harness.log("kimi reference of %s rc %d in %.0f s: %s %s" % (label, rc, seconds, out[-300:],
+                                                                     err[-2000:] if rc else ""))
+        result = (harness.read_json(target) or {}) if rc == 0 else {"exit": rc, "error": err[-3000:]}
+        result["reference_model"] = ("reference-bf16: the text model, experts dequantized to bf16 (value x scale, "
+                                     "rounded once), in transformers")
+        checked[label] = result
+    harness.record("kimi_states", checked)
 
 
 def step_smoke(harness):
@@ -172,8 +211,8 @@ def step_smoke(harness):
     harness.log("kimi smoke: exit %d in %.0f s" % (smoke["exit"], smoke["seconds"]))
 
 
-STEPS = {"build": step_build, "drift": step_drift, "extract": step_extract, "states": step_states,
-         "smoke": step_smoke}
+STEPS = {"build": step_build, "drift": step_drift, "extract": step_extract, "forward": step_forward,
+         "states": step_states, "smoke": step_smoke}
 
 
 def run(harness, phase):

@@ -6,8 +6,8 @@ weights in the checkpoint's own formats. Where each field comes from: kimi_k25_c
         DIR/kimi-k25        the stand-in of the real checkpoint: KimiK25ForConditionalGeneration, routed experts
                             compressed-tensors INT4 pack-quantized (group 32), the rest bf16, the vision tower
                             and projector; a tokenizer trained here instead of Moonshot's (no remote code)
-        DIR/kimi-k2-text    the same text model and quantization alone (DeepseekV3ForCausalLM, model_type
-                            kimi_k2): what vLLM loads when the multimodal class cannot start
+        DIR/kimi-k2-text    the same text model and quantization alone (DeepseekV3ForCausalLM, text_config's
+                            model_type deepseek_v3): what vLLM loads when the multimodal class cannot start
         DIR/reference-bf16  the same text model with the experts dequantized to bf16 (DeepseekV3ForCausalLM,
                             no quantization_config): transformers' reference for the extracted states
     and N chat conversations at DATA (gpu_tools.conversations).
@@ -93,10 +93,10 @@ def shrunk_config(tokens):
 
 
 def text_only_config(config, *, quantized):
-    """The text model alone: DeepseekV3ForCausalLM, model_type kimi_k2 (vLLM reads it with DeepseekV3Config)
-    with the quantization, deepseek_v3 without (transformers' own class, for the reference)."""
+    """The text model alone, DeepseekV3ForCausalLM with text_config's own model_type (deepseek_v3, which
+    transformers and vLLM both know; Kimi-K2's kimi_k2 transformers 5 reads as a bare config and fails on
+    its yarn rope): with the quantization, or without it for transformers' reference."""
     text = copy.deepcopy(config["text_config"])
-    text["model_type"] = "kimi_k2" if quantized else "deepseek_v3"
     if not quantized:
         text.pop("quantization_config")
     return text
