@@ -13,13 +13,14 @@ phase named kimi:STEP here (`run(harness, phase)`, harness: device_run's module:
                   there, again with --skip-preflight to see vLLM's own verdict; the text model alone when
                   that run fails otherwise than by the connector's refusal of MLA; files kept for kimi:states
     kimi:forward  vLLM's own residual stream at the same ids with extraction off (vllm_forward.py: forward
-                  hooks in the offline LLM), N_FORWARD chats: the class, else the text model alone
+                  hooks in the offline LLM), N_KIMI_FORWARD chats: the class, else the text model alone, else
+                  its bf16 copy
     kimi:states   each kept set (the extraction's, the forward's) against transformers' forward of the
                   dequantized bf16 copy (gpu_tools.py reference: the tolerance from bf16's own error, the
                   shifted-layer control that must fail)
     kimi:smoke    inv smoke --model the stand-in (the driver on its config shrunk again, dummy weights)
 
-Environment: as device_run.py's; N_KIMI_DATA (256 conversations).
+Environment: as device_run.py's; N_KIMI_DATA (256 conversations), N_KIMI_FORWARD (16 chats).
 """
 import json
 import os
@@ -151,16 +152,16 @@ def step_extract(harness):
 
 
 #: Chats read by vLLM's forward with extraction off (vllm_forward.py): the states check's second subject.
-N_FORWARD = 16
+N_FORWARD = int(os.environ.get("N_KIMI_FORWARD", "16"))
 
 
 def step_forward(harness):
-    """vLLM's own residual stream with extraction off (vllm_forward.py): the class, or the text model alone
-    when the class does not load; the files kept for kimi:states."""
+    """vLLM's own residual stream with extraction off (vllm_forward.py): the class, else the text model alone,
+    else its bf16 copy (MLA and the routing without the INT4 kernels); the files kept for kimi:states."""
     where = paths(harness)
     ids = default_layer_ids(8)
     found = {}
-    for name in ("kimi", "text"):
+    for name in ("kimi", "text", "reference"):
         out = os.path.join(harness.SG, "states-input", "kimi-forward-" + name)
         shutil.rmtree(out, ignore_errors=True)
         harness.wait_idle()

@@ -115,3 +115,18 @@ def test_below_marlins_floor_the_experts_run_on_triton():
 def test_an_unquantized_model_and_unknown_gpus_pass():
     assert model_support.quantization_check({"hidden_size": 8, "torch_dtype": "bfloat16"}, [])["ok"]
     assert model_support.quantization_check(shrunk_kimi.published(), [])["detail"].endswith("not checked")
+
+
+def test_doctor_checks_hosts_yaml_extract_model_on_the_host(tmp_path):
+    """The hook: specrig/doctor.py passes extract.model, remote/doctor.py answers with both checks."""
+    import doctor as remote_doctor
+    from specrig.doctor import doctor_args
+    from specrig.inventory import Host
+
+    directory = model_dir(tmp_path / "kimi", shrunk_kimi.published(), KIMI_TOKENIZER_CONFIG)
+    args = doctor_args(Host(name="h", extract={"model": str(directory)}))
+    assert args["model"] == str(directory)
+    assert "model" not in doctor_args(Host(name="h"))
+    facts = remote_doctor.run(dict(args, workdir=str(tmp_path)))
+    assert [check["name"] for check in facts["model_support"]] == ["remote-code", "quantization"]
+    assert not facts["model_support"][0]["ok"]  # Moonshot's code named, missing
