@@ -6,18 +6,18 @@ phase named kimi:STEP here (`run(harness, phase)`, harness: device_run's module:
                   N_KIMI_DATA conversations; the model checks (remote/model_support.py) on both directories
     kimi:drift    inv verify-signatures and inv apply-patches with --model the stand-in: the findings as the
                   analyzer sees them for this class
+    kimi:forward  vLLM's own residual stream at the same ids with extraction off (vllm_forward.py: forward
+                  hooks in the offline LLM), N_KIMI_FORWARD chats: the class, else the text model alone, else
+                  its bf16 copy
+    kimi:states   each kept set not yet checked in the call (the forward's; after kimi:extract, what it
+                  kept) against transformers' forward of the dequantized bf16 copy (gpu_tools.py reference: the tolerance from bf16's own error, the
+                  shifted-layer control that must fail)
     kimi:extract  inv extract --max-samples 64, speculators' own layer choice for the shrunk depth (the
                   function that gives [2, 30, 58, 61] for 61 layers gives [2, 4, 5, 8] for 8), --enforce-eager
                   (no compile in a call of 600 s); the class first: as a user runs it (the preflight, which
                   refuses it for verify-signatures' mla-refused, predicted for vLLM 0.26.0) and, refused
                   there, again with --skip-preflight to see vLLM's own verdict; the text model alone when
                   that run fails otherwise than by the connector's refusal of MLA; files kept for kimi:states
-    kimi:forward  vLLM's own residual stream at the same ids with extraction off (vllm_forward.py: forward
-                  hooks in the offline LLM), N_KIMI_FORWARD chats: the class, else the text model alone, else
-                  its bf16 copy
-    kimi:states   each kept set (the extraction's, the forward's) against transformers' forward of the
-                  dequantized bf16 copy (gpu_tools.py reference: the tolerance from bf16's own error, the
-                  shifted-layer control that must fail)
     kimi:smoke    inv smoke --model the stand-in (the driver on its config shrunk again, dummy weights)
 
 Environment: as device_run.py's; N_KIMI_DATA (256 conversations), N_KIMI_FORWARD (16 chats).
@@ -178,8 +178,9 @@ def step_forward(harness):
 
 
 def step_states(harness):
-    """Every kept set of states (the extraction's, vLLM's forward with extraction off) against transformers'
-    forward of the dequantized bf16 copy: gpu_tools.py reference, its tolerance and shifted control."""
+    """Every kept set of states (the extraction's, vLLM's forward with extraction off) not yet checked in this
+    call against transformers' forward of the dequantized bf16 copy: gpu_tools.py reference, its tolerance and
+    shifted control."""
     subjects = {}
     for name, entry in ((harness.results.get("kimi_extract") or {}).get("runs") or {}).items():
         if entry.get("kept"):
@@ -187,10 +188,13 @@ def step_states(harness):
     for name, entry in (harness.results.get("kimi_forward") or {}).items():
         if entry.get("kept"):
             subjects["vllm forward, extraction off, " + name] = entry
+    checked = {label: found for label, found in (harness.results.get("kimi_states") or {}).items()
+               if isinstance(found, dict)}  # an earlier kimi:states of this call: its sets are not checked again
+    subjects = {label: entry for label, entry in subjects.items() if label not in checked}
     if not subjects:
-        harness.record("kimi_states", {"error": "neither kimi:extract nor kimi:forward kept files in this call"})
+        if not checked:
+            harness.record("kimi_states", {"error": "neither kimi:extract nor kimi:forward kept files in this call"})
         return
-    checked = {}
     for label, entry in subjects.items():
         harness.wait_idle()
         target = os.path.join(harness.SG, "reference-kimi-%d.json" % len(checked))

@@ -485,7 +485,7 @@ def test_a_profile_window_gives_up_once_its_arm_has_ended(tmp_path):
 
 def test_the_issue29_preset_runs_the_kimi_steps_in_order_each_with_its_least_time():
     phases, env = arms.expand(["issue29"], {})
-    assert phases == ["kimi:build", "kimi:drift", "kimi:extract", "kimi:forward", "kimi:states",
+    assert phases == ["kimi:build", "kimi:drift", "kimi:forward", "kimi:states", "kimi:extract", "kimi:states",
                       "kimi:smoke"] and env == {}
     assert all(arms.phase_min_s(phase) > 0 for phase in phases)
     import kimi_phase
