@@ -119,6 +119,10 @@ def stored_bytes_per_token(storage, values_per_token, model_dtype_bytes):
     value_bytes = STORAGE_VALUE_BYTES[storage] or model_dtype_bytes
     return values_per_token * value_bytes + (FP8_SCALE_BYTES if storage == FP8 else 0)
 
+#: Files the connector may hold in staging at once, per request in flight: about one per request and its lock
+#: (server mode's preflight sizes the staging directory with it, and `inv extract --dry-run` too).
+STAGING_MARGIN = 2
+
 #: How long the supervisor (between attempts) and a stop wait for the GPUs to give back the memory of a
 #: run's ended processes: the driver frees a dead process's memory a moment after it is gone
 #: (docs/gpu-check.md).

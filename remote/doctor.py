@@ -9,6 +9,7 @@ import platform
 import pwd
 import shutil
 
+import model_support
 import pkgmeta
 import telemetry
 from run.storage import existing_parent
@@ -41,7 +42,8 @@ def server_environment(python, timeout=SERVER_TIMEOUT_S):
 def run(args):
     """{"workdir", "server_python" (optional: read that environment too), "versions_only" (optional:
     the Pythons and packages alone, for a task's cheap check before it starts anything), "slurm"
-    (optional, a login node's hosts.yaml `slurm:` settings: the cluster's facts too, slurm/cluster.py)}."""
+    (optional, a login node's hosts.yaml `slurm:` settings: the cluster's facts too, slurm/cluster.py), "model"
+    (optional, hosts.yaml's extract.model: model_support.py's checks of it)}."""
     facts = {"python": {key: value for key, value in pkgmeta.environment(()).items() if key != "installed"},
              "packages": pkgmeta.versions(PACKAGES)}
     facts["server_env"] = server_environment(args["server_python"]) if args.get("server_python") else None
@@ -57,6 +59,8 @@ def run(args):
         "disk": {"path": workdir, "exists": os.path.isdir(workdir), "free_bytes": usage.free,
                  "total_bytes": usage.total},
     })
+    if args.get("model"):  # hosts.yaml's extract.model: can this host's vLLM serve it at all?
+        facts["model_support"] = model_support.host_checks(args["model"], server_python=args.get("server_python"))
     if args.get("slurm") is not None:
         facts["slurm"] = cluster.facts(args["slurm"], facts["user"])
     return facts

@@ -48,6 +48,8 @@ DRIVER_DEFAULTS: dict = _contract.DRIVER_DEFAULTS
 DRIVER_REQUIRED: tuple[str, ...] = _contract.DRIVER_REQUIRED
 SUPERVISOR_DEFAULTS: dict = _contract.SUPERVISOR_DEFAULTS
 SERVER_DEFAULTS: dict = _contract.SERVER_DEFAULTS
+STAGING_MARGIN: int = _contract.STAGING_MARGIN
+stored_bytes_per_token = _contract.stored_bytes_per_token
 #: Server mode's storage types of the hidden states (remote/contract.py STORAGES).
 STORAGES: tuple[str, ...] = _contract.STORAGES
 HS_CONNECTORS: str = _contract.HS_CONNECTORS

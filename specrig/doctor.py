@@ -21,12 +21,15 @@ SLURM_DOCTOR_TIMEOUT_S = DOCTOR_TIMEOUT_S + 90
 
 def doctor_args(host: Host, **extra) -> dict:
     """The doctor call's arguments: the server's environment too when hosts.yaml names another one, the
-    Slurm cluster's facts too on a login node (the `slurm:` settings name where its test job may run)."""
+    Slurm cluster's facts too on a login node (the `slurm:` settings name where its test job may run), the
+    checks of hosts.yaml's extract.model too when it names one."""
     args = {"workdir": host.workdir, **extra}
     if host.two_environments:
         args["server_python"] = host.server_interpreter
     if host.scheduler == contract.SLURM:
         args["slurm"] = host.slurm
+    if host.extract.get("model"):  # remote/model_support.py: custom code, quantization on these GPUs
+        args["model"] = host.extract["model"]
     return args
 
 

@@ -46,6 +46,8 @@ FIELDS = {f.name: f for f in (
     Field("workdir", (str,), "~/specrig", "where runs, logs and outputs live on the host"),
     Field("env", (dict,), {}, "variables for remote jobs (CUDA_VISIBLE_DEVICES, NCCL_*)"),
     Field("gpus", (int,), None, "number of GPUs the host has"),
+    Field("gpu_memory_mib", (int,), None, "each GPU's memory in MiB (nvidia-smi's memory.total): with gpus, "
+          "`inv extract --dry-run` sizes a run from it without reaching the host"),
     Field("host_key_policy", (str,), None, "reject unknown host keys, or accept-new (record on first use); "
           "default: ssh_config's StrictHostKeyChecking, else reject"),
     Field("extract", (dict,), {}, "defaults for `inv extract`: model, data, out, tp, layers, batch_size, ..."),
@@ -72,6 +74,7 @@ class Host:
     workdir: str = "~/specrig"
     env: dict = dataclasses.field(default_factory=dict)
     gpus: int | None = None
+    gpu_memory_mib: int | None = None
     #: None: ssh_config's StrictHostKeyChecking decides, else unknown keys are refused.
     host_key_policy: str | None = None
     extract: dict = dataclasses.field(default_factory=dict)
@@ -264,8 +267,8 @@ def _check_entry(entry: Any, where: str, fail) -> dict:
             raise fail(f"{where}.{key}", f"expected {field.type_names()}, got {value!r:.60}")
         if key == "port" and not 0 < value < 65536:
             raise fail(f"{where}.{key}", f"port {value!r} is out of range 1-65535")
-        if key == "gpus" and value < 0:
-            raise fail(f"{where}.{key}", f"gpus {value!r} must not be negative")
+        if key in ("gpus", "gpu_memory_mib") and value < 0:
+            raise fail(f"{where}.{key}", f"{key} {value!r} must not be negative")
         if key == "host_key_policy" and value not in HOST_KEY_POLICIES:
             raise fail(f"{where}.{key}", f"unknown policy {value!r}", hint=f"use one of {', '.join(HOST_KEY_POLICIES)}")
         if key == "slurm":

@@ -1197,6 +1197,9 @@ def main(phases):
                 phase_warm(phase)
             elif phase.startswith("train"):
                 train_step.phase_train(phase, harness=sys.modules[__name__])
+            elif phase.startswith("kimi"):  # issue 29's shrunk Kimi-K2.5, its steps in a module of their own
+                import kimi_phase
+                kimi_phase.run(sys.modules[__name__], phase)
             else:
                 globals()["phase_" + phase]()
         except Exception as exc:  # recorded, the next phase still runs

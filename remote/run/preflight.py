@@ -18,6 +18,7 @@ import sys
 
 import contract
 import hfcache
+import model_support
 import pkgmeta
 import procs
 import telemetry
@@ -52,6 +53,10 @@ def run(args):
     checks = [] if server_mode else [packages()]
     config, config_check = model_config(driver.get("model"), driver.get("model_id"))
     checks.append(config_check)
+    if config is not None:  # custom code and quantization: what stops vLLM before it loads a weight
+        checks += model_support.host_checks(driver.get("model"), server_python=args.get("server_python"),
+                                            tp=driver.get("tensor_parallel_size"),
+                                            visible=os.environ.get("CUDA_VISIBLE_DEVICES"))
     if not server_mode:  # server mode checks the layer ids with the whole server command
         checks.append(layers(driver.get("layer_ids"), config))
     checks.append(max_length(max_len, config))

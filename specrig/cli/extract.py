@@ -7,14 +7,17 @@ or with --nodes a group as one multi-node job.
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
 
 from specrig.cli.runner import run_on_group, run_on_host
 from specrig.contract import SERVER
 from specrig.errors import UsageError
 from specrig.exit_status import ExitStatus, most_serious
 from specrig.inventory import Host
-from specrig.run import live, node_runs, node_view, runs, sharded_runs, sharded_view, view, view_parts
+from specrig.run import live, node_runs, node_view, runs, sharded_runs, sharded_view, sizing, view, view_parts
+from specrig.run.settings import settings_given
 from specrig.slurm import job_array, node_job
 from specrig.slurm import view as slurm_view
 from specrig.slurm.submit import refuse_slurm_hosts, slurm_settings
@@ -24,6 +27,30 @@ def extract_on_host(host: Host, given: dict, *, skip_preflight: bool, attach: bo
     """One run: preflight, launch, and (attached) the live view until it ends or Ctrl-C detaches."""
     return run_on_host(host, lambda target: runs.extract(target, given, skip_preflight=skip_preflight),
                        view.extract_view(live.follow if attach else None), as_json=as_json)
+
+
+def extract_dry_run(host: Host, given: dict, *, as_json: bool) -> ExitStatus:
+    """What a run of the model would need on `host` and the settings specrig would choose: from the model's
+    config.json on this machine (--model, else extract.model, a directory here) and hosts.yaml's description
+    of the host (run/sizing.py); nothing is reached."""
+    gpus, memory = sizing.host_description(host)
+    values, sources = settings_given(host, given, ("model", "tp", "layers", "max_len", "concurrency", "storage"))
+    model = values.get("model")
+    config_path = Path(model).expanduser() / "config.json" if model else None
+    if config_path is None or not config_path.is_file():
+        raise UsageError(f"{sources.get('model', '--model')} {model!r}: --dry-run reads the model's config.json on "
+                         "this machine, and there is none there", hint="copy the model's config.json into a "
+                         "directory here and pass that directory with --model")
+    try:
+        config = json.loads(config_path.read_text())
+    except ValueError as exc:
+        raise UsageError(f"{config_path}: not JSON ({exc})") from None
+    layers = values.get("layer_ids")
+    found = sizing.plan(config, gpus=gpus, gpu_memory_mib=memory, tp=values.get("tensor_parallel_size"),
+                        max_len=values.get("max_length"), layer_count=len(layers) if layers else None,
+                        storage=values.get("storage"), concurrency=values.get("concurrency"))
+    view.show_sizing(dict(found, host=host.name, model=str(model)), as_json=as_json)
+    return ExitStatus.OK
 
 
 def extract_sharded(spec: str, hosts: Sequence[Host], given: dict, *, shared_out: bool, skip_preflight: bool,

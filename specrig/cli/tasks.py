@@ -113,6 +113,9 @@ NODE_OPTIONS = {
                      "(docs/slurm.md)",
             "skip_preflight": "launch without the preflight checks (drift, GPUs, model, disk, batch hazard)",
             "detach": "launch and return at once instead of showing the live view",
+            "dry_run": "reach nothing: the weights, KV cache and staging per GPU from the model's config.json on "
+                       "this machine and hosts.yaml's gpus and gpu_memory_mib, and the settings specrig would "
+                       "choose (server mode)",
             "json": JSON_HELP})
 @guarded
 def extract(c, host, model=None, data=None, out=None, tp=None, layers=None, batch_size=None, max_len=None,
@@ -120,7 +123,7 @@ def extract(c, host, model=None, data=None, out=None, tp=None, layers=None, batc
             writer_threads=None, max_num_batched_tokens=None, enforce_eager=False, storage=None, prepared_cache=True,
             render_server=False, nodes=None, pp=None,
             dp_local=None, rendezvous_port=None, watch_port=None, shared_out=False, array=None, skip_preflight=False,
-            detach=False, json=False):
+            detach=False, dry_run=False, json=False):
     """Preflight, launch the supervised extraction on a host, and show it live (Ctrl-C detaches; the run goes on).
 
     The host's speculators picks the mode: <= 0.4 drives vLLM in-process; >= 0.8 runs a vLLM server and
@@ -153,6 +156,8 @@ def extract(c, host, model=None, data=None, out=None, tp=None, layers=None, batc
              "rendezvous_port": whole_number(rendezvous_port, option="--rendezvous-port", default=None),
              "watch_port": whole_number(watch_port, option="--watch-port", default=None)}
     attach = not (detach or json)
+    if dry_run:
+        return extraction.extract_dry_run(inventory.host(host), given, as_json=json)
     if nodes is not None:
         if nodes not in MODES:
             raise UsageError(f"--nodes {nodes!r}: one of {', '.join(MODES)}")

@@ -228,6 +228,29 @@ def show_extract(result: dict, *, host: Host, as_json: bool, follow: Callable[[H
     return follow(host, result["run_id"]) if follow else None
 
 
+def show_sizing(found: dict, *, as_json: bool) -> None:
+    """`inv extract --dry-run` (run/sizing.py): per GPU, the weights, the KV cache, the staging; the settings."""
+    if as_json:
+        print_json(found)
+        return
+    gib, settings = 1 << 30, found["settings"]
+    weights = found["weights_per_gpu"]
+    console.print(f"{markup(found['host'])}: {found['gpus']} GPUs of {found['gpu_memory_bytes'] / gib:.1f} GiB, "
+                  f"tp {found['tp']}; {markup(found['model'])} (nothing reached)")
+    table = Table(title="per GPU", show_header=False)
+    for part, size in weights.items():
+        table.add_row("weights: " + part.replace("_", " "), f"{size / gib:.2f} GiB")
+    table.add_row("runtime reserve", f"{found['runtime_reserve_bytes'] / gib:.2f} GiB")
+    table.add_row("KV cache", f"{found['kv_budget_bytes'] / gib:.2f} GiB: {found['kv_tokens']:,} tokens of "
+                              f"{found['kv_bytes_per_token'] / 1024:.1f} KiB (MLA latent)")
+    table.add_row("staging per request", f"{found['staging_bytes_per_request'] / (1 << 20):.0f} MiB "
+                                         f"({found['layer_count']} layers, {found['storage']})")
+    console.print(table)
+    console.print(f"settings: --max-model-len {settings['max_model_len']}, --max-num-batched-tokens "
+                  f"{settings['max_num_batched_tokens']}, --concurrency {settings['concurrency']} "
+                  f"({found['concurrency_bound']}), staging {settings['staging_bytes'] / gib:.1f} GiB")
+
+
 def extract_view(follow: Callable[[Host, str], ExitStatus] | None) -> TaskView:
     """`inv extract` on one host; `follow` (run/live.py's) shows the run live after the launch."""
     return TaskView("extract", show=lambda result, **shown: show_extract(result, follow=follow, **shown),

@@ -52,6 +52,9 @@ def show_doctor(facts: dict, *, host: Host, as_json: bool) -> None:
     if server:
         _server_rows(summary, server)
     summary.add_row("extraction", markup(describe_extraction(found)))
+    for check in facts.get("model_support") or []:  # extract.model: custom code, quantization on these GPUs
+        summary.add_row(check["name"], markup(check["detail"]) if check["ok"] else
+                        f"[red]{markup(check['detail'])}[/]: {markup(check['advice'])}")
     disk = facts["disk"]
     summary.add_row("workdir", f"{markup(disk['path'])}: {human_bytes(disk['free_bytes'])} free"
                                + ("" if disk["exists"] else " (does not exist yet)"))

@@ -479,3 +479,30 @@ def test_a_profile_window_gives_up_once_its_arm_has_ended(tmp_path):
     window.join(timeout=10)
     assert not window.is_alive() and time.time() - started < 5
     assert window.result["error"] == "never reached its steady part" and (tmp_path / "profile" / "off").exists()
+
+
+# -- issue 29: the shrunk Kimi-K2.5's phases (kimi_phase.py) -------------------------------------------
+
+def test_the_issue29_preset_runs_the_kimi_steps_in_order_each_with_its_least_time():
+    phases, env = arms.expand(["issue29"], {})
+    assert phases == ["kimi:build", "kimi:drift", "kimi:forward", "kimi:states", "kimi:extract", "kimi:states",
+                      "kimi:smoke"] and env == {}
+    assert all(arms.phase_min_s(phase) > 0 for phase in phases)
+    import kimi_phase
+    assert set(kimi_phase.STEPS) == {phase.split(":")[1] for phase in phases}
+
+
+def test_a_kimi_step_of_another_name_is_refused_by_name(tmp_path):
+    import kimi_phase
+
+    class Harness:
+        EXTRAS = str(tmp_path / "extras")
+
+    with pytest.raises(ValueError, match="phase 'kimi:nope': one of kimi:build, kimi:drift"):
+        kimi_phase.run(Harness, "kimi:nope")
+
+
+def test_the_kimi_layers_are_speculators_choice_at_each_depth():
+    import kimi_phase
+    assert kimi_phase.default_layer_ids(61) == [2, 30, 58, 61]
+    assert kimi_phase.default_layer_ids(8) == [2, 4, 5, 8]

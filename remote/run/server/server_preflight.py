@@ -17,8 +17,8 @@ from run import storage
 from run.server import outputs, plan
 from units import human_bytes
 
-#: Files the connector may hold in staging at once: about one per request in flight (and its lock).
-STAGING_MARGIN = 2
+#: Files the connector may hold in staging at once, per request in flight (remote/contract.py).
+STAGING_MARGIN = contract.STAGING_MARGIN
 
 
 def checks(preflight, driver, *, workdir, server_python, samples, config):

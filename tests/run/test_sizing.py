@@ -1,0 +1,84 @@
+"""`inv extract --dry-run` (specrig/run/sizing.py; issue 29, point 3): Kimi-K2.5's published config on two
+8-GPU host descriptions (tests/fixtures/inventory/kimi-8gpu.yaml), the figures checked against the arithmetic
+written out here from the config's own numbers."""
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from specrig.errors import UsageError
+from specrig.run import sizing
+from support.lab import inv, inv_json
+from support.paths import FIXTURES, REPO
+
+sys.path.insert(0, str(REPO / "benchmarks" / "gpu"))
+
+import shrunk_kimi
+
+INVENTORY = FIXTURES / "inventory" / "kimi-8gpu.yaml"
+GIB = 1 << 30
+
+
+@pytest.fixture
+def kimi(tmp_path):
+    """A directory here holding Kimi-K2.5's published config.json (benchmarks/gpu/kimi_k25_config.json)."""
+    (tmp_path / "config.json").write_text(json.dumps(shrunk_kimi.published()))
+    return tmp_path
+
+
+def test_kimi_per_gpu_at_tp_8_is_the_arithmetic_of_its_config():
+    config = shrunk_kimi.published()
+    weights = sizing.weights_per_gpu(config, 8)
+    # 60 MoE layers x 384 experts x 3 projections of 2048 x 7168, half a byte each and a bf16 scale per 32.
+    assert weights["routed_experts"] == int(60 * 384 * 3 * 2048 * 7168 * (0.5 + 2 / 32) / 8)
+    # q_a (1536 x 7168) and kv_a (576 x 7168) whole, q_b (64*192 x 1536), kv_b (64*256 x 512), o (7168 x 64*128)
+    # split 8 ways, 61 layers, bf16, and the norms.
+    whole = 1536 * 7168 + 576 * 7168 + 1536 + 512 + 2 * 7168
+    split = 64 * 192 * 1536 + 64 * 256 * 512 + 7168 * 64 * 128
+    assert weights["attention"] == int((whole + split / 8) * 61 * 2)
+    assert weights["embeddings"] == int(2 * 163840 * 7168 * 2 / 8 + 7168 * 2)
+    assert 71 * GIB < weights["total"] < 73 * GIB
+    # MLA: 512 + 64 latent values a layer, 61 layers, bf16, on every GPU of the group.
+    assert sizing.kv_bytes_per_token(config) == (512 + 64) * 61 * 2 == 70272
+
+
+@pytest.mark.parametrize("memory_mib, kv_tokens", [(143771, 711016), (183359, 1242663)])
+def test_the_kv_cache_is_what_the_weights_and_the_reserve_leave(memory_mib, kv_tokens):
+    found = sizing.plan(shrunk_kimi.published(), gpus=8, gpu_memory_mib=memory_mib)
+    left = int(memory_mib * (1 << 20) * 0.9) - found["weights_per_gpu"]["total"] - 8 * GIB
+    assert found["kv_tokens"] == left // 70272 == kv_tokens
+    # Four layers of 7168 values in bf16 for each of 2048 tokens; two files a request in staging.
+    assert found["staging_bytes_per_request"] == 2048 * 4 * 7168 * 2
+    assert found["settings"] == {"max_model_len": 2049, "max_num_batched_tokens": 8192, "concurrency": 32,
+                                 "staging_bytes": 32 * 2 * 2048 * 4 * 7168 * 2}
+
+
+def test_long_prompts_are_bounded_by_the_kv_cache():
+    found = sizing.plan(shrunk_kimi.published(), gpus=8, gpu_memory_mib=143771, max_len=8192, concurrency=256)
+    assert found["settings"]["concurrency"] == 711016 // 8193 == 86
+    assert found["concurrency_bound"] == "kv cache"
+    assert found["settings"]["max_num_batched_tokens"] == 8193
+
+
+def test_too_few_gpus_for_the_weights_is_one_line():
+    with pytest.raises(UsageError, match=r"--tp 1: .* GiB of weights per GPU leave 0.0 GiB for the KV cache"):
+        sizing.plan(shrunk_kimi.published(), gpus=1, gpu_memory_mib=143771)
+
+
+@pytest.mark.parametrize("host, kv_tokens", [("blackwell01", 1242663), ("h200x8", 711016)])
+def test_inv_extract_dry_run_on_an_8_gpu_description(kimi, host, kv_tokens):
+    status, found = inv_json("extract", "--host", host, "--model", str(kimi), "--dry-run", inventory=INVENTORY)
+    assert status == 0
+    assert found["tp"] == 8 and found["kv_tokens"] == kv_tokens
+    assert found["settings"]["concurrency"] == 32 and found["settings"]["max_model_len"] == 2049
+    shown = inv("extract", "--host", host, "--model", str(kimi), "--dry-run", inventory=INVENTORY,
+                env={"COLUMNS": "80"})
+    assert shown.returncode == 0, shown.stderr
+    assert "--max-model-len 2049, --max-num-batched-tokens 8192, --concurrency 32" in " ".join(shown.stdout.split())
+
+
+def test_a_dry_run_without_a_local_config_or_a_host_description_is_refused(kimi, tmp_path):
+    result = inv("extract", "--host", "h200x8", "--model", str(tmp_path / "none"), "--dry-run", inventory=INVENTORY)
+    assert result.returncode == 2 and "--dry-run reads the model's config.json on this machine" in result.stderr
