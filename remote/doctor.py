@@ -34,6 +34,7 @@ def server_environment(python, timeout=SERVER_TIMEOUT_S):
     if found is None:
         return None
     installed = found.pop("installed")
+    found.pop("path", None)
     return dict(found, python=python, error=None,
                 packages={name: entry["version"] if entry else None for name, entry in installed.items()})
 

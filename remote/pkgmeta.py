@@ -1,7 +1,8 @@
 """Installed distributions, read from their metadata: nothing is imported.
 
 Also another environment's (hosts.yaml `server_python`): this file run as a program with that
-interpreter, `<python> pkgmeta.py PACKAGE...`, prints environment(PACKAGES) as one JSON line.
+interpreter, `<python> pkgmeta.py PACKAGE...`, prints environment(PACKAGES) and its sys.path ("path") as
+one JSON line.
 """
 import json
 import os
@@ -94,4 +95,5 @@ def other_environment(python, packages, timeout):
 
 
 if __name__ == "__main__":
-    print(json.dumps(environment(sys.argv[1:])))
+    # With sys.path: where a package installed later would be found (verify's cache watches those).
+    print(json.dumps(dict(environment(sys.argv[1:]), path=sys.path)))

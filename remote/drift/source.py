@@ -163,7 +163,9 @@ class SourceTree:
         top = os.path.join(self.root, *package.split("."))
         names = []
         for directory, subdirs, files in os.walk(top):
-            subdirs.sort()
+            # Compiled files only: Python writes there at every first import, which would change
+            # a listing verify's cache (drift/answers.py) checks.
+            subdirs[:] = sorted(name for name in subdirs if name != "__pycache__")
             rel = os.path.relpath(directory, self.root)
             prefix = ".".join(rel.split(os.sep))
             for name in sorted(files):
