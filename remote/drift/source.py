@@ -7,6 +7,7 @@ import tokenize
 from dataclasses import dataclass, field
 
 from contract import COMPILED_MANIFEST, COMPILED_SUFFIXES
+from drift.parts import PartedSource
 
 
 # eq=False: a module is the one object its SourceTree parsed for a file; equal means the same object,
@@ -75,11 +76,17 @@ class Module:
 class SourceTree:
     """The modules of some top-level packages under one root directory (site-packages or an unpacked wheel)."""
 
-    def __init__(self, root, packages):
+    #: Off once a part proved unreadable in this process (drift/verify.py then analyses again, whole).
+    parts_enabled = True
+
+    def __init__(self, root, packages, *, by_parts=False):
         if not os.path.isdir(root):
             raise ValueError("package root %r is not a directory" % (root,))
         self.root = os.path.abspath(root)
         self.packages = tuple(packages)
+        #: Parse each def and class when first looked into (drift/parts.py): for a provider, of whose
+        #: large modules the analysis reads a few names; a consumer is walked whole.
+        self.by_parts = by_parts and SourceTree.parts_enabled
         self._modules = {}
         self._compiled = self._read_manifest()
 
@@ -143,7 +150,10 @@ class SourceTree:
             data = handle.read()
         text = data.decode("utf-8", errors="replace")
         try:
-            tree = ast.parse(text, filename=path)
+            if self.by_parts:
+                tree = PartedSource(text, path).tree()
+            else:
+                tree = ast.parse(text, filename=path)
         except SyntaxError:
             # Newer syntax than this interpreter parses: the module exists, its contents are unknown.
             tree = None

@@ -52,6 +52,17 @@ def run(args):
 
 def analysis(args):
     """The report of the analysis itself (docs/findings.md)."""
+    from drift.parts import PartUnreadable
+    from drift.source import SourceTree
+
+    try:
+        return _analysis(args)
+    except PartUnreadable:
+        SourceTree.parts_enabled = False
+        return _analysis(args)
+
+
+def _analysis(args):
     installed = "consumer_roots" not in args
     if installed:
         consumers = [_installed(name) for name in args.get("consumers") or ["speculators"]]
