@@ -12,7 +12,6 @@ import shutil
 import pkgmeta
 import telemetry
 from run.storage import existing_parent
-from slurm import cluster
 
 #: Read in speculators' environment (the host's `python`).
 PACKAGES = ("speculators", "vllm", "torch", "transformers", "hs-connectors")
@@ -59,5 +58,7 @@ def run(args):
                  "total_bytes": usage.total},
     })
     if args.get("slurm") is not None:
+        from slurm import cluster  # a login node's alone: other hosts do not pay for its imports
+
         facts["slurm"] = cluster.facts(args["slurm"], facts["user"])
     return facts
