@@ -39,10 +39,12 @@ _SHALLOW = {}
 
 def _masked(text):
     """`text` with string characters as STRING_MARK and comments as spaces (newlines kept)."""
-    def mask(match):
+    def mask(match):  # once per string and comment: most of a module's outline time, kept short
         token = match.group()
-        if token.startswith("#"):
+        if token[0] == "#":
             return " " * len(token)
+        if "\n" not in token:
+            return STRING_MARK * len(token)
         first, *rest = token.split("\n")
         # A string's later lines keep their indentation: a docstring's text is as deep as its code.
         return "\n".join([STRING_MARK * len(first)] + [_masked_string_line(piece) for piece in rest])
