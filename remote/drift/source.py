@@ -4,15 +4,15 @@ from __future__ import annotations
 import ast
 import os
 import tokenize
-from dataclasses import dataclass, field
 
 from contract import COMPILED_MANIFEST, COMPILED_SUFFIXES
 from drift.parts import PartedSource
+from drift.records import record
 
 
 # eq=False: a module is the one object its SourceTree parsed for a file; equal means the same object,
 # not the same hundreds of lines.
-@dataclass(frozen=True, eq=False)
+@record(eq=False, unshown=("tree", "lines"))
 class Module:
     """One parsed module: its dotted name, file, AST and lines."""
 
@@ -22,9 +22,9 @@ class Module:
     relpath: str
     is_package: bool
     #: None when this interpreter cannot parse the file (newer syntax).
-    tree: ast.Module | None = field(repr=False)
+    tree: ast.Module | None
     #: The file's lines, each with its newline.
-    lines: list[str] = field(repr=False)
+    lines: list[str]
 
     @property
     def package(self):
