@@ -27,34 +27,50 @@ _STRINGS_AND_COMMENTS = re.compile(
     r"|[rRbBuUfF]{0,2}(?:'''[^'\\]*(?:(?:\\.|'(?!''))[^'\\]*)*'''"
     r'|"""[^"\\]*(?:(?:\\.|"(?!""))[^"\\]*)*"""'
     r"|'[^'\\\n]*(?:\\.[^'\\\n]*)*'"
-    r'|"[^"\\\n]*(?:\\.[^"\\\n]*)*")', re.S)
+    r'|"[^"\\\n]*(?:\\.[^"\\\n]*)*")', re.DOTALL)
+#: A triple-quoted string, or a run of anything else (code, comments, one-line strings) up to the next:
+#: the regex walks the text in C, and Python sees a handful of matches a module, not every string.
+_TRIPLE_OR_RUN = re.compile(
+    r"(?P<triple>'''[^'\\]*(?:(?:\\.|'(?!''))[^'\\]*)*'''"
+    r'|"""[^"\\]*(?:(?:\\.|"(?!""))[^"\\]*)*""")'
+    r"|(?:[^'\"#]+|#[^\n]*|'(?!'')[^'\\\n]*(?:\\.[^'\\\n]*)*'"
+    r'|"(?!"")[^"\\\n]*(?:\\.[^"\\\n]*)*")+', re.DOTALL)
 _PART_START = re.compile(r"(?:async\s+def|def|class)\b|@")
 _DEFINITION = re.compile(r"(?:async\s+def|def|class)\s+([A-Za-z_][A-Za-z0-9_]*)")
-#: What a masked string's characters become (no quote or bracket that could mislead the cutting).
+#: What a masked string's characters become (no quote, bracket or `#` that could mislead the cutting).
 STRING_MARK = "\x01"
 #: A line that may start a part: a def, a class or a decorator, at any indentation.
-_CANDIDATE = re.compile(r"^([ \t]*)(?:(?:async[ \t]+)?def\b|class\b|@)", re.M)
+_CANDIDATE = re.compile(r"^([ \t]*)(?:(?:async[ \t]+)?def\b|class\b|@)", re.MULTILINE)
 _SHALLOW = {}
 
 
 def _masked(text):
-    """`text` with string characters as STRING_MARK and comments as spaces (newlines kept)."""
-    def mask(match):  # once per string and comment: most of a module's outline time, kept short
+    """`text` with the characters of its strings that span lines as STRING_MARK (newlines and their
+    later lines' indentation kept): no line of theirs can pass for code. Comments and one-line
+    strings are left as they are: a line starting with `#` or a quote is never a def, and code_end()
+    reads a comment off the few lines where it matters."""
+    def mask(match):  # once per run and per triple-quoted string: a few hundred a module
         token = match.group()
-        if token[0] == "#":
-            return " " * len(token)
-        if "\n" not in token:
-            return STRING_MARK * len(token)
+        if match.lastgroup != "triple" or "\n" not in token:
+            return token
         first, *rest = token.split("\n")
         # A string's later lines keep their indentation: a docstring's text is as deep as its code.
         return "\n".join([STRING_MARK * len(first)] + [_masked_string_line(piece) for piece in rest])
 
-    return _STRINGS_AND_COMMENTS.sub(mask, text)
+    return _TRIPLE_OR_RUN.sub(mask, text)
 
 
 def _masked_string_line(piece):
     text = piece.lstrip(" \t")
     return piece[:len(piece) - len(text)] + STRING_MARK * len(text)
+
+
+def code_end(line):
+    """How long a (masked) line is without its comment and trailing blanks."""
+    for match in _STRINGS_AND_COMMENTS.finditer(line):
+        if match.group().startswith("#"):
+            return len(line[:match.start()].rstrip())
+    return len(line.rstrip())
 
 
 class Part:
@@ -75,7 +91,7 @@ class Part:
 
 
 class _Lines:
-    """The masked text of a module and where its lines start."""
+    """The masked text of a module (_masked) and where its lines start."""
 
     def __init__(self, text):
         self.masked = _masked(text)
@@ -93,20 +109,23 @@ class _Lines:
 
     def opening(self, first, last, indent):
         """(number, indentation, text) of each line first..last-1 indented `indent` or less that opens a
-        statement: not blank (comments are), not after a backslash, not a closing bracket. A line
+        statement: not blank nor a comment, not after a backslash, not a closing bracket. A line
         inside a string counts (a statement may start with one): a part cut there leaves text that
         does not parse around it. The regex skips deeper lines in C: most of a module is deeper."""
         pattern = _SHALLOW.get(indent)
         if pattern is None:
-            pattern = _SHALLOW[indent] = re.compile(r"^[ \t]{0,%d}[^ \t\r\n]" % indent, re.M)
+            pattern = _SHALLOW[indent] = re.compile(r"^[ \t]{0,%d}[^ \t\r\n]" % indent, re.MULTILINE)
         masked = self.masked
         for match in pattern.finditer(masked, self.offset(first), self.offset(last)):
             start, first_char = match.start(), match.end() - 1
             if masked[first_char] in ")]}":
                 continue
-            before = masked[max(0, start - 3):start].rstrip("\r\n")
-            if before.endswith("\\"):
-                continue
+            if masked[max(0, start - 3):start].rstrip("\r\n").endswith("\\"):
+                previous = self.line(bisect.bisect_right(self.starts, start - 1) - 1)
+                if previous[:code_end(previous)].endswith("\\"):
+                    continue  # a backslash continuation (not one a comment ends with)
+            if masked[first_char] == "#":
+                continue  # a comment's line
             end = masked.find("\n", first_char)
             yield (bisect.bisect_right(self.starts, start) - 1, first_char - start,
                    masked[first_char:end if end >= 0 else len(masked)].rstrip())
@@ -131,7 +150,7 @@ class _Lines:
         return [self._trimmed(part) for part in parts if part.definition is not None]
 
     def _trimmed(self, part):
-        while part.end - 1 > part.definition and not self.line(part.end - 1).strip():
+        while part.end - 1 > part.definition and not code_end(self.line(part.end - 1)):
             part.end -= 1
         return part
 
@@ -271,7 +290,7 @@ class PartedSource:
 
     def _end_column(self, number):
         """Where the code of line `number` ends, in UTF-8 bytes as ast counts (a comment left out)."""
-        return len(self.lines[number][:len(self._masked.line(number).rstrip())].encode("utf-8"))
+        return len(self.lines[number][:code_end(self._masked.line(number))].encode("utf-8"))
 
     def _methods(self, part):
         """The methods of a class part, cut at its body's indentation."""

@@ -88,6 +88,8 @@ def test_parts_are_parsed_when_looked_into():
     "def f():\n    return 1\n'''\ndef g(): pass\n'''\n",                 # a def inside a string
     "x = (a\n@ b)\ndef f(): pass\n",                                      # @ as an operator
     "def f():\n    s = 'a' \\\n'b'\n    return s\nclass C: pass\n",       # a backslash continuation
+    "def f():\n    return 1  # ends with \\\ndef g(): pass\n",              # a comment's backslash
+    'def f():\n    return """a\n"""  # c\n\n\ndef g(): pass\n',           # a string, a comment end f
 ])
 def test_cuts_the_text_misreads_are_caught_by_a_parse(text):
     assert same_as_whole(text)
