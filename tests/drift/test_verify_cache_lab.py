@@ -8,6 +8,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import stat
 import zipfile
 from pathlib import Path
@@ -20,7 +21,8 @@ from specrig.patching.patches import apply_patches, revert_patches
 from specrig.transport import connect
 from specrig.transport.bundle import Bundle, current_bundle
 from support.lab import inv_json, lab_entry
-from support.patchenv import as_lab_user
+from support.patchenv import PatchEnv, as_lab_user
+from support.runnable_env import clean_venv_copy
 
 SCHEDULER = "vllm/v1/core/sched/scheduler.py"
 BLOCK_SIZE_DRIFT = "missing-argument:vllm.v1.core.sched.scheduler.Scheduler:block_size"
@@ -194,3 +196,25 @@ def test_the_analyzers_own_code(cached_env):
     assert missed.data["cache"]["why"].startswith("no answer kept")
     host = load_inventory(env.inventory).host("lab")
     assert state(verify(host)) == "hit", "the current code's answer is still kept"
+
+
+def test_a_package_installed_in_the_server_environment(lab, make_inventory, trusted_known_hosts):
+    """Server mode (speculators 0.9 here, vLLM in server_python's environment, read by another
+    process): an install there is seen too, through that environment's sys.path listings."""
+    server = clean_venv_copy(Path("/home/specrig/venv-server-0.32"))
+    try:
+        inventory = make_inventory({"hosts": {"lab": lab_entry(
+            python="~/venv-spec-0.9/bin/python", server_python=str(server / "bin" / "python"),
+            workdir=str(server / "work"))}})
+        trusted_known_hosts(inventory)
+        env = PatchEnv(prefix=server, inventory=inventory)
+        assert state(verify(env.host)) == "miss"
+        assert state(verify(env.host)) == "hit"
+        wheel = tiny_wheel(Path("/tmp"), "1.0")
+        as_lab_user("cp", str(wheel), str(server / wheel.name))
+        wheel.unlink()
+        as_lab_user(env.python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-index",
+                    str(server / wheel.name), timeout=300)
+        assert_miss_then_hit(env, str(env.site))
+    finally:
+        shutil.rmtree(server, ignore_errors=True)
