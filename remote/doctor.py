@@ -13,7 +13,6 @@ import model_support
 import pkgmeta
 import telemetry
 from run.storage import existing_parent
-from slurm import cluster
 
 #: Read in speculators' environment (the host's `python`).
 PACKAGES = ("speculators", "vllm", "torch", "transformers", "hs-connectors")
@@ -35,6 +34,7 @@ def server_environment(python, timeout=SERVER_TIMEOUT_S):
     if found is None:
         return None
     installed = found.pop("installed")
+    found.pop("path", None)
     return dict(found, python=python, error=None,
                 packages={name: entry["version"] if entry else None for name, entry in installed.items()})
 
@@ -62,5 +62,7 @@ def run(args):
     if args.get("model"):  # hosts.yaml's extract.model: can this host's vLLM serve it at all?
         facts["model_support"] = model_support.host_checks(args["model"], server_python=args.get("server_python"))
     if args.get("slurm") is not None:
+        from slurm import cluster  # a login node's alone: other hosts do not pay for its imports
+
         facts["slurm"] = cluster.facts(args["slurm"], facts["user"])
     return facts

@@ -11,7 +11,6 @@ import os
 import signal
 import sys
 import threading
-import traceback
 
 from contract import SENTINEL
 
@@ -157,6 +156,8 @@ def main(argv):
         emit({"ok": False, "error": failure.as_error()})
         os._exit(3)
     except BaseException as exc:  # everything is reported, typed
+        import traceback  # only now: a call that succeeds does not pay for its import
+
         emit({"ok": False, "error": {"kind": "script-error", "message": "%s: %s" % (type(exc).__name__, exc),
                                      "traceback": traceback.format_exc()}})
         os._exit(3)

@@ -148,7 +148,7 @@ def analyze(*, consumers, provider, model=None, rules=True):
     """
     started = time.perf_counter()
     analysis = Analysis(consumers=[(SourceTree(c["root"], [c["package"]]), c["package"]) for c in consumers],
-                        provider=SourceTree(provider["root"], [provider["package"]]),
+                        provider=SourceTree(provider["root"], [provider["package"]], by_parts=True),
                         provider_distribution={"name": provider.get("name"), "version": provider.get("version")})
     analysis.run()
     if model is not None:

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
 
+from drift.records import record
 from drift.refs import ClassRef, ExternalRef, FunctionRef, MaybeRef, MissingRef, Ref, UnknownRef, ValueRef
 
 #: Bases that add no attributes a caller could use and take no constructor arguments.
@@ -15,7 +15,7 @@ INERT_BASES = frozenset({
 INERT_METACLASSES = frozenset({"abc.ABCMeta", "builtins.type"})
 
 
-@dataclass(frozen=True)
+@record
 class ClassInfo:
     """The linearized MRO of one class, and its metaclass."""
 

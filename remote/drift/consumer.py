@@ -8,21 +8,21 @@ is unknown and never reported on.
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
 
 from drift.classes import instance_member
+from drift.records import record
 from drift.refs import ClassRef, ExternalRef, FunctionRef, ModuleRef, Ref
 from drift.symbols import absolute_module, assignment_targets
 
 
-@dataclass(frozen=True)
+@record
 class Instance:
     """An object certainly of provider class `cls`."""
 
     cls: ClassRef
 
 
-@dataclass(frozen=True)
+@record
 class BoundMethod:
     """`instance.method`: calls bind the method's first parameter."""
 
@@ -30,14 +30,14 @@ class BoundMethod:
     cls: ClassRef
 
 
-@dataclass(frozen=True)
+@record
 class SelfOf:
     """`self` inside a method of the consumer's class `node`."""
 
     node: ast.ClassDef
 
 
-@dataclass(frozen=True)
+@record
 class ImportUse:
     node: ast.Import | ast.ImportFrom
     #: What the statement imports: "pkg.mod" or "pkg.mod.name".
@@ -47,14 +47,14 @@ class ImportUse:
     guarded: bool
 
 
-@dataclass(frozen=True)
+@record
 class CallUse:
     node: ast.Call
     #: A provider Ref (function, class), a BoundMethod, or an ExternalRef.
     target: Ref | BoundMethod
 
 
-@dataclass(frozen=True)
+@record
 class AttributeUse:
     node: ast.Attribute
     #: The value the attribute is read from (ModuleRef, ClassRef or Instance).

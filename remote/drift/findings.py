@@ -6,9 +6,9 @@ The JSON shape and the id format are documented in docs/findings.md.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from drift.records import record
 from drift.source import Module
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ DRIFT, NOTE, SPEED = "drift", "note", "speed"
 SEVERITIES = (DRIFT, NOTE, SPEED)
 
 
-@dataclass(frozen=True)
+@record
 class Location:
     """A line range of a module's file: `text` is what `sed -n START,ENDp` prints."""
 
@@ -49,7 +49,7 @@ class Location:
                 "text": self.module.text(self.start, self.end)}
 
 
-@dataclass(frozen=True)
+@record
 class Finding:
     """A kind of drift at one consumer location. Subclasses set `kind`, `severity` and explain().
 
@@ -163,7 +163,7 @@ class MissingAttribute(Finding):
         return "%s has no attribute or method %r." % (self.short_callee, self.detail)
 
 
-@dataclass(frozen=True)
+@record
 class ModelInterface(Finding):
     kind = "model-interface"
 
@@ -186,7 +186,7 @@ class ModelAttribute(Finding):
         return "The worker extension uses %r on %s, which does not define it." % (attr or self.detail, where)
 
 
-@dataclass(frozen=True)
+@record
 class TrustRemoteCode(Finding):
     kind = "trust-remote-code"
 
@@ -200,7 +200,7 @@ class TrustRemoteCode(Finding):
                 "refuses to load it." % (self.loaded, self.display))
 
 
-@dataclass(frozen=True)
+@record
 class Behaviour(Finding):
     kind = "behaviour"
 
@@ -219,7 +219,7 @@ SIGNATURE_KINDS = {cls.kind: cls for cls in (
     UnexpectedKeyword, MissingArgument, TooManyPositional, KeywordOnlyPositional, PositionalOnlyKeyword)}
 
 
-@dataclass(frozen=True)
+@record
 class ServerContract(Finding):
     """A point of the server mode's contract (docs/server-mode.md section 10) that the installed vLLM breaks.
 
@@ -248,7 +248,7 @@ class ServerContract(Finding):
         return dict(super().as_json(), point=self.point)
 
 
-@dataclass(frozen=True)
+@record
 class StartupRefusal(ServerContract):
     """A setting on by default that vLLM's config validation refuses with the connector or the method specrig
     launches with (drift/server/startup.py): the server stops at start-up, before loading the model."""
@@ -280,7 +280,7 @@ class StartupRefusal(ServerContract):
                     default=self.default)
 
 
-@dataclass(frozen=True)
+@record
 class SlowCall(ServerContract):
     """A call that works and is slow: the extraction runs correctly, at the pace of this call instead of the
     GPU's (drift/server/speed.py). Its id names the slow call and what makes it slow."""

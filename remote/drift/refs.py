@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
 
+from drift.records import record
 from drift.source import Module
 
 
@@ -14,7 +14,7 @@ class Ref:
     exists = True
 
 
-@dataclass(frozen=True)
+@record
 class ModuleRef(Ref):
     name: str
 
@@ -24,7 +24,7 @@ class ModuleRef(Ref):
 
 
 # eq=False: the __eq__/__hash__ below, by definition node, are kept by subclasses that add fields too.
-@dataclass(frozen=True, eq=False)
+@record(eq=False)
 class DefRef(Ref):
     """A class or function defined in the provider's source."""
 
@@ -47,13 +47,13 @@ class ClassRef(DefRef):
     pass
 
 
-@dataclass(frozen=True, eq=False)
+@record(eq=False)
 class FunctionRef(DefRef):
     #: The ClassRef whose body defines this function, for methods.
     owner: ClassRef | None = None
 
 
-@dataclass(frozen=True)
+@record
 class ValueRef(Ref):
     """A module or class attribute bound to some value whose type is not tracked."""
 
@@ -63,14 +63,14 @@ class ValueRef(Ref):
     dotted: str
 
 
-@dataclass(frozen=True)
+@record
 class ExternalRef(Ref):
     """Something outside the packages being read (torch, typing, ...): exists, not inspected."""
 
     dotted: str
 
 
-@dataclass(frozen=True)
+@record
 class MaybeRef(Ref):
     """Not defined anywhere readable, but a module-level __getattr__ may provide it."""
 
@@ -80,14 +80,14 @@ class MaybeRef(Ref):
     dotted: str
 
 
-@dataclass(frozen=True)
+@record
 class MissingRef(Ref):
     exists = False
 
     dotted: str
 
 
-@dataclass(frozen=True)
+@record
 class UnknownRef(Ref):
     """The analysis cannot tell (unparsable module, dynamic construction)."""
 

@@ -11,17 +11,17 @@ the existing ones can express the check.
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
 from typing import Callable
 
 from drift import findings as F
 from drift.classes import class_member, instance_member
 from drift.consumer import BoundMethod, ConsumerModule
 from drift.model_interface import model_base_lacks
+from drift.records import record
 from drift.symbols import ClassRef, ExternalRef, FunctionRef, MissingRef, ValueRef
 
 
-@dataclass(frozen=True)
+@record
 class Rule:
     id: str
     title: str
@@ -38,7 +38,7 @@ class Rule:
         return {"summary": self.fix_summary, "patch": self.patch}
 
 
-@dataclass(frozen=True)
+@record
 class Hit:
     """Where a rule fired: the consumer's node, the provider definition showing the new behaviour."""
 
@@ -59,7 +59,7 @@ def _enclosing_functions(tree):
     return [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
 
 
-@dataclass(frozen=True)
+@record
 class ReplyUnwrapped:
     """A call whose result the consumer indexes with [0], where the provider now returns the single reply.
 
@@ -110,7 +110,7 @@ def _assigned_name(function, call):
     return None
 
 
-@dataclass(frozen=True)
+@record
 class FollowUpCallRequired:
     """The provider split one step into two calls; the consumer makes only the first.
 
@@ -134,7 +134,7 @@ class FollowUpCallRequired:
         return hits
 
 
-@dataclass(frozen=True)
+@record
 class DefaultNowOn:
     """A constructor call leaving a field to its default, where the provider's default turned it on.
 
@@ -165,7 +165,7 @@ def _defaults_to_true(node):
     return isinstance(value, ast.Constant) and value.value is True
 
 
-@dataclass(frozen=True)
+@record
 class SelfMethodRenamed:
     """A function bound onto a provider module at run time calls `self.<old>`, which the provider renamed.
 
@@ -206,7 +206,7 @@ class SelfMethodRenamed:
         return hits
 
 
-@dataclass(frozen=True)
+@record
 class CudaCallOnCpuBuild:
     """The consumer calls a CUDA-only torch function, and the provider is a CPU build of vLLM.
 
@@ -232,7 +232,7 @@ class CudaCallOnCpuBuild:
                 if isinstance(use.target, ExternalRef) and use.target.dotted == self.function]
 
 
-@dataclass(frozen=True)
+@record
 class PriorCallRequired:
     """The provider's function now reads state that another call must set first; the consumer never makes it.
 

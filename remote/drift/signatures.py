@@ -11,9 +11,9 @@ a function marked `@dataclass_transform` / calling `dataclass` (vLLM's `@config`
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass, replace
 
 from drift.classes import body_statements, info, own_member
+from drift.records import record, replace
 from drift.refs import ClassRef, ExternalRef, FunctionRef
 from drift.source import Module
 
@@ -51,7 +51,7 @@ class Unchecked(Exception):
         self.reason = reason
 
 
-@dataclass(frozen=True)
+@record
 class Parameter:
     name: str
     #: POSITIONAL_ONLY, POSITIONAL_OR_KEYWORD, VAR_POSITIONAL, KEYWORD_ONLY or VAR_KEYWORD.
@@ -70,7 +70,7 @@ class Parameter:
         return {"name": self.name, "kind": self.kind, "default": self.default}
 
 
-@dataclass(frozen=True)
+@record
 class Signature:
     """The parameters a callable accepts, with where its declaration is in the provider's source."""
 
@@ -181,7 +181,7 @@ def _is_dataclass_maker(index, function):
     return maker, specifiers
 
 
-@dataclass(frozen=True)
+@record
 class DataclassOptions:
     """What a dataclass maker's decorator says: its init= and kw_only= flags, the calls that declare fields."""
 
@@ -343,7 +343,7 @@ def constructor_signature(index, cls):
     return Signature(callee=cls.dotted, parameters=[], module=cls.module, node=cls.node, origin="object")
 
 
-@dataclass(frozen=True)
+@record
 class Problem:
     """One way a call does not fit a signature."""
 

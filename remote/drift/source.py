@@ -4,14 +4,15 @@ from __future__ import annotations
 import ast
 import os
 import tokenize
-from dataclasses import dataclass, field
 
 from contract import COMPILED_MANIFEST, COMPILED_SUFFIXES
+from drift.parts import PartedSource
+from drift.records import record
 
 
 # eq=False: a module is the one object its SourceTree parsed for a file; equal means the same object,
 # not the same hundreds of lines.
-@dataclass(frozen=True, eq=False)
+@record(eq=False, unshown=("tree", "lines"))
 class Module:
     """One parsed module: its dotted name, file, AST and lines."""
 
@@ -21,9 +22,9 @@ class Module:
     relpath: str
     is_package: bool
     #: None when this interpreter cannot parse the file (newer syntax).
-    tree: ast.Module | None = field(repr=False)
+    tree: ast.Module | None
     #: The file's lines, each with its newline.
-    lines: list[str] = field(repr=False)
+    lines: list[str]
 
     @property
     def package(self):
@@ -75,11 +76,17 @@ class Module:
 class SourceTree:
     """The modules of some top-level packages under one root directory (site-packages or an unpacked wheel)."""
 
-    def __init__(self, root, packages):
+    #: Off once a part proved unreadable in this process (drift/verify.py then analyses again, whole).
+    parts_enabled = True
+
+    def __init__(self, root, packages, *, by_parts=False):
         if not os.path.isdir(root):
             raise ValueError("package root %r is not a directory" % (root,))
         self.root = os.path.abspath(root)
         self.packages = tuple(packages)
+        #: Parse each def and class when first looked into (drift/parts.py): for a provider, of whose
+        #: large modules the analysis reads a few names; a consumer is walked whole.
+        self.by_parts = by_parts and SourceTree.parts_enabled
         self._modules = {}
         self._compiled = self._read_manifest()
 
@@ -143,7 +150,10 @@ class SourceTree:
             data = handle.read()
         text = data.decode("utf-8", errors="replace")
         try:
-            tree = ast.parse(text, filename=path)
+            if self.by_parts:
+                tree = PartedSource(text, path).tree()
+            else:
+                tree = ast.parse(text, filename=path)
         except SyntaxError:
             # Newer syntax than this interpreter parses: the module exists, its contents are unknown.
             tree = None
@@ -163,7 +173,9 @@ class SourceTree:
         top = os.path.join(self.root, *package.split("."))
         names = []
         for directory, subdirs, files in os.walk(top):
-            subdirs.sort()
+            # Compiled files only: Python writes there at every first import, which would change
+            # a listing verify's cache (drift/answers.py) checks.
+            subdirs[:] = sorted(name for name in subdirs if name != "__pycache__")
             rel = os.path.relpath(directory, self.root)
             prefix = ".".join(rel.split(os.sep))
             for name in sorted(files):

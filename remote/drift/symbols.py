@@ -8,13 +8,13 @@ module-level `__getattr__` that *may* provide any name.
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
 
 from drift.classes import class_member
+from drift.records import record
 from drift.refs import ClassRef, ExternalRef, FunctionRef, MaybeRef, MissingRef, ModuleRef, UnknownRef, ValueRef
 
 
-@dataclass(frozen=True)
+@record
 class Binding:
     """One top-level statement binding a name: `kind` is def, module, from, value."""
 

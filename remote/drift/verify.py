@@ -20,19 +20,49 @@ releases ship their data generation only as repository scripts; >= 0.8 the serve
 (drift.server.points.analyze_server(); hs-connectors, when installed or given as a
 consumer root, is read too). Returns the report (docs/findings.md).
 """
-import gc
 import json
 import os
-import re
-import time
 
-import hfcache
 from contract import HS_CONNECTORS, IN_PROCESS, REPOSITORY_SCRIPTS, SERVER, extraction_mode
-from drift.analyzer import analyze
 from rpc import RemoteFailure
 
 
 def run(args):
+    """The report, from the workdir's cache (drift/answers.py) when nothing it depends on changed;
+    args "workdir" (where the cache is; without it, none) and "no_cache" (true: analyse anyway, and
+    keep nothing). The report's "cache" says which: {"state": hit|miss|bypassed, "why"}."""
+    from drift import answers
+
+    workdir = args.get("workdir")
+    if not workdir or args.get("no_cache"):
+        return dict(analysis(args), cache={"state": answers.BYPASSED, "why": None})
+    identity = answers.identity(args)
+    report, why = answers.lookup(workdir, identity)
+    if report is not None:
+        return dict(report, cache={"state": answers.HIT, "why": None})
+    from drift.reads import Recorder
+
+    with Recorder() as recorder:
+        report = analysis(args)
+    recorded = recorder.recorded()
+    if recorded is not None:
+        answers.store(workdir, identity, recorded, report)
+    return dict(report, cache={"state": answers.MISS, "why": why})
+
+
+def analysis(args):
+    """The report of the analysis itself (docs/findings.md)."""
+    from drift.parts import PartUnreadable
+    from drift.source import SourceTree
+
+    try:
+        return _analysis(args)
+    except PartUnreadable:
+        SourceTree.parts_enabled = False
+        return _analysis(args)
+
+
+def _analysis(args):
     installed = "consumer_roots" not in args
     if installed:
         consumers = [_installed(name) for name in args.get("consumers") or ["speculators"]]
@@ -55,6 +85,8 @@ def run(args):
         raise RemoteFailure("bad-argument", "no consumer package given")
     model = None
     if args.get("model"):
+        import hfcache
+
         model = _model_directory(hfcache.resolve(args["model"], os.environ))
     elif args.get("model_config"):
         model = _model_config(os.path.expanduser(args["model_config"]))
@@ -71,6 +103,10 @@ def run(args):
                 except RemoteFailure:
                     pass
         return analyze_server(consumers, provider, model, storage=args.get("storage"))
+    import gc
+
+    from drift.analyzer import analyze
+
     # The analysis allocates hundreds of thousands of AST nodes and frees none of them until it ends;
     # the cyclic collector would scan them over and over (a third of the run) to find no garbage.
     gc.disable()
@@ -94,6 +130,9 @@ def _mode(consumers):
 
 def _repository_scripts(consumers, provider, model):
     """speculators 0.5-0.7: nothing to check, one finding that says so (docs/findings.md)."""
+    import re
+    import time
+
     from drift import findings as F
     from drift.source import SourceTree
 
@@ -141,6 +180,11 @@ def _installed_elsewhere(name, python):
         raise RemoteFailure("not-installed", "server_python %s" % exc, package=name) from None
     if environment is None:
         return _installed(name)
+    for directory in environment.get("path") or ():
+        if os.path.isdir(directory):
+            # Read in another process, that environment's metadata is not among this call's reads; its
+            # listings are, so that the cache (drift/answers.py) sees a package installed there.
+            os.listdir(directory)
     located = environment["installed"][name]
     if not located:
         raise RemoteFailure("not-installed", "%s is not installed in the server environment (%s)" % (name, python),
@@ -186,6 +230,8 @@ def _read_json(path):
 
 def _model_directory(found):
     """The model of an hfcache.Model: a directory given, or the snapshot a repo id names in the hub cache."""
+    import hfcache
+
     config = os.path.join(found.path, "config.json")
     if not os.path.isfile(config):
         raise RemoteFailure("bad-argument", "model %s has no config.json" % hfcache.describe(found))

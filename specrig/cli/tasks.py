@@ -367,15 +367,17 @@ def storage_option(value: str | None) -> str | None:
             "model": "model directory on the host, or a Hugging Face repo id in the host's cache: also check its "
                      "class and custom code",
             "storage": STORAGE_CHECK_HELP,
-            "json": JSON_HELP, "show_source": "print the provider's source lines each finding points at"})
+            "json": JSON_HELP, "show_source": "print the provider's source lines each finding points at",
+            "no_cache": "analyse even when the host kept an answer for the same code, packages and model "
+                        "(its cache in the workdir; --json's `cache` says whether the answer came from it)"})
 @guarded
-def verify_signatures(c, host, model=None, json=False, show_source=False, storage=None):
+def verify_signatures(c, host, model=None, json=False, show_source=False, storage=None, no_cache=False):
     """Find where the host's speculators drifted from its vLLM, statically (exit 1: drift, 2: could not check)."""
     from specrig.drift.verify import verify
     from specrig.drift.view import verify_view
 
     storage = storage_option(storage)
-    return run_task(host, lambda target: verify(target, model=model, storage=storage),
+    return run_task(host, lambda target: verify(target, model=model, storage=storage, use_cache=not no_cache),
                     verify_view(show_source=show_source), as_json=json)
 
 

@@ -43,10 +43,15 @@ class Report:
         return ExitStatus.FINDINGS if self.drift else ExitStatus.OK
 
 
-def verify_host(remote: Remote, *, model: str | None = None, storage: str | None = None) -> Report:
+def verify_host(remote: Remote, *, model: str | None = None, storage: str | None = None,
+                use_cache: bool = True) -> Report:
     """Run the analysis on a connected host (one call on an open connection: apply-patches reuses it);
-    `storage`, a server-mode run's storage type: the points of that storage type are drift, not notes."""
-    args = {"consumers": ["speculators"], "provider": "vllm"}
+    `storage`, a server-mode run's storage type: the points of that storage type are drift, not notes.
+    The host answers from its cache in the workdir when nothing the answer depends on changed
+    (remote/drift/answers.py); `use_cache` False analyses anyway. The report's "cache" says which."""
+    args = {"consumers": ["speculators"], "provider": "vllm", "workdir": remote.host.workdir}
+    if not use_cache:
+        args["no_cache"] = True
     if model:
         args["model"] = model
     if storage:
@@ -68,8 +73,8 @@ def verify_host(remote: Remote, *, model: str | None = None, storage: str | None
     return Report(data=data, source=remote.host.name)
 
 
-def verify(host: Host, *, model: str | None = None, storage: str | None = None) -> Report:
+def verify(host: Host, *, model: str | None = None, storage: str | None = None, use_cache: bool = True) -> Report:
     """`inv verify-signatures`: one connection, one remote call."""
     with connect(host) as remote:
-        return verify_host(remote, model=model, storage=storage)
+        return verify_host(remote, model=model, storage=storage, use_cache=use_cache)
 

@@ -4,13 +4,16 @@
     'cat' > CALLS/ID.json && exec PYTHON BUNDLE/remote/entry.py CALLS/ID.json
 
 with the argument JSON on stdin. `umask 077` first: the call file (which holds hosts.yaml `env:`) is
-created 0600 before a byte is written, the directories made 0700, and the call inherits it. Exit 86 means the bundle is missing: it is
-uploaded once (a tar on stdin of one more channel) and the call is repeated.
+created 0600 before a byte is written, the directories made 0700, and the call inherits it. Exit 86 means the bundle is missing:
+one more channel then carries the call's JSON and the bundle's tar on its stdin, writes the one (`dd
+bs=1` reads no byte past it), unpacks the other and runs the call. A host this laptop has not seen
+with this bundle gets that channel first: a new bundle costs no extra round trip.
 Paths are relative to the login directory (the remote home), since a quoted
 `~` is not expanded.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import selectors
@@ -26,16 +29,24 @@ from specrig.inventory import Host
 from specrig.transport import hostkeys
 from specrig.transport.base import CACHE, DEADLINE_GRACE_S, Remote
 from specrig.transport.bundle import Bundle
-from specrig.transport.quoting import AND, OR, THEN, WRITE_TO, command_line
+from specrig.transport.quoting import AND, OR, THEN, WRITE_TO, Operator, command_line
 
 # paramiko logs a traceback for every failed handshake; specrig reports one line instead.
 logging.getLogger("paramiko").setLevel(logging.CRITICAL)
 
 BUNDLE_MISSING = 86
+#: The bundle sent with a call could not be unpacked (tar's message is on stderr).
+BUNDLE_NOT_UNPACKED = 87
 #: The start of every command line that writes on the host: what it creates is the user's alone
 #: (files 0600, directories 0700), whatever the login shell's umask.
 PRIVATE = ("umask", "077", THEN)
 CONNECT_TIMEOUT_S = 10
+#: The bundles this laptop has seen on each host, a marker file per host and digest.
+SEEN_BUNDLES = Path("~/.cache/specrig/hosts").expanduser()
+#: Added to a call's deadline when its channel also carries the bundle.
+UPLOAD_TIMEOUT_S = 120
+#: dd's record counts on stderr are not the call's.
+DISCARD_ERRORS = Operator("2>")
 #: Shorter than CONNECT_TIMEOUT_S, which paramiko also spends on the key exchange: a silent
 #: port then fails on the banner, with that cause, instead of a later "No existing session".
 BANNER_TIMEOUT_S = 7
@@ -63,26 +74,48 @@ class SshRemote(Remote):
 
     def _run(self, body: bytes, timeout: float | None, python: str) -> tuple[int, str, str]:
         call_file = f"{CACHE}/calls/{uuid.uuid4().hex}.json"
+        entry = (_relative_to_home(python), f"{self.bundle_path}/remote/entry.py", call_file)
         command = command_line(
             *PRIVATE, "test", "-f", f"{self.bundle_path}/.complete", OR, "exit", str(BUNDLE_MISSING), THEN,
-            "mkdir", "-p", f"{CACHE}/calls", AND, "cat", WRITE_TO, call_file, AND,
-            "exec", _relative_to_home(python), f"{self.bundle_path}/remote/entry.py", call_file)
-        rc, out, err = self.exec(command, stdin=body, timeout=timeout)
-        if rc == BUNDLE_MISSING:
-            self.upload_bundle()
+            "mkdir", "-p", f"{CACHE}/calls", AND, "cat", WRITE_TO, call_file, AND, "exec", *entry)
+        if self.bundle_seen():
             rc, out, err = self.exec(command, stdin=body, timeout=timeout)
+            if rc != BUNDLE_MISSING:
+                return rc, out, err
+        rc, out, err = self.exec(self._upload_and_call(call_file, len(body), entry),
+                                 stdin=body + self.bundle.tar_bytes,
+                                 timeout=timeout + UPLOAD_TIMEOUT_S if timeout else None)
+        if rc == BUNDLE_NOT_UNPACKED:
+            raise RemoteScriptError(f"{self.host.name}: could not unpack the specrig bundle: "
+                                    f"{(err or out).strip()}")
+        self.uploaded = True
+        marker = self._seen_marker()
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
         return rc, out, err
 
-    def upload_bundle(self) -> None:
+    def bundle_seen(self) -> bool:
+        """Whether this laptop saw the host with this bundle: a call to a host not known to have it
+        carries it in its own channel (no first call answered 86). Stale either way is harmless: a
+        bundle the host already has is dropped there; one gone from it brings the 86 back."""
+        return self._seen_marker().exists()
+
+    def _seen_marker(self) -> Path:
+        target = f"{self.connection.user}@{self.connection.host}:{self.connection.port}"
+        return SEEN_BUNDLES / hashlib.sha256(target.encode()).hexdigest()[:24] / self.bundle.digest
+
+    def _upload_and_call(self, call_file: str, call_size: int, entry: tuple[str, str, str]) -> str:
+        """The command that writes the call file, unpacks the bundle after it on stdin and runs the call.
+        Two clients may race; the bundle is content-addressed, so the loser's copy is simply dropped."""
         staging = f"{CACHE}/bundles/.incoming-{uuid.uuid4().hex}"
-        # Two clients may race; the bundle is content-addressed, so the loser's copy is simply dropped.
-        command = command_line(
-            *PRIVATE, "mkdir", "-p", staging, AND, "tar", "-xzf", "-", "-C", staging, AND,
-            "test", "-d", self.bundle_path, OR, "mv", staging, self.bundle_path, THEN, "rm", "-rf", staging)
-        rc, out, err = self.exec(command, stdin=self.bundle.tar_bytes, timeout=120)
-        if rc != 0:
-            raise RemoteScriptError(f"{self.host.name}: could not unpack the specrig bundle: {(err or out).strip()}")
-        self.uploaded = True
+        return command_line(
+            *PRIVATE, "mkdir", "-p", f"{CACHE}/calls", staging, AND,
+            "dd", "bs=1", f"count={call_size}", f"of={call_file}", DISCARD_ERRORS, "/dev/null", AND,
+            "tar", "-xzf", "-", "-C", staging, AND, "test", "-f", f"{staging}/.complete", AND,
+            "test", "!", "-d", self.bundle_path, AND, "mv", staging, self.bundle_path, THEN,
+            "rm", "-rf", staging, THEN,
+            "test", "-f", f"{self.bundle_path}/.complete", AND, "exec", *entry, THEN,
+            "rm", "-f", call_file, THEN, "exit", str(BUNDLE_NOT_UNPACKED))
 
     def exec(self, command: str, *, stdin: bytes = b"", timeout: float | None) -> tuple[int, str, str]:
         """Run one command line on the host; stdin is sent then closed."""

@@ -163,6 +163,9 @@ def test_python_override_is_quoted_like_every_word():
             self.commands.append(command)
             return 0, '@@SPECRIG-RESULT@@ {"ok": true, "result": {}}\n', ""
 
+        def bundle_seen(self):
+            return True
+
     remote = Recording(Host(name="h", python="~/venv/bin/python", server_python="~/=srv env/bin/python"))
     remote.call("doctor", {})
     remote.call("doctor", {}, python=remote.host.server_interpreter)

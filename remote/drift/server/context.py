@@ -63,7 +63,7 @@ class Context:
     hs-connectors, specrig's launch), the model's config; what the checks found along the way."""
 
     def __init__(self, consumers, provider, model, storage=None):
-        self.tree = SourceTree(provider["root"], [provider["package"]])
+        self.tree = SourceTree(provider["root"], [provider["package"]], by_parts=True)
         self.index = Index(self.tree)
         self.package = provider["package"]
         self.distribution = "%s %s" % (provider.get("name") or "", provider.get("version") or "")

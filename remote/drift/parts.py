@@ -1,0 +1,307 @@
+"""A module's source parsed by parts: each top-level def and class, and each method, when first used.
+
+The analysis asks a provider module for a few names, a class for its constructor and a few methods;
+vLLM's modules are large (the scheduler's is 100 kB) and parsing them whole was most of a verify.
+So the module is parsed with every top-level def and class replaced by a `pass` at its place, and
+each of those becomes a node of the same class (LazyFunctionDef, LazyClassDef …) holding its name
+and line: the first read of any other attribute parses its lines and fills the node in. A class
+parsed that way holds its methods as such nodes in turn. Code that walks a tree sees the same nodes,
+fields and line numbers as ast.parse gives.
+
+Where the parts are cut is found in the text: a line starts a part when, outside strings and
+comments (masked first), it begins with `def`, `async def`, `class` or a decorator at the part's
+indentation, and the part ends before the next line at that indentation or less (closing brackets
+and string lines aside). A cut this reading gets wrong is caught by a parse: what is left around the
+parts must parse (else the whole module is parsed at once, as before), and each part must parse to
+exactly the one statement it was cut for (else it is taken from a parse of the whole module).
+Checked against ast.parse on every module of vLLM 0.11, 0.16 and 0.33, speculators and hs-connectors:
+the same nodes, fields and positions (5,600 files).
+"""
+import ast
+import bisect
+import re
+
+#: Strings (any prefix, triple-quoted or not) and comments, in the order Python's tokenizer meets them.
+_STRINGS_AND_COMMENTS = re.compile(
+    r"#[^\n]*"
+    r"|[rRbBuUfF]{0,2}(?:'''[^'\\]*(?:(?:\\.|'(?!''))[^'\\]*)*'''"
+    r'|"""[^"\\]*(?:(?:\\.|"(?!""))[^"\\]*)*"""'
+    r"|'[^'\\\n]*(?:\\.[^'\\\n]*)*'"
+    r'|"[^"\\\n]*(?:\\.[^"\\\n]*)*")', re.DOTALL)
+#: A triple-quoted string, or a run of anything else (code, comments, one-line strings) up to the next:
+#: the regex walks the text in C, and Python sees a handful of matches a module, not every string.
+_TRIPLE_OR_RUN = re.compile(
+    r"(?P<triple>'''[^'\\]*(?:(?:\\.|'(?!''))[^'\\]*)*'''"
+    r'|"""[^"\\]*(?:(?:\\.|"(?!""))[^"\\]*)*""")'
+    r"|(?:[^'\"#]+|#[^\n]*|'(?!'')[^'\\\n]*(?:\\.[^'\\\n]*)*'"
+    r'|"(?!"")[^"\\\n]*(?:\\.[^"\\\n]*)*")+', re.DOTALL)
+_PART_START = re.compile(r"(?:async\s+def|def|class)\b|@")
+_DEFINITION = re.compile(r"(?:async\s+def|def|class)\s+([A-Za-z_][A-Za-z0-9_]*)")
+#: What a masked string's characters become (no quote, bracket or `#` that could mislead the cutting).
+STRING_MARK = "\x01"
+#: A line that may start a part: a def, a class or a decorator, at any indentation.
+_CANDIDATE = re.compile(r"^([ \t]*)(?:(?:async[ \t]+)?def\b|class\b|@)", re.MULTILINE)
+_SHALLOW = {}
+
+
+def _masked(text):
+    """`text` with the characters of its strings that span lines as STRING_MARK (newlines and their
+    later lines' indentation kept): no line of theirs can pass for code. Comments and one-line
+    strings are left as they are: a line starting with `#` or a quote is never a def, and code_end()
+    reads a comment off the few lines where it matters."""
+    def mask(match):  # once per run and per triple-quoted string: a few hundred a module
+        token = match.group()
+        if match.lastgroup != "triple" or "\n" not in token:
+            return token
+        first, *rest = token.split("\n")
+        # A string's later lines keep their indentation: a docstring's text is as deep as its code.
+        return "\n".join([STRING_MARK * len(first)] + [_masked_string_line(piece) for piece in rest])
+
+    return _TRIPLE_OR_RUN.sub(mask, text)
+
+
+def _masked_string_line(piece):
+    text = piece.lstrip(" \t")
+    return piece[:len(piece) - len(text)] + STRING_MARK * len(text)
+
+
+def code_end(line):
+    """How long a (masked) line is without its comment and trailing blanks."""
+    for match in _STRINGS_AND_COMMENTS.finditer(line):
+        if match.group().startswith("#"):
+            return len(line[:match.start()].rstrip())
+    return len(line.rstrip())
+
+
+class Part:
+    """Where one def or class lies: its lines (0-based, end excluded), the line of its `def`/`class`."""
+
+    __slots__ = ("start", "end", "definition", "name", "kind", "indent")
+
+    def __init__(self, start, end, indent):
+        self.start, self.end, self.indent = start, end, indent
+        self.definition = self.name = self.kind = None
+
+    def define(self, number, text):
+        """Note line `number` as the part's def or class line when `text` is one; True if it is."""
+        found = _DEFINITION.match(text)
+        if found:
+            self.definition, self.name, self.kind = number, found.group(1), found.group().split()[0]
+        return bool(found)
+
+
+class _Lines:
+    """The masked text of a module (_masked) and where its lines start."""
+
+    def __init__(self, text):
+        self.masked = _masked(text)
+        self.starts = [0]
+        position = self.masked.find("\n")
+        while position >= 0:
+            self.starts.append(position + 1)
+            position = self.masked.find("\n", position + 1)
+
+    def offset(self, number):
+        return self.starts[number] if number < len(self.starts) else len(self.masked)
+
+    def line(self, number):
+        return self.masked[self.offset(number):self.offset(number + 1)].rstrip("\r\n")
+
+    def opening(self, first, last, indent):
+        """(number, indentation, text) of each line first..last-1 indented `indent` or less that opens a
+        statement: not blank nor a comment, not after a backslash, not a closing bracket. A line
+        inside a string counts (a statement may start with one): a part cut there leaves text that
+        does not parse around it. The regex skips deeper lines in C: most of a module is deeper."""
+        pattern = _SHALLOW.get(indent)
+        if pattern is None:
+            pattern = _SHALLOW[indent] = re.compile(r"^[ \t]{0,%d}[^ \t\r\n]" % indent, re.MULTILINE)
+        masked = self.masked
+        for match in pattern.finditer(masked, self.offset(first), self.offset(last)):
+            start, first_char = match.start(), match.end() - 1
+            if masked[first_char] in ")]}":
+                continue
+            if masked[max(0, start - 3):start].rstrip("\r\n").endswith("\\"):
+                previous = self.line(bisect.bisect_right(self.starts, start - 1) - 1)
+                if previous[:code_end(previous)].endswith("\\"):
+                    continue  # a backslash continuation (not one a comment ends with)
+            if masked[first_char] == "#":
+                continue  # a comment's line
+            end = masked.find("\n", first_char)
+            yield (bisect.bisect_right(self.starts, start) - 1, first_char - start,
+                   masked[first_char:end if end >= 0 else len(masked)].rstrip())
+
+    def cuts(self, first, last, indent):
+        """The parts at `indent` among lines first..last-1, each without its trailing blank lines."""
+        parts, current = [], None
+        for number, depth, text in self.opening(first, last, indent):
+            starts = depth == indent and _PART_START.match(text)
+            if current is not None:
+                if current.definition is None and starts:
+                    current.define(number, text)
+                    continue  # a decorator's own lines, or its def
+                current.end = number
+                parts.append(current)
+                current = None
+            if starts:
+                current = Part(number, last, indent)
+                current.define(number, text)
+        if current is not None:
+            parts.append(current)
+        return [self._trimmed(part) for part in parts if part.definition is not None]
+
+    def _trimmed(self, part):
+        while part.end - 1 > part.definition and not code_end(self.line(part.end - 1)):
+            part.end -= 1
+        return part
+
+    def body_indent(self, part):
+        """The indentation of a class part's defs (its methods), or None when it has none."""
+        indents = [len(match.group(1)) for match in _CANDIDATE.finditer(
+            self.masked, self.offset(part.definition + 1), self.offset(part.end)) if len(match.group(1)) > part.indent]
+        return min(indents) if indents else None
+
+
+def _with_placeholders(lines, parts, first, last):
+    """Lines first..last-1, each part's first line a `pass` at its indentation, its others blank."""
+    out = list(lines[first:last])
+    for part in parts:
+        out[part.start - first] = " " * part.indent + "pass"
+        for number in range(part.start + 1, part.end):
+            out[number - first] = ""
+    return out
+
+
+class PartUnreadable(Exception):
+    """A part, once looked into, could not be read though the rest of its module was: this Python
+    parses the module by parts but not whole (newer syntax inside a def). The analysis is then run
+    again with whole modules (drift/verify.py), where such a module counts as unreadable, as always."""
+
+
+LAZY = {}
+
+
+def _lazy_class(base):
+    def __getattr__(self, name):  # only for attributes not yet set: the first read parses the part
+        if name.startswith("__") or self.__dict__.get("_filled"):
+            raise AttributeError(name)
+        self._source.fill(self)
+        return getattr(self, name)
+
+    return type("Lazy" + base.__name__, (base,), {"__getattr__": __getattr__})
+
+
+for _base in (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef):
+    LAZY[_base] = _lazy_class(_base)
+KINDS = {"def": ast.FunctionDef, "async": ast.AsyncFunctionDef, "class": ast.ClassDef}
+
+
+class PartedSource:
+    """The text of one module and the parse of its parts; `tree()` is the module's ast.Module."""
+
+    def __init__(self, text, filename):
+        self.text = text
+        self.filename = filename
+        self.lines = text.split("\n")
+        self._masked = None
+        self._whole = None
+        #: A tree with lazy parts went out: from then on, a part that cannot be read is PartUnreadable.
+        self._handed_out = False
+
+    def tree(self):
+        """The module's tree with its defs and classes left lazy (SyntaxError as ast.parse raises it)."""
+        self._masked = _Lines(self.text)
+        parts = self._masked.cuts(0, len(self.lines), 0)
+        if not parts:
+            return self._parse_whole()
+        try:
+            module = ast.parse("\n".join(_with_placeholders(self.lines, parts, 0, len(self.lines))),
+                               filename=self.filename)
+        except SyntaxError:
+            return self._parse_whole()
+        if not self._replace(module.body, parts):
+            return self._parse_whole()
+        self._handed_out = True
+        return module
+
+    def _parse_whole(self):
+        if self._whole is None:
+            try:
+                self._whole = ast.parse(self.text, filename=self.filename)
+            except SyntaxError as exc:
+                if self._masked is None or not self._handed_out:
+                    raise  # from tree(): the module is unreadable, as it would be parsed whole
+                raise PartUnreadable("%s: %s" % (self.filename, exc)) from None
+        return self._whole
+
+    def _replace(self, body, parts):
+        """Put a lazy node in place of each part's `pass`; False when a `pass` is not where it should be."""
+        at = {(node.lineno, node.col_offset): index for index, node in enumerate(body) if isinstance(node, ast.Pass)}
+        for part in parts:
+            index = at.get((part.start + 1, part.indent))
+            if index is None:
+                return False
+            node = ast.AST.__new__(LAZY[KINDS[part.kind]])
+            node.__dict__.update(name=part.name, lineno=part.definition + 1, col_offset=part.indent,
+                                 _source=self, _part=part)
+            body[index] = node
+        return True
+
+    def fill(self, node):
+        """Parse `node`'s part and give the node its fields (a class's methods lazy in turn)."""
+        part = node.__dict__["_part"]
+        parsed = self._parse_part(part)
+        if parsed is None:
+            parsed = self._from_whole(part)
+        fields = dict(parsed.__dict__)
+        node.__dict__.update(fields, _filled=True)
+        del node.__dict__["_source"], node.__dict__["_part"]
+
+    def _parse_part(self, part):
+        """The part's one statement, parsed at its own lines (a class's methods as parts); None when
+        the part does not parse to exactly that statement."""
+        # Blank lines before it keep the line numbers; a method's indentation needs an enclosing class.
+        prefix = [""] * part.start
+        if part.indent:
+            if not part.start:
+                return None
+            prefix[-1] = "class _:"
+        methods = []
+        if part.kind == "class":
+            methods = self._methods(part)
+        text = "\n".join(prefix + _with_placeholders(self.lines, methods, part.start, part.end))
+        try:
+            module = ast.parse(text, filename=self.filename)
+        except SyntaxError:
+            return None
+        body = module.body[0].body if part.indent else module.body
+        if len(module.body) != 1 or len(body) != 1:
+            return None
+        node = body[0]
+        if type(node) is not KINDS[part.kind] or node.name != part.name or node.lineno != part.definition + 1:
+            return None
+        if methods:
+            if not self._replace(node.body, methods):
+                return None
+            last = methods[-1]
+            if node.body[-1].__dict__.get("_part") is last:
+                # The class ended at its last method's `pass`; it ends where that method's text does.
+                node.end_lineno, node.end_col_offset = last.end, self._end_column(last.end - 1)
+        return node
+
+    def _end_column(self, number):
+        """Where the code of line `number` ends, in UTF-8 bytes as ast counts (a comment left out)."""
+        return len(self.lines[number][:code_end(self._masked.line(number))].encode("utf-8"))
+
+    def _methods(self, part):
+        """The methods of a class part, cut at its body's indentation."""
+        indent = self._masked.body_indent(part)
+        return [] if indent is None else self._masked.cuts(part.definition + 1, part.end, indent)
+
+    def _from_whole(self, part):
+        """The part's node in the whole module's parse (a cut the text misread)."""
+        for node in ast.walk(self._parse_whole()):
+            if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                    and node.lineno == part.definition + 1 and node.col_offset == part.indent):
+                return node
+        raise PartUnreadable("%s: line %d is not where the reading by parts put a %s"
+                             % (self.filename, part.definition + 1, part.kind))
