@@ -6,6 +6,7 @@ the version the device's vLLM 0.26.0 wheel set pins; transformers 5), tests/prog
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -61,13 +62,16 @@ def test_the_provenance_names_its_sources():
 def test_the_built_directories_round_trip_through_compressed_tensors_and_load_in_transformers(tmp_path):
     if not LAB_PYTHON.exists():
         pytest.skip("the lab's venv-cpu-0.32 is not built (inv lab.up --runnable)")
+    # Run as root on the lab user's venv: nothing may be written into it (byte-code, numba's caches), or the
+    # lab user's hard-linked copies of it (runnable_env.clean_venv_copy) meet files it may not link.
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", NUMBA_CACHE_DIR=str(tmp_path / "numba"))
     built = subprocess.run([str(LAB_PYTHON), str(GPU / "shrunk_kimi.py"), "build", str(tmp_path / "models"),
-                            str(tmp_path / "chat.jsonl"), "16"], capture_output=True, text=True, timeout=600)
+                            str(tmp_path / "chat.jsonl"), "16"], capture_output=True, text=True, timeout=600, env=env)
     assert built.returncode == 0, built.stderr[-3000:]
     wheel = compat.find_wheel("vllm", "0.26.0")
     extra = [str(compat.unpack(wheel) / "vllm" / "transformers_utils" / "configs" / "kimi_k25.py")] if wheel else []
     checked = subprocess.run([str(LAB_PYTHON), str(PROGRAMS / "shrunk_kimi_check.py"), str(tmp_path / "models"),
-                              *extra], capture_output=True, text=True, timeout=600)
+                              *extra], capture_output=True, text=True, timeout=600, env=env)
     assert checked.returncode == 0, checked.stderr[-3000:]
     found = json.loads(checked.stdout.strip().splitlines()[-1])
     text = shrunk_kimi.TEXT_SHRUNK
