@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 
+import atomic
 import contract
 import pkgmeta
 from dataset import command
@@ -384,8 +385,10 @@ def _merged(shares, file_format):
     for share in shares:
         for row in share["held"]:
             name = _file(file_format, row)
-            if not os.path.lexists(os.path.join(merged, name)):
+            try:
                 os.symlink(os.path.join(share["out"], name), os.path.join(merged, name))
+            except FileExistsError:  # made meanwhile by a verification on another host of the same storage
+                pass
     return merged
 
 
@@ -395,10 +398,9 @@ def _write_command(out, result):
     verdict = "trainable" if result["trainable"] else "NOT trainable: see `inv verify-dataset`"
     text = "#!/bin/sh\n# written by specrig verify-dataset: %d rows, %s\n%s\n" % (
         result["counts"]["rows"], verdict, result["command_line"])
-    descriptor = os.open(path + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "w") as handle:
-        handle.write(text)
-    os.replace(path + ".tmp", path)
+    # A temporary file of this process's own: the hosts of a sharded run with one shared --out verify at once
+    # and write this same file (one fixed temporary name let one host's rename take the other's file away).
+    atomic.write_bytes(path, text.encode(), mode=atomic.PRIVATE)
     return path
 
 
