@@ -50,7 +50,7 @@ def test_docs_show_the_smoke_job_script_the_code_makes():
 
 
 #: The job array docs/slurm.md shows: three tasks' runs and the array's directory.
-SHARDED = "fleet-20261201-205303-zzy3"
+SHARDED = "sharded-20261201-205303-zzy3"
 TASK_RUNS = [f"/home/specrig/specrig-slurm/runs/20261201-205303-{suffix}" for suffix in ("fvy6", "qm17", "22th")]
 
 
