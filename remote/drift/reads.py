@@ -129,36 +129,30 @@ class Recorder:
     def __enter__(self):
         recorder = self
 
-        def stat(path, *args, **kwargs):
-            follow = kwargs.get("follow_symlinks", True)
-            try:
-                found = _real["stat"](path, *args, **kwargs)
-            except OSError:
-                recorder._probe(path, None, follow=follow)
-                raise
-            recorder._probe(path, found, follow=follow)
-            return found
+        def probing(name, follows):
+            """os.stat (`follows`: as its follow_symlinks says) or os.lstat, each answer or failure recorded."""
+            def call(path, *args, **kwargs):
+                follow = follows and kwargs.get("follow_symlinks", True)
+                try:
+                    found = _real[name](path, *args, **kwargs)
+                except OSError:
+                    recorder._probe(path, None, follow=follow)
+                    raise
+                recorder._probe(path, found, follow=follow)
+                return found
+            return call
 
-        def lstat(path, *args, **kwargs):
-            try:
-                found = _real["lstat"](path, *args, **kwargs)
-            except OSError:
-                recorder._probe(path, None, follow=False)
-                raise
-            recorder._probe(path, found, follow=False)
-            return found
+        def listing(name):
+            """os.listdir or os.scandir, the directory's listing recorded (a descriptor's is not: no path)."""
+            def call(path=".", *args, **kwargs):
+                answer = _real[name](path, *args, **kwargs)
+                if not isinstance(path, int):
+                    recorder._listed(path)
+                return answer
+            return call
 
-        def listdir(path=".", *args, **kwargs):
-            names = _real["listdir"](path, *args, **kwargs)
-            if not isinstance(path, int):
-                recorder._listed(path)
-            return names
-
-        def scandir(path=".", *args, **kwargs):
-            scan = _real["scandir"](path, *args, **kwargs)
-            if not isinstance(path, int):
-                recorder._listed(path)
-            return scan
+        stat, lstat = probing("stat", True), probing("lstat", False)
+        listdir, scandir = listing("listdir"), listing("scandir")
 
         def open_(file, mode="r", *args, **kwargs):
             try:

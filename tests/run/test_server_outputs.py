@@ -498,21 +498,28 @@ def test_the_preflight_refuses_an_output_of_the_other_storage_type(tmp_path):
     assert kept["ok"] and kept["detail"].endswith("(holds 2 sample file(s): the valid ones are kept)"), kept
 
 
-def test_a_shard_of_a_shared_output_counts_only_its_own_files(tmp_path):
-    """Three shards wrote one directory (--shared-out): verify-output on rank 1 names its chunk alone."""
-    from run import output_check
-
+def _shared_output_run(tmp_path):
+    """Seven sample files in one directory that three shards wrote (--shared-out), and the run directory
+    r1 of a workdir, which succeeded: (the run's directory, its record without the shard's part)."""
     out = tmp_path / "shared"
     out.mkdir()
     for index in range(7):
         hs_file(out / f"hs_{index}.safetensors", layers=4, width=16)
     run = tmp_path / "work" / "runs" / "r1"
     run.mkdir(parents=True)
-    shard = {"sharded_run_id": "sharded-x", "hosts": ["a", "b", "c"], "shard_index": 1, "shard_count": 3}
-    record = {"run_id": "r1", "out": str(out), "driver_args": {},
-              "server": {"out": str(out), "layer_ids": [2, 4, 5, 8], "hidden_size": 16, "max_samples": None}}
     (run / "status.json").write_text(json.dumps({"state": contract.SUCCEEDED, "samples_total": 7}))
     (run / "exit.json").write_text(json.dumps({"state": contract.SUCCEEDED}))
+    record = {"run_id": "r1", "out": str(out), "driver_args": {},
+              "server": {"out": str(out), "layer_ids": [2, 4, 5, 8], "hidden_size": 16, "max_samples": None}}
+    return run, record
+
+
+def test_a_shard_of_a_shared_output_counts_only_its_own_files(tmp_path):
+    """Three shards wrote one directory (--shared-out): verify-output on rank 1 names its chunk alone."""
+    from run import output_check
+
+    run, record = _shared_output_run(tmp_path)
+    shard = {"sharded_run_id": "sharded-x", "hosts": ["a", "b", "c"], "shard_index": 1, "shard_count": 3}
     for shared_out, indices in ((True, [3, 4]), (False, list(range(7)))):
         (run / "run.json").write_text(json.dumps(dict(record, shard=dict(shard, shared_out=shared_out))))
         found = output_check.verify_output({"workdir": str(tmp_path / "work"), "run": "r1"})
@@ -524,19 +531,10 @@ def test_a_shard_recorded_under_its_earlier_name_is_found_and_checked_alike(tmp_
     `fleet-...`): found by its sharded run's id, its shard checked as a new one is."""
     from run import output_check, rundir
 
-    out = tmp_path / "shared"
-    out.mkdir()
-    for index in range(7):
-        hs_file(out / f"hs_{index}.safetensors", layers=4, width=16)
-    run = tmp_path / "work" / "runs" / "r1"
-    run.mkdir(parents=True)
+    run, record = _shared_output_run(tmp_path)
     earlier = {"fleet_run_id": "fleet-20261101-120000-abcd", "hosts": ["a", "b", "c"], "shard_index": 1,
                "shard_count": 3, "shared_out": True}
-    (run / "run.json").write_text(json.dumps({
-        "run_id": "r1", "out": str(out), "driver_args": {}, "fleet": earlier,
-        "server": {"out": str(out), "layer_ids": [2, 4, 5, 8], "hidden_size": 16, "max_samples": None}}))
-    (run / "status.json").write_text(json.dumps({"state": contract.SUCCEEDED, "samples_total": 7}))
-    (run / "exit.json").write_text(json.dumps({"state": contract.SUCCEEDED}))
+    (run / "run.json").write_text(json.dumps(dict(record, fleet=earlier)))
     found = rundir.find_run(str(tmp_path / "work"), "fleet-20261101-120000-abcd")
     assert found.run_id == "r1" and found.record["shard"]["sharded_run_id"] == "fleet-20261101-120000-abcd"
     checked = output_check.verify_output({"workdir": str(tmp_path / "work"), "run": "fleet-20261101-120000-abcd"})
