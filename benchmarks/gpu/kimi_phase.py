@@ -170,6 +170,8 @@ def step_forward(harness):
                                                timeout=400)
         harness.log("vllm_forward %s rc %d in %.0f s: %s %s" % (name, rc, seconds, stdout[-300:],
                                                                  err[-1500:] if rc else ""))
+        with open(os.path.join(harness.EXTRAS, "vllm_forward-%s.log" % name), "w") as log:
+            log.write(err)  # vLLM's own start-up lines: model loading, KV cache size, what it refused
         found[name] = {"exit": rc, "seconds": seconds, "layer_ids": ids, "kept": out if rc == 0 else None,
                        "result": json.loads(stdout.strip().splitlines()[-1]) if rc == 0 else err[-3000:]}
         if rc == 0:

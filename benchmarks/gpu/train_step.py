@@ -86,6 +86,7 @@ def _short_extraction(harness, entry):
         return None
     started = time.time()
     harness.wait_run(info["path"], lambda beat, status: harness.run_state(info["path"]) in harness.FINAL, timeout=600)
+    harness.keep_run_files("train", info["path"])  # its logs come back with the extras, whatever its end
     ended = _read_json(os.path.join(info["path"], "exit.json"))
     entry["extraction"].update(state=ended.get("state"), wait_s=round(time.time() - started, 1),
                                dataset_at_run_end=ended.get("dataset"))

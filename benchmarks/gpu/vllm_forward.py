@@ -53,6 +53,7 @@ def main(model_dir, data, n, out_dir, layer_ids):
               max_model_len=MAX_TOKENS + 16, max_num_batched_tokens=MAX_TOKENS + 16, max_num_seqs=1,
               gpu_memory_utilization=0.5, seed=0)
     loaded = time.time()
+    memory = memory_after_load(llm, torch)
     store = {}
 
     def hook(index):
@@ -79,7 +80,23 @@ def main(model_dir, data, n, out_dir, layer_ids):
                   os.path.join(out_dir, "hs_%d.safetensors" % i))
         tokens += len(ids)
     print(json.dumps({"files": len(chats), "tokens": tokens, "layer_ids": layer_ids, "num_hidden_layers": num_layers,
-                      "load_s": round(loaded - started, 1), "forward_s": round(time.time() - loaded, 1)}))
+                      "load_s": round(loaded - started, 1), "forward_s": round(time.time() - loaded, 1),
+                      "memory": memory}))
+
+
+def memory_after_load(llm, torch):
+    """What the engine holds on the GPU once loaded (in this process: V1 multiprocessing off): the figures
+    behind sizing.py's runtime allowance. The peak minus what stays allocated is the start-up's transient (the
+    profile run's activations); what stays is the weights and the KV cache, whose share vLLM's cache config says."""
+    gib = 2.0 ** 30
+    config = getattr(getattr(llm, "llm_engine", None), "vllm_config", None)
+    cache = getattr(config, "cache_config", None)
+    free, total = torch.cuda.mem_get_info()
+    return {"allocated_gib": round(torch.cuda.memory_allocated() / gib, 3),
+            "peak_allocated_gib": round(torch.cuda.max_memory_allocated() / gib, 3),
+            "reserved_gib": round(torch.cuda.memory_reserved() / gib, 3),
+            "device_used_gib": round((total - free) / gib, 3),
+            "kv_blocks": getattr(cache, "num_gpu_blocks", None), "block_size": getattr(cache, "block_size", None)}
 
 
 if __name__ == "__main__":
