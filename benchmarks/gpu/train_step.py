@@ -31,10 +31,12 @@ import time
 N_TRAIN = int(os.environ.get("N_TRAIN", "64"))
 TRAIN_STEPS = int(os.environ.get("TRAIN_STEPS", "4"))
 TRAIN_TIMEOUT_S = int(os.environ.get("TRAIN_TIMEOUT_S", "420"))
-#: A loss value as the trainer's metric log prints it (a dict's repr through the root logger: speculators
-#: 0.9.0 train/trainer.py metric_logger.info, train/utils.py normalize_counted_metrics): 'loss': 10.4,
-#: 'loss_0': nan, 'loss_epoch': inf. Not 'ttt_step_loss_decay': the key is loss itself.
-LOSS = re.compile(r"""'loss(?:_\d+|_epoch)?':\s*([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))""")
+#: More of the trainer's options for the step (recorded in its argv), e.g. "--total-seq-len 2048".
+TRAIN_EXTRA = os.environ.get("TRAIN_EXTRA", "")
+#: A loss value as the trainer's metric log prints it: key=value pairs through rich's logging handler
+#: (speculators 0.9.0 on the H200, 2026-12-03: "train/loss_0=1.637, ..., train/loss=4.914", at the epoch's end
+#: "val/loss_epoch=4.893"). Not 'ttt_step_loss_decay' nor the accuracies: the key is loss itself.
+LOSS = re.compile(r"\b(?:train|val)/loss(?:_\d+)?(?:_epoch)?=([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))")
 
 
 def phase_train(spec, *, harness):
@@ -61,6 +63,7 @@ def phase_train(spec, *, harness):
         return
     words = found["command"] + ["--max-steps", str(TRAIN_STEPS), "--epochs", "1", "--no-resume-from-checkpoint",
                                 "--num-workers", "2", "--log-dir", os.path.join(harness.SG, "train-logs")]
+    words += TRAIN_EXTRA.split()
     save_path = words[words.index("--save-path") + 1]
     entry["training"] = _train(harness, words)
     entry["checkpoint"] = _checkpoint(save_path)
