@@ -100,10 +100,34 @@ def vocabulary(data_path, file_format, search):
                     "(prepare-data --no-skip-token-freq writes token_freq.pt; or pass --d2t-path and --t2d-path)"}
 
 
-def training_command(*, trainer, model, data_path, hidden_states_path, layer_ids, storage, save_path, vocab):
-    """The words of the training command for the output, or None when no trainer of the host reads it."""
+#: speculators 0.9's trainer under torch 2.11: its draft's torch.compile traces the fused loss's triton kernels,
+#: and dynamo stops ("ListVariable(length=21) is already tracked for mutation", speculators/losses/fused.py:343)
+#: before the first step. Found on the H200 (benchmarks/gpu/results/train-h200-2026-12-03.json), where the
+#: command trained with dynamo off. Only the pair seen is named: no other torch has run the trainer on a GPU here
+#: (the lab, torch 2.13 on the CPU, has no accelerator for it).
+COMPILE_FAILS = {"speculators": ">=0.9.0.dev0,<0.10.0.dev0", "torch": ">=2.11.0.dev0,<2.12.0.dev0"}
+NO_DYNAMO = "TORCHDYNAMO_DISABLE=1"
+
+
+def environment(*, trainer, speculators, torch):
+    """What the training command needs in its environment on this host, and the note that says why:
+    ([NAME=VALUE ...], [note ...])."""
+    if (trainer == ARROW_TRAINER and speculators and torch
+            and versions.in_range(speculators, COMPILE_FAILS["speculators"])
+            and versions.in_range(torch.split("+")[0], COMPILE_FAILS["torch"])):
+        return [NO_DYNAMO], [
+            "speculators %s under torch %s stops in torch.compile of its fused loss before the first step: the "
+            "command runs with %s; without compile the draft takes more memory, so lower --total-seq-len (default "
+            "8192) if it runs out (2048 trained the 8B shape on one H200)" % (speculators, torch, NO_DYNAMO)]
+    return [], []
+
+
+def training_command(*, trainer, model, data_path, hidden_states_path, layer_ids, storage, save_path, vocab,
+                     env=()):
+    """The words of the training command for the output, or None when no trainer of the host reads it; `env`
+    (NAME=VALUE words, environment()) goes in front through env(1)."""
     if trainer == ARROW_TRAINER:
-        words = ["speculators", "train", "--verifier-name-or-path", model, "--data-path", data_path,
+        words = (["env", *env] if env else []) + ["speculators", "train", "--verifier-name-or-path", model, "--data-path", data_path,
                  "--hidden-states-path", hidden_states_path,
                  "--target-layer-ids"] + [str(layer) for layer in layer_ids[:-1]]
         if storage == "fp8":

@@ -49,7 +49,8 @@ def verify(args):
                             % (backend, ", ".join(command.BACKENDS)))
     shares = _shares(workdir, args)
     file_format = _one_format(shares)
-    version = pkgmeta.versions(["speculators"])["speculators"]
+    found_versions = pkgmeta.versions(["speculators", "torch"])
+    version = found_versions["speculators"]
     trainer = command.trainer_of(version)
     plan = shares[0]["plan"]
     problems, bad = [], {}
@@ -88,7 +89,8 @@ def verify(args):
     # The trainer reads one directory: the shards of a job array (or several --out) are linked into one.
     search = shares[0]["out"] if len(set(share["out"] for share in shares)) == 1 else _merged(shares, file_format)
     vocab = command.vocabulary(data_path, file_format, search)
-    words = command.training_command(
+    env, notes = command.environment(trainer=trainer, speculators=version, torch=found_versions["torch"])
+    words = command.training_command(env=env,
         trainer=trainer, model=plan.get("model") or "<the verifier model>", data_path=data_path,
         hidden_states_path=search, layer_ids=plan["layer_ids"], storage=plan["storage"],
         save_path=os.path.join(os.path.dirname(search.rstrip("/")), os.path.basename(search.rstrip("/")) + "-draft"),
@@ -106,7 +108,7 @@ def verify(args):
                    "loaded": loaded.get("loaded", 0)},
         "bad": [{"row": row, "reason": reason} for row, reason in sorted(bad.items())],
         "extra": [name for share in shares for name in share["extra"]],
-        "problems": problems, "refusals": refused, "vocab": vocab, "data_path": data_path,
+        "problems": problems, "refusals": refused, "vocab": vocab, "notes": notes, "data_path": data_path,
         "held": sorted(held),
         "merged": None if search == shares[0]["out"] else search,
         "command": words, "command_line": command.shell_line(words) if words else None, "command_file": None,

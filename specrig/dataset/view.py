@@ -59,6 +59,8 @@ def show(result: dict, *, host: Host, as_json: bool) -> None:
     vocab = result["vocab"]
     if vocab.get("note"):
         print_indented(f"vocabulary: {markup(vocab['note'])}", indent=0)
+    for line in result["notes"]:
+        print_indented(f"note: {markup(line)}", indent=0)
     if result["command_line"]:
         where = f" (written to {markup(result['command_file'])})" if result["command_file"] else ""
         console.print(f"training command{where}:")

@@ -33,9 +33,13 @@ VLLM_GPU_MEMORY_UTILIZATION = 0.9
 #: vLLM 0.26's max_num_batched_tokens for its API server on GPUs of 70 GiB or more (not A100):
 #: vllm/engine/arg_utils.py:2460-2464.
 VLLM_BATCHED_TOKENS = 8192
-#: Memory a GPU keeps beside weights and KV cache: one step's activations, CUDA graphs, NCCL's buffers.
-#: An allowance until the Kimi device run measures it (docs/gpu.md, issue 29).
-RUNTIME_RESERVE_BYTES = 8 * GIB
+#: Memory a GPU keeps beside weights and KV cache, from the H200 run of issue 29 (docs/gpu.md): vLLM 0.26.0's own
+#: breakdown for the shrunk Kimi-K2.5 at 8192 batched tokens was 5.02 GiB of peak activation and 0.23 GiB
+#: non-torch. The peak is the step's logits, batched tokens x vocabulary in fp32 (8192 x 163840 x 4 B = 5.0 GiB),
+#: which grow with --max-len past 8192, not with the hidden size. OTHER_RUNTIME_BYTES allows for the rest at the
+#: real size: the hidden size's activations, CUDA's and NCCL's buffers at tp 8, not measured.
+LOGITS_BYTES_PER_VALUE = 4
+OTHER_RUNTIME_BYTES = 3 * GIB
 #: The layers speculators captures by default: [2, L // 2, L - 3, L] (remote/run/server/launch.py).
 DEFAULT_LAYER_COUNT = 4
 
@@ -102,6 +106,12 @@ def kv_bytes_per_token(config: dict) -> int:
     return (text["kv_lora_rank"] + text["qk_rope_head_dim"]) * text["num_hidden_layers"] * BF16
 
 
+def runtime_reserve(config: dict, batched_tokens: int) -> int:
+    """What a GPU keeps beside weights and KV cache: one step's logits and the rest's allowance."""
+    vocab = _text(config).get("vocab_size") or config["vocab_size"]
+    return batched_tokens * vocab * LOGITS_BYTES_PER_VALUE + OTHER_RUNTIME_BYTES
+
+
 def plan(config: dict, *, gpus: int, gpu_memory_mib: int, tp: int | None = None, max_len: int | None = None,
          layer_count: int | None = None, storage: str | None = None, concurrency: int | None = None,
          gpu_memory_utilization: float | None = None) -> dict:
@@ -115,10 +125,12 @@ def plan(config: dict, *, gpus: int, gpu_memory_mib: int, tp: int | None = None,
     utilization = gpu_memory_utilization or VLLM_GPU_MEMORY_UTILIZATION
     weights = weights_per_gpu(config, tp)
     usable = int(gpu_memory_mib * MIB * utilization)
-    kv_budget = usable - weights["total"] - RUNTIME_RESERVE_BYTES
+    max_model_len = max_len + 1
+    batched_tokens = max(VLLM_BATCHED_TOKENS, max_model_len)
+    reserve = runtime_reserve(config, batched_tokens)
+    kv_budget = usable - weights["total"] - reserve
     per_token = kv_bytes_per_token(config)
     kv_tokens = max(0, kv_budget) // per_token
-    max_model_len = max_len + 1
     if kv_tokens < max_model_len:
         raise UsageError(f"--tp {tp}: {weights['total'] / GIB:.1f} GiB of weights per GPU leave "
                          f"{max(0, kv_budget) / GIB:.1f} GiB for the KV cache, less than one prompt of "
@@ -128,11 +140,11 @@ def plan(config: dict, *, gpus: int, gpu_memory_mib: int, tp: int | None = None,
     request_bytes = max_len * stored_bytes_per_token(storage, layers * text["hidden_size"], BF16)
     return {
         "gpus": gpus, "tp": tp, "gpu_memory_bytes": gpu_memory_mib * MIB, "gpu_memory_utilization": utilization,
-        "weights_per_gpu": weights, "runtime_reserve_bytes": RUNTIME_RESERVE_BYTES,
+        "weights_per_gpu": weights, "runtime_reserve_bytes": reserve,
         "kv_bytes_per_token": per_token, "kv_budget_bytes": kv_budget, "kv_tokens": kv_tokens,
         "staging_bytes_per_request": request_bytes, "layer_count": layers, "storage": storage,
         "settings": {"max_model_len": max_model_len,
-                     "max_num_batched_tokens": max(VLLM_BATCHED_TOKENS, max_model_len),
+                     "max_num_batched_tokens": batched_tokens,
                      "concurrency": chosen, "staging_bytes": chosen * STAGING_MARGIN * request_bytes},
         "concurrency_bound": "kv cache" if chosen < wanted else "specrig's default" if not concurrency else "given",
     }

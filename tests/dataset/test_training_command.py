@@ -77,3 +77,19 @@ def test_the_vocabulary_files_are_present_or_named(tmp_path):
     (tmp_path / "t2d-32000.npy").write_bytes(b"")
     assert command.vocabulary(str(tmp_path), command.SAFETENSORS, str(tmp_path))["options"] == [
         "--draft-vocab-size", "32000"]
+
+
+@pytest.mark.parametrize(("speculators", "torch", "env"), [
+    ("0.9.0", "2.11.0+cu130", [command.NO_DYNAMO]),  # the H200's pair: the compile of the fused loss stops
+    ("0.9.0", "2.9.1", []), ("0.9.0", "2.13.0+cpu", []), ("0.8.1", "2.11.0", []), ("0.9.0", None, []),
+    (None, "2.11.0", [])])
+def test_the_command_runs_with_dynamo_off_where_the_trainer_fails_to_compile(speculators, torch, env):
+    trainer = command.trainer_of(speculators)
+    found, notes = command.environment(trainer=trainer, speculators=speculators, torch=torch)
+    assert found == env and len(notes) == len(env)
+    if env:
+        assert "TORCHDYNAMO_DISABLE=1" in notes[0] and "--total-seq-len" in notes[0]
+        words = command.training_command(trainer=trainer, model="/m", data_path="/d", hidden_states_path="/h",
+                                          layer_ids=LAYERS, storage="bf16", save_path="/s",
+                                          vocab={"options": []}, env=found)
+        assert words[:4] == ["env", "TORCHDYNAMO_DISABLE=1", "speculators", "train"]

@@ -47,7 +47,11 @@ def test_kimi_per_gpu_at_tp_8_is_the_arithmetic_of_its_config():
 @pytest.mark.parametrize("memory_mib, kv_tokens", [(143771, 711016), (183359, 1242663)])
 def test_the_kv_cache_is_what_the_weights_and_the_reserve_leave(memory_mib, kv_tokens):
     found = sizing.plan(shrunk_kimi.published(), gpus=8, gpu_memory_mib=memory_mib)
-    left = int(memory_mib * (1 << 20) * 0.9) - found["weights_per_gpu"]["total"] - 8 * GIB
+    # Beside weights and KV: a step's logits, 8192 batched tokens x 163840 vocabulary x fp32 (5.0 GiB, the H200's
+    # measured peak for the shrunk class), and 3 GiB for the rest.
+    reserve = 8192 * 163840 * 4 + 3 * GIB
+    assert found["runtime_reserve_bytes"] == reserve == 8 * GIB
+    left = int(memory_mib * (1 << 20) * 0.9) - found["weights_per_gpu"]["total"] - reserve
     assert found["kv_tokens"] == left // 70272 == kv_tokens
     # Four layers of 7168 values in bf16 for each of 2048 tokens; two files a request in staging.
     assert found["staging_bytes_per_request"] == 2048 * 4 * 7168 * 2
@@ -60,6 +64,14 @@ def test_long_prompts_are_bounded_by_the_kv_cache():
     assert found["settings"]["concurrency"] == 711016 // 8193 == 86
     assert found["concurrency_bound"] == "kv cache"
     assert found["settings"]["max_num_batched_tokens"] == 8193
+
+
+def test_longer_prompts_batch_more_tokens_and_their_logits_take_more_memory():
+    found = sizing.plan(shrunk_kimi.published(), gpus=8, gpu_memory_mib=143771, max_len=32768)
+    assert found["settings"]["max_num_batched_tokens"] == 32769
+    assert found["runtime_reserve_bytes"] == 32769 * 163840 * 4 + 3 * GIB
+    assert found["kv_tokens"] == (int(143771 * (1 << 20) * 0.9) - found["weights_per_gpu"]["total"]
+                                  - found["runtime_reserve_bytes"]) // 70272
 
 
 def test_too_few_gpus_for_the_weights_is_one_line():

@@ -173,9 +173,9 @@ def check_cpu_event_query(ctx):
 
 def check_mla_refused(ctx):
     """The connector refuses a verifier whose hidden-states layer it cannot find in a KV cache group of its own
-    ("MLA verifiers are unsupported"). What decides it is the grouping, not MLA itself: vLLM 0.26-0.32 put
+    ("MLA verifiers are unsupported"). What decides it is the grouping, not MLA itself: vLLM puts
     layers that all take the same token slots in one group, the hidden-states layer with them, which the
-    connector takes (its `not group_ids and len(groups) == 1`, kv_cache_utils.py get_kv_cache_groups). An MLA
+    connector takes (its `not group_ids and len(groups) == 1`; vLLM 0.26.0 kv_cache_utils.py get_kv_cache_groups). An MLA
     model whose layers are all alike (DeepSeek-V3, Kimi-K2.5) is that case: on the H200 the shrunk Kimi-K2.5 was
     served and extracted by vLLM 0.26.0 (benchmarks/gpu/results/kimi-h200-2026-12-03.json). The refusal is
     left for MLA with sliding-window layers beside (DeepSeek-V4's SlidingWindowMLASpec), grouped apart."""
