@@ -21,6 +21,7 @@ from support.lab import inv, inv_json, phase, wait_for
 from support.patchenv import as_lab_user
 from support.runnable_env import HOME, patch, runnable_env_or_skip
 from support.server_lab import CLIENT, LAYERS, run_files
+from support.shared_envs import ensure_patched
 
 RUNS = HOME / "specrig-work" / "runs"
 ROWS = 16
@@ -56,8 +57,7 @@ def server_runs(lab):
     """lab-server's two real outputs of ROWS rows, bf16 and fp8, once for the module."""
     if not (CLIENT / "bin" / "python").exists():
         pytest.skip("server mode's environments are not built (inv lab.up --runnable)")
-    applied = inv("apply-patches", "--host", "lab-server", timeout=300)
-    assert applied.returncode == 0, applied.stdout + applied.stderr
+    ensure_patched("lab-server")  # in the suite's turn: the other process patches it too
     port = ("--port", str(_free_port()), "--concurrency", "2")
     runs = {"bf16": _extracted("lab-server", *port), "fp8": _extracted("lab-server", *port, "--storage", "fp8")}
     yield runs
