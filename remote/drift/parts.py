@@ -20,6 +20,8 @@ the same nodes, fields and positions (5,600 files).
 import ast
 import bisect
 import re
+from itertools import accumulate, repeat
+from operator import add
 
 #: Strings (any prefix, triple-quoted or not) and comments, in the order Python's tokenizer meets them.
 _STRINGS_AND_COMMENTS = re.compile(
@@ -39,8 +41,11 @@ _PART_START = re.compile(r"(?:async\s+def|def|class)\b|@")
 _DEFINITION = re.compile(r"(?:async\s+def|def|class)\s+([A-Za-z_][A-Za-z0-9_]*)")
 #: What a masked string's characters become (no quote, bracket or `#` that could mislead the cutting).
 STRING_MARK = "\x01"
-#: A line that may start a part: a def, a class or a decorator, at any indentation.
-_CANDIDATE = re.compile(r"^([ \t]*)(?:(?:async[ \t]+)?def\b|class\b|@)", re.MULTILINE)
+#: A line that may start a part (a def, a class or a decorator, at any indentation), with the newline
+#: before it. The line-matching patterns here start at the newline, not at a MULTILINE `^`: the regex
+#: finds a newline in C, where `^` is tried at every character (five times slower over a module).
+_CANDIDATE = re.compile(r"\n([ \t]*)(?:(?:async[ \t]+)?def\b|class\b|@)")
+#: {indent: (a line at most that deep that is not blank, with the newline before it; the same at the text's start)}
 _SHALLOW = {}
 
 
@@ -93,13 +98,11 @@ class Part:
 class _Lines:
     """The masked text of a module (_masked) and where its lines start."""
 
-    def __init__(self, text):
+    def __init__(self, text, lines):
+        """`lines`: text.split("\n"). Masking keeps every character's place, so the lines' starts are
+        theirs, summed in C."""
         self.masked = _masked(text)
-        self.starts = [0]
-        position = self.masked.find("\n")
-        while position >= 0:
-            self.starts.append(position + 1)
-            position = self.masked.find("\n", position + 1)
+        self.starts = list(accumulate(map(add, map(len, lines), repeat(1)), initial=0))[:len(lines)]
 
     def offset(self, number):
         return self.starts[number] if number < len(self.starts) else len(self.masked)
@@ -112,12 +115,20 @@ class _Lines:
         statement: not blank nor a comment, not after a backslash, not a closing bracket. A line
         inside a string counts (a statement may start with one): a part cut there leaves text that
         does not parse around it. The regex skips deeper lines in C: most of a module is deeper."""
-        pattern = _SHALLOW.get(indent)
-        if pattern is None:
-            pattern = _SHALLOW[indent] = re.compile(r"^[ \t]{0,%d}[^ \t\r\n]" % indent, re.MULTILINE)
+        patterns = _SHALLOW.get(indent)
+        if patterns is None:
+            line = r"[ \t]{0,%d}[^ \t\r\n]" % indent
+            patterns = _SHALLOW[indent] = re.compile("\n" + line), re.compile(line)
+        after_newline, at_text_start = patterns
         masked = self.masked
-        for match in pattern.finditer(masked, self.offset(first), self.offset(last)):
-            start, first_char = match.start(), match.end() - 1
+        begin, end = self.offset(first), self.offset(last)
+        # (where the line starts, its first character)
+        found = [(match.start() + 1, match.end() - 1) for match in after_newline.finditer(masked, max(begin - 1, 0), end)]
+        if begin == 0:
+            match = at_text_start.match(masked, 0, end)
+            if match:
+                found.insert(0, (0, match.end() - 1))
+        for start, first_char in found:
             if masked[first_char] in ")]}":
                 continue
             if masked[max(0, start - 3):start].rstrip("\r\n").endswith("\\"):
@@ -130,11 +141,16 @@ class _Lines:
             yield (bisect.bisect_right(self.starts, start) - 1, first_char - start,
                    masked[first_char:end if end >= 0 else len(masked)].rstrip())
 
-    def cuts(self, first, last, indent):
-        """The parts at `indent` among lines first..last-1, each without its trailing blank lines."""
+    def cuts(self, first, last, indent, outer=None):
+        """The parts at `indent` among lines first..last-1, each without its trailing blank lines. With
+        `outer` (a class's indentation, `indent` its body's first def's), a def, class or decorator
+        line deeper than `outer` and shallower than `indent` puts the parts at its depth instead."""
         parts, current = [], None
         for number, depth, text in self.opening(first, last, indent):
-            starts = depth == indent and _PART_START.match(text)
+            starts = _PART_START.match(text)
+            if starts and outer is not None and outer < depth < indent:
+                return self.cuts(first, last, depth, outer)
+            starts = starts and depth == indent
             if current is not None:
                 if current.definition is None and starts:
                     current.define(number, text)
@@ -155,10 +171,12 @@ class _Lines:
         return part
 
     def body_indent(self, part):
-        """The indentation of a class part's defs (its methods), or None when it has none."""
-        indents = [len(match.group(1)) for match in _CANDIDATE.finditer(
-            self.masked, self.offset(part.definition + 1), self.offset(part.end)) if len(match.group(1)) > part.indent]
-        return min(indents) if indents else None
+        """The indentation of the first def, class or decorator line in a class part's body (None when
+        there is none): its methods' indentation, unless a shallower one follows (cuts() then says so)."""
+        for match in _CANDIDATE.finditer(self.masked, self.offset(part.definition + 1) - 1, self.offset(part.end)):
+            if len(match.group(1)) > part.indent:
+                return len(match.group(1))
+        return None
 
 
 def _with_placeholders(lines, parts, first, last):
@@ -209,7 +227,7 @@ class PartedSource:
 
     def tree(self):
         """The module's tree with its defs and classes left lazy (SyntaxError as ast.parse raises it)."""
-        self._masked = _Lines(self.text)
+        self._masked = _Lines(self.text, self.lines)
         parts = self._masked.cuts(0, len(self.lines), 0)
         if not parts:
             return self._parse_whole()
@@ -295,7 +313,7 @@ class PartedSource:
     def _methods(self, part):
         """The methods of a class part, cut at its body's indentation."""
         indent = self._masked.body_indent(part)
-        return [] if indent is None else self._masked.cuts(part.definition + 1, part.end, indent)
+        return [] if indent is None else self._masked.cuts(part.definition + 1, part.end, indent, part.indent)
 
     def _from_whole(self, part):
         """The part's node in the whole module's parse (a cut the text misread)."""
