@@ -11,7 +11,7 @@ the existing ones can express the check.
 from __future__ import annotations
 
 import ast
-from typing import Callable
+from collections.abc import Callable
 
 from drift import findings as F
 from drift.classes import class_member, instance_member
