@@ -15,7 +15,7 @@ import ast
 from drift.classes import body_statements, info, own_member
 from drift.records import record, replace
 from drift.refs import ClassRef, ExternalRef, FunctionRef
-from drift.source import Module
+from drift.source import Module, walk
 
 POSITIONAL_ONLY = "positional-only"
 POSITIONAL_OR_KEYWORD = "positional-or-keyword"
@@ -173,7 +173,7 @@ def _is_dataclass_maker(index, function):
                             spec = index.resolve_in(function.module, element)
                             specifiers.add(getattr(spec, "dotted", None))
     if not maker:
-        for node in ast.walk(function.node):
+        for node in walk(function.node):
             if isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute)):
                 called = index.resolve_in(function.module, node.func)
                 if isinstance(called, ExternalRef) and called.dotted in DATACLASS_MAKERS:

@@ -10,6 +10,28 @@ from drift.parts import PartedSource
 from drift.records import record
 
 
+def walk(node):
+    """What ast.walk gives, in its order (breadth first), each node's fields read before it is given
+    (a lazy part is parsed when ast.walk would parse it), in half its time: ast.walk's nested
+    generators (iter_child_nodes, iter_fields) were a tenth of a verify."""
+    todo = [node]
+    for node in todo:  # the list grows while it is read: breadth first
+        todo.extend(children(node))
+        yield node
+
+
+def children(node):
+    """ast.iter_child_nodes(node) as a list, made in one loop."""
+    found = []
+    for name in node._fields:
+        value = getattr(node, name, None)
+        if isinstance(value, list):
+            found.extend([item for item in value if isinstance(item, ast.AST)])
+        elif isinstance(value, ast.AST):
+            found.append(value)
+    return found
+
+
 # eq=False: a module is the one object its SourceTree parsed for a file; equal means the same object,
 # not the same hundreds of lines.
 @record(eq=False, unshown=("tree", "lines"))
