@@ -198,10 +198,20 @@ class PartUnreadable(Exception):
 LAZY = {}
 
 
+#: A def's fields its header holds. Read before any other, they are parsed from the header's lines
+#: alone (a call is checked against a def's signature, and one of vLLM's scheduler's methods is 580
+#: lines); the body and the end's position come with the first read of another field.
+HEADER_FIELDS = frozenset(("decorator_list", "args", "returns", "type_comment", "type_params"))
+
+
 def _lazy_class(base):
     def __getattr__(self, name):  # only for attributes not yet set: the first read parses the part
         if name.startswith("__") or self.__dict__.get("_filled"):
             raise AttributeError(name)
+        if name in HEADER_FIELDS and "_header" not in self.__dict__ and base is not ast.ClassDef:
+            self._source.fill_header(self)
+            if name in self.__dict__:
+                return self.__dict__[name]
         self._source.fill(self)
         return getattr(self, name)
 
@@ -211,6 +221,8 @@ def _lazy_class(base):
 for _base in (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef):
     LAZY[_base] = _lazy_class(_base)
 KINDS = {"def": ast.FunctionDef, "async": ast.AsyncFunctionDef, "class": ast.ClassDef}
+#: How many lines from a def's line its header is looked for in (vLLM's longest are some 40).
+HEADER_LINES = 80
 
 
 class PartedSource:
@@ -265,14 +277,58 @@ class PartedSource:
         return True
 
     def fill(self, node):
-        """Parse `node`'s part and give the node its fields (a class's methods lazy in turn)."""
+        """Parse `node`'s part and give the node its fields (a class's methods lazy in turn); the header's,
+        when fill_header() gave them, are kept: they may be in use already."""
         part = node.__dict__["_part"]
         parsed = self._parse_part(part)
         if parsed is None:
             parsed = self._from_whole(part)
-        fields = dict(parsed.__dict__)
-        node.__dict__.update(fields, _filled=True)
-        del node.__dict__["_source"], node.__dict__["_part"]
+        fields = node.__dict__
+        for name, value in parsed.__dict__.items():
+            fields.setdefault(name, value)
+        fields["_filled"] = True
+        del fields["_source"], fields["_part"]
+        fields.pop("_header", None)
+
+    def fill_header(self, node):
+        """Give a def's node its header's fields (HEADER_FIELDS), parsed from the header's lines with a
+        `pass` for a body; where the header cannot be read alone, none (fill() gives them all)."""
+        node.__dict__["_header"] = True  # tried: once only
+        parsed = self._parse_header(node.__dict__["_part"])
+        if parsed is not None:
+            for name in HEADER_FIELDS.intersection(parsed.__dict__):
+                node.__dict__[name] = parsed.__dict__[name]
+
+    def _parse_header(self, part):
+        """The def of `part` parsed from its lines up to the first line whose code ends with the colon
+        that ends its header, `pass` after that colon; None when no such line gives exactly that def,
+        with exactly that `pass` for a body (a body on the header's line, a colon in a default).
+        The lines are the file's up to that colon: the header's nodes and their positions are the
+        whole part's."""
+        prefix = [""] * part.start
+        if part.indent:
+            if not part.start:
+                return None
+            prefix[-1] = "class _:"
+        for number in range(part.definition, min(part.end, part.definition + HEADER_LINES)):
+            end = code_end(self._masked.line(number))
+            line = self.lines[number]
+            if not line[:end].endswith(":"):
+                continue
+            try:
+                module = ast.parse("\n".join(prefix + self.lines[part.start:number] + [line[:end] + " pass"]),
+                                   filename=self.filename)
+            except SyntaxError:
+                continue
+            body = module.body[0].body if part.indent else module.body
+            if len(module.body) != 1 or len(body) != 1:
+                continue
+            node = body[0]
+            if (type(node) is KINDS[part.kind] and node.name == part.name and node.lineno == part.definition + 1
+                    and len(node.body) == 1 and type(node.body[0]) is ast.Pass
+                    and (node.body[0].lineno, node.body[0].col_offset) == (number + 1, len(line[:end].encode("utf-8")) + 1)):
+                return node
+        return None
 
     def _parse_part(self, part):
         """The part's one statement, parsed at its own lines (a class's methods as parts); None when
