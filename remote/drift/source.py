@@ -37,9 +37,9 @@ def children(node):
 
 # eq=False: a module is the one object its SourceTree parsed for a file; equal means the same object,
 # not the same hundreds of lines.
-@record(eq=False, unshown=("tree", "lines"))
+@record(eq=False, unshown=("tree", "source"))
 class Module:
-    """One parsed module: its dotted name, file, AST and lines."""
+    """One parsed module: its dotted name, file, AST and text."""
 
     name: str
     path: str
@@ -48,8 +48,17 @@ class Module:
     is_package: bool
     #: None when this interpreter cannot parse the file (newer syntax).
     tree: ast.Module | None
-    #: The file's lines, each with its newline.
-    lines: list[str]
+    #: The file's text.
+    source: str
+
+    @property
+    def lines(self):
+        """The file's lines, each with its newline; split when first asked for (by a finding's location,
+        of a few modules)."""
+        found = self.__dict__.get("_lines")
+        if found is None:
+            found = self.__dict__["_lines"] = self.source.splitlines(True)
+        return found
 
     @property
     def package(self):
@@ -125,6 +134,8 @@ class SourceTree:
         #: large modules the analysis reads a few names; a consumer is walked whole.
         self.by_parts = by_parts and SourceTree.parts_enabled
         self._modules = {}
+        #: {dotted: _locate(dotted)}: a module's existence is asked about again and again.
+        self._located = {}
         self._compiled = self._read_manifest()
 
     def _read_manifest(self):
@@ -141,6 +152,12 @@ class SourceTree:
 
     def _locate(self, dotted):
         """(path or None, is_package, exists) of module `dotted`."""
+        found = self._located.get(dotted)
+        if found is None:
+            found = self._located[dotted] = self._look_for(dotted)
+        return found
+
+    def _look_for(self, dotted):
         base = os.path.join(self.root, *dotted.split("."))
         init = os.path.join(base, "__init__.py")
         if os.path.isfile(init):
@@ -195,7 +212,7 @@ class SourceTree:
             # Newer syntax than this interpreter parses: the module exists, its contents are unknown.
             tree = None
         return Module(name=dotted, path=path, relpath=os.path.relpath(path, self.root),
-                      is_package=is_package, tree=tree, lines=text.splitlines(True))
+                      is_package=is_package, tree=tree, source=text)
 
     def is_namespace(self, dotted):
         path, is_package, exists = self._locate(dotted)
