@@ -78,6 +78,11 @@ def code_end(line):
     return len(line.rstrip())
 
 
+def _has_code(line):
+    """code_end(line) > 0: only a line with a `#` needs the regex (a `#` in a string is code)."""
+    return bool(code_end(line)) if "#" in line else bool(line.strip())
+
+
 class Part:
     """Where one def or class lies: its lines (0-based, end excluded), the line of its `def`/`class`."""
 
@@ -166,7 +171,7 @@ class _Lines:
         return [self._trimmed(part) for part in parts if part.definition is not None]
 
     def _trimmed(self, part):
-        while part.end - 1 > part.definition and not code_end(self.line(part.end - 1)):
+        while part.end - 1 > part.definition and not _has_code(self.line(part.end - 1)):
             part.end -= 1
         return part
 

@@ -127,13 +127,13 @@ def function_signature(index, ref, *, origin="function"):
     defaults = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
     for i, (arg, default) in enumerate(zip(positional, defaults)):
         kind = POSITIONAL_ONLY if i < len(args.posonlyargs) else POSITIONAL_OR_KEYWORD
-        parameters.append(Parameter(arg.arg, kind, _text(default), module=ref.module, node=arg))
+        parameters.append(Parameter(arg.arg, kind, _text(default), ref.module, arg))
     if args.vararg is not None:
-        parameters.append(Parameter(args.vararg.arg, VAR_POSITIONAL, None, module=ref.module, node=args.vararg))
+        parameters.append(Parameter(args.vararg.arg, VAR_POSITIONAL, None, ref.module, args.vararg))
     for arg, default in zip(args.kwonlyargs, args.kw_defaults):
-        parameters.append(Parameter(arg.arg, KEYWORD_ONLY, _text(default), module=ref.module, node=arg))
+        parameters.append(Parameter(arg.arg, KEYWORD_ONLY, _text(default), ref.module, arg))
     if args.kwarg is not None:
-        parameters.append(Parameter(args.kwarg.arg, VAR_KEYWORD, None, module=ref.module, node=args.kwarg))
+        parameters.append(Parameter(args.kwarg.arg, VAR_KEYWORD, None, ref.module, args.kwarg))
     return Signature(callee=ref.dotted, parameters=parameters, module=ref.module, node=node, origin=origin)
 
 
@@ -252,7 +252,7 @@ def _dataclass_fields(index, cls, options, fields):
             fields.pop(name, None)
             continue
         kind = KEYWORD_ONLY if (kw_only if field_kw_only is None else field_kw_only) else POSITIONAL_OR_KEYWORD
-        fields[name] = Parameter(name, kind, default, module=cls.module, node=node)
+        fields[name] = Parameter(name, kind, default, cls.module, node)
 
 
 def _field_default(index, cls, value, options):
