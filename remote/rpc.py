@@ -5,12 +5,10 @@ The command is a wire name of COMMANDS, which names the one function that runs i
 The result is printed as one line, SENTINEL + JSON, so that whatever libraries
 print to stdout before it does no harm.
 """
-import importlib
+import _thread
 import json
 import os
-import signal
 import sys
-import threading
 
 from contract import SENTINEL
 
@@ -42,7 +40,9 @@ COMMANDS = {
     "slurm.check": "slurm.jobs:check_request",              # run: could a job of `slurm:` run, its paths shared
     "dataset.verify": "dataset.verify:verify",              # train: is an output trainable, and with which command
 }
-_print_lock = threading.Lock()
+#: The deadline's timer thread may emit while the main thread does. A lock of `_thread`: `threading`
+#: (and `signal`) are imported only by a call that arms a deadline.
+_print_lock = _thread.allocate_lock()
 _printed = False
 
 
@@ -78,6 +78,8 @@ def _arm_deadline(timeout_s):
     inside C code. The process group is killed because commands may have
     started children (nvidia-smi, pip) that would otherwise outlive the call.
     """
+    import signal
+    import threading
 
     def expire():
         emit({"ok": False, "error": {"kind": "timeout",
@@ -151,7 +153,8 @@ def main(argv):
         _arm_deadline(float(call["timeout_s"]))
     try:
         module_name, function = COMMANDS[call["command"]].split(":")
-        result = getattr(importlib.import_module(module_name), function)(call.get("args") or {})
+        __import__(module_name)  # importlib.import_module without importing importlib
+        result = getattr(sys.modules[module_name], function)(call.get("args") or {})
     except RemoteFailure as failure:
         emit({"ok": False, "error": failure.as_error()})
         os._exit(3)

@@ -5,6 +5,7 @@ import ast
 
 from drift.records import record
 from drift.refs import ClassRef, ExternalRef, FunctionRef, MaybeRef, MissingRef, Ref, UnknownRef, ValueRef
+from drift.source import walk
 
 #: Bases that add no attributes a caller could use and take no constructor arguments.
 INERT_BASES = frozenset({
@@ -170,7 +171,7 @@ def assigned_self_attributes(cls):
         if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) or not method.args.args:
             continue
         self_name = method.args.args[0].arg
-        for node in ast.walk(method):
+        for node in walk(method):
             targets = []
             if isinstance(node, ast.Assign):
                 targets = node.targets

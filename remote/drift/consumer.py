@@ -12,6 +12,7 @@ import ast
 from drift.classes import instance_member
 from drift.records import record
 from drift.refs import ClassRef, ExternalRef, FunctionRef, ModuleRef, Ref
+from drift.source import children, walk
 from drift.symbols import absolute_module, assignment_targets
 
 
@@ -62,6 +63,9 @@ class AttributeUse:
     ref: Ref
 
 
+#: The nodes that are statements or hold them (an except clause, a match's case): the only nodes an
+#: import can be in or under (match_case: Python 3.10 and later).
+_STATEMENT_NODES = tuple(getattr(ast, name) for name in ("stmt", "excepthandler", "match_case") if hasattr(ast, name))
 #: What an `except` clause catching these names also catches.
 BROADER_ERRORS = {"ModuleNotFoundError": ("ImportError",), "ImportError": (), "TypeError": (), "AttributeError": ()}
 
@@ -95,10 +99,15 @@ class ConsumerModule:
         self._self_attributes = {}
         self._self_assignment_index = {}
         self._contexts = {}
+        #: {id(scope node): _scope_nodes(it) as a list}: a function's scope is read for its names
+        #: (Context) and then walked, a method's again for `self.<attr>`.
+        self._scope_nodes = {}
         self._hasattr = set()
         self._type_error_guarded = set()
         self._attribute_error_guarded = set()
         self.touches_provider = False
+        #: Every node of the module, in ast.walk's order (the rules read them too).
+        self.nodes = list(walk(module.tree)) if module.tree is not None else []
         if module.tree is not None:
             self._collect_imports(module.tree, guarded=False)
             self._collect_hasattr()
@@ -121,7 +130,9 @@ class ConsumerModule:
         return ref
 
     def _collect_imports(self, node, guarded):
-        for child in ast.iter_child_nodes(node):
+        for child in children(node):
+            if not isinstance(child, _STATEMENT_NODES):
+                continue  # an expression: it holds no import
             if isinstance(child, ast.Try):
                 handles = any(_handles_import_error(h) for h in child.handlers)
                 for statement in child.body:
@@ -160,7 +171,7 @@ class ConsumerModule:
             self._collect_imports(node, guarded)
 
     def _collect_hasattr(self):
-        for node in ast.walk(self.module.tree):
+        for node in self.nodes:
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "hasattr"
                     and len(node.args) == 2 and isinstance(node.args[1], ast.Constant)):
                 self._hasattr.add((ast.dump(node.args[0]), node.args[1].value))
@@ -168,7 +179,7 @@ class ConsumerModule:
                 for error, guarded in (("TypeError", self._type_error_guarded),
                                        ("AttributeError", self._attribute_error_guarded)):
                     if any(_handles(h, error) for h in node.handlers):
-                        guarded.update(id(n) for statement in node.body for n in ast.walk(statement))
+                        guarded.update(id(n) for statement in node.body for n in walk(statement))
 
     def guarded_attribute(self, node):
         """True when the code expects the attribute may be absent: `hasattr(<same object>, "<attr>")`
@@ -189,7 +200,7 @@ class ConsumerModule:
         self._walk_scope(self.module.tree, top, None)
 
     def _walk_scope(self, scope_node, context, class_node):
-        for node in _scope_nodes(scope_node):
+        for node in self.scope_nodes(scope_node):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
                 self_class = class_node if (class_node is not None and _is_instance_method(node)) else None
                 self._walk_scope(node, Context(self, context, node, self_class), None)
@@ -202,6 +213,13 @@ class ConsumerModule:
                 context.evaluate(node)
             elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
                 context.evaluate(node)
+
+    def scope_nodes(self, scope_node):
+        """The nodes of one scope (_scope_nodes), listed once."""
+        key = id(scope_node)
+        if key not in self._scope_nodes:
+            self._scope_nodes[key] = list(_scope_nodes(scope_node))
+        return self._scope_nodes[key]
 
     def record_attribute(self, node, base, ref):
         if id(node) not in self._values:
@@ -231,7 +249,7 @@ class ConsumerModule:
                 if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) or not _is_instance_method(method):
                     continue
                 self_name = method.args.args[0].arg
-                for node in ast.walk(method):
+                for node in walk(method):
                     if not isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
                         continue
                     for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
@@ -281,7 +299,7 @@ def _scope_nodes(scope_node):
                 outer += node.args.defaults + [d for d in node.args.kw_defaults if d is not None]
             stack.extend(reversed(outer))
             continue
-        stack.extend(reversed(list(ast.iter_child_nodes(node))))
+        stack.extend(reversed(children(node)))
 
 
 def _children(scope_node):
@@ -311,7 +329,7 @@ class Context:
             value = ("self",) if (index == 0 and self.self_class is not None) else ("unknown",)
             self.bindings.setdefault(arg.arg, []).append(value)
         handled = set()  # Name targets already bound by their Assign/NamedExpr
-        for node in _scope_nodes(self.node):
+        for node in self.consumer.scope_nodes(self.node):
             if isinstance(node, ast.Name) and id(node) in handled:
                 continue
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):

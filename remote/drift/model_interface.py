@@ -16,6 +16,7 @@ from drift import findings as F
 from drift.classes import class_member, info, instance_member
 from drift.refs import ClassRef, ExternalRef, FunctionRef, MissingRef, ValueRef
 from drift.signatures import Unchecked
+from drift.source import walk
 
 #: Where vLLM's registry of architecture names lives, relative to the provider package.
 REGISTRY_MODULE = "model_executor.models.registry"
@@ -50,7 +51,7 @@ def registry(index):
     if module is None or module.tree is None:
         return None, None
     entries = {}
-    for node in ast.walk(module.tree):
+    for node in walk(module.tree):
         if not isinstance(node, ast.Dict):
             continue
         for key, value in zip(node.keys, node.values):
@@ -66,7 +67,7 @@ def interface_checked(index, function):
     params = function.node.args.posonlyargs + function.node.args.args
     if not params:
         return None
-    for node in ast.walk(function.node):
+    for node in walk(function.node):
         if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance"
                 and len(node.args) == 2 and isinstance(node.args[0], ast.Name)
                 and node.args[0].id == params[0].arg and isinstance(node.args[1], (ast.Name, ast.Attribute))):
@@ -113,7 +114,7 @@ def inner_class(index, cls, attribute):
             if not isinstance(method, ast.FunctionDef) or not method.args.args:
                 continue
             self_name = method.args.args[0].arg
-            for node in ast.walk(method):
+            for node in walk(method):
                 if (isinstance(node, ast.Assign) and len(node.targets) == 1
                         and isinstance(node.targets[0], ast.Attribute) and node.targets[0].attr == attribute
                         and isinstance(node.targets[0].value, ast.Name) and node.targets[0].value.id == self_name):
@@ -137,7 +138,7 @@ def _constructed(index, cls, module, value, self_name):
     member = class_member(index, cls, func.attr)
     if isinstance(member, FunctionRef) and member.node.args.args:
         inner_self = member.node.args.args[0].arg
-        returns = [n.value for n in ast.walk(member.node) if isinstance(n, ast.Return) and n.value is not None]
+        returns = [n.value for n in walk(member.node) if isinstance(n, ast.Return) and n.value is not None]
         classes = [_constructed(index, cls, member.module, r, inner_self) for r in returns]
         if classes and all(c is not None and c == classes[0] for c in classes):
             return classes[0]
@@ -154,12 +155,12 @@ class ModelUses:
         self.reads = []       # [(path tuple, attribute node)] e.g. (("model",), node)
         self.assigned = set()  # paths the consumer sets itself, e.g. ("model", "_extension")
         aliases = {model_name: ()}
-        for node in ast.walk(function):
+        for node in walk(function):
             if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
                     and isinstance(node.value, ast.Attribute) and isinstance(node.value.value, ast.Name)
                     and node.value.value.id in aliases):
                 aliases[node.targets[0].id] = aliases[node.value.value.id] + (node.value.attr,)
-        for node in ast.walk(function):
+        for node in walk(function):
             if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases:
                 path = aliases[node.value.id] + (node.attr,)
                 if isinstance(node.ctx, ast.Store):
@@ -173,7 +174,7 @@ class ModelUses:
                 if bound is not None and bound.args.args:
                     self_name = bound.args.args[0].arg
                     prefix = aliases[node.args[1].id]
-                    for inner in ast.walk(bound):
+                    for inner in walk(bound):
                         if (isinstance(inner, ast.Attribute) and isinstance(inner.value, ast.Name)
                                 and inner.value.id == self_name):
                             path = prefix + (inner.attr,)
@@ -193,7 +194,7 @@ def _module_function(tree, name):
 def _enclosing_function(tree, target):
     """The innermost function whose lines hold `target`."""
     best = None
-    for node in ast.walk(tree):
+    for node in walk(tree):
         if (isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
                 and node.lineno <= target.lineno <= node.end_lineno
                 and (best is None or node.lineno >= best.lineno)):

@@ -20,6 +20,8 @@ the same nodes, fields and positions (5,600 files).
 import ast
 import bisect
 import re
+from itertools import accumulate, repeat
+from operator import add
 
 #: Strings (any prefix, triple-quoted or not) and comments, in the order Python's tokenizer meets them.
 _STRINGS_AND_COMMENTS = re.compile(
@@ -39,8 +41,11 @@ _PART_START = re.compile(r"(?:async\s+def|def|class)\b|@")
 _DEFINITION = re.compile(r"(?:async\s+def|def|class)\s+([A-Za-z_][A-Za-z0-9_]*)")
 #: What a masked string's characters become (no quote, bracket or `#` that could mislead the cutting).
 STRING_MARK = "\x01"
-#: A line that may start a part: a def, a class or a decorator, at any indentation.
-_CANDIDATE = re.compile(r"^([ \t]*)(?:(?:async[ \t]+)?def\b|class\b|@)", re.MULTILINE)
+#: A line that may start a part (a def, a class or a decorator, at any indentation), with the newline
+#: before it. The line-matching patterns here start at the newline, not at a MULTILINE `^`: the regex
+#: finds a newline in C, where `^` is tried at every character (five times slower over a module).
+_CANDIDATE = re.compile(r"\n([ \t]*)(?:(?:async[ \t]+)?def\b|class\b|@)")
+#: {indent: (a line at most that deep that is not blank, with the newline before it; the same at the text's start)}
 _SHALLOW = {}
 
 
@@ -73,6 +78,11 @@ def code_end(line):
     return len(line.rstrip())
 
 
+def _has_code(line):
+    """code_end(line) > 0: only a line with a `#` needs the regex (a `#` in a string is code)."""
+    return bool(code_end(line)) if "#" in line else bool(line.strip())
+
+
 class Part:
     """Where one def or class lies: its lines (0-based, end excluded), the line of its `def`/`class`."""
 
@@ -93,13 +103,11 @@ class Part:
 class _Lines:
     """The masked text of a module (_masked) and where its lines start."""
 
-    def __init__(self, text):
+    def __init__(self, text, lines):
+        """`lines`: text.split("\n"). Masking keeps every character's place, so the lines' starts are
+        theirs, summed in C."""
         self.masked = _masked(text)
-        self.starts = [0]
-        position = self.masked.find("\n")
-        while position >= 0:
-            self.starts.append(position + 1)
-            position = self.masked.find("\n", position + 1)
+        self.starts = list(accumulate(map(add, map(len, lines), repeat(1)), initial=0))[:len(lines)]
 
     def offset(self, number):
         return self.starts[number] if number < len(self.starts) else len(self.masked)
@@ -112,12 +120,20 @@ class _Lines:
         statement: not blank nor a comment, not after a backslash, not a closing bracket. A line
         inside a string counts (a statement may start with one): a part cut there leaves text that
         does not parse around it. The regex skips deeper lines in C: most of a module is deeper."""
-        pattern = _SHALLOW.get(indent)
-        if pattern is None:
-            pattern = _SHALLOW[indent] = re.compile(r"^[ \t]{0,%d}[^ \t\r\n]" % indent, re.MULTILINE)
+        patterns = _SHALLOW.get(indent)
+        if patterns is None:
+            line = r"[ \t]{0,%d}[^ \t\r\n]" % indent
+            patterns = _SHALLOW[indent] = re.compile("\n" + line), re.compile(line)
+        after_newline, at_text_start = patterns
         masked = self.masked
-        for match in pattern.finditer(masked, self.offset(first), self.offset(last)):
-            start, first_char = match.start(), match.end() - 1
+        begin, end = self.offset(first), self.offset(last)
+        # (where the line starts, its first character)
+        found = [(match.start() + 1, match.end() - 1) for match in after_newline.finditer(masked, max(begin - 1, 0), end)]
+        if begin == 0:
+            match = at_text_start.match(masked, 0, end)
+            if match:
+                found.insert(0, (0, match.end() - 1))
+        for start, first_char in found:
             if masked[first_char] in ")]}":
                 continue
             if masked[max(0, start - 3):start].rstrip("\r\n").endswith("\\"):
@@ -130,11 +146,16 @@ class _Lines:
             yield (bisect.bisect_right(self.starts, start) - 1, first_char - start,
                    masked[first_char:end if end >= 0 else len(masked)].rstrip())
 
-    def cuts(self, first, last, indent):
-        """The parts at `indent` among lines first..last-1, each without its trailing blank lines."""
+    def cuts(self, first, last, indent, outer=None):
+        """The parts at `indent` among lines first..last-1, each without its trailing blank lines. With
+        `outer` (a class's indentation, `indent` its body's first def's), a def, class or decorator
+        line deeper than `outer` and shallower than `indent` puts the parts at its depth instead."""
         parts, current = [], None
         for number, depth, text in self.opening(first, last, indent):
-            starts = depth == indent and _PART_START.match(text)
+            starts = _PART_START.match(text)
+            if starts and outer is not None and outer < depth < indent:
+                return self.cuts(first, last, depth, outer)
+            starts = starts and depth == indent
             if current is not None:
                 if current.definition is None and starts:
                     current.define(number, text)
@@ -150,15 +171,17 @@ class _Lines:
         return [self._trimmed(part) for part in parts if part.definition is not None]
 
     def _trimmed(self, part):
-        while part.end - 1 > part.definition and not code_end(self.line(part.end - 1)):
+        while part.end - 1 > part.definition and not _has_code(self.line(part.end - 1)):
             part.end -= 1
         return part
 
     def body_indent(self, part):
-        """The indentation of a class part's defs (its methods), or None when it has none."""
-        indents = [len(match.group(1)) for match in _CANDIDATE.finditer(
-            self.masked, self.offset(part.definition + 1), self.offset(part.end)) if len(match.group(1)) > part.indent]
-        return min(indents) if indents else None
+        """The indentation of the first def, class or decorator line in a class part's body (None when
+        there is none): its methods' indentation, unless a shallower one follows (cuts() then says so)."""
+        for match in _CANDIDATE.finditer(self.masked, self.offset(part.definition + 1) - 1, self.offset(part.end)):
+            if len(match.group(1)) > part.indent:
+                return len(match.group(1))
+        return None
 
 
 def _with_placeholders(lines, parts, first, last):
@@ -180,10 +203,20 @@ class PartUnreadable(Exception):
 LAZY = {}
 
 
+#: A def's fields its header holds. Read before any other, they are parsed from the header's lines
+#: alone (a call is checked against a def's signature, and one of vLLM's scheduler's methods is 580
+#: lines); the body and the end's position come with the first read of another field.
+HEADER_FIELDS = frozenset(("decorator_list", "args", "returns", "type_comment", "type_params"))
+
+
 def _lazy_class(base):
     def __getattr__(self, name):  # only for attributes not yet set: the first read parses the part
         if name.startswith("__") or self.__dict__.get("_filled"):
             raise AttributeError(name)
+        if name in HEADER_FIELDS and "_header" not in self.__dict__ and base is not ast.ClassDef:
+            self._source.fill_header(self)
+            if name in self.__dict__:
+                return self.__dict__[name]
         self._source.fill(self)
         return getattr(self, name)
 
@@ -193,6 +226,8 @@ def _lazy_class(base):
 for _base in (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef):
     LAZY[_base] = _lazy_class(_base)
 KINDS = {"def": ast.FunctionDef, "async": ast.AsyncFunctionDef, "class": ast.ClassDef}
+#: How many lines from a def's line its header is looked for in (vLLM's longest are some 40).
+HEADER_LINES = 80
 
 
 class PartedSource:
@@ -209,7 +244,7 @@ class PartedSource:
 
     def tree(self):
         """The module's tree with its defs and classes left lazy (SyntaxError as ast.parse raises it)."""
-        self._masked = _Lines(self.text)
+        self._masked = _Lines(self.text, self.lines)
         parts = self._masked.cuts(0, len(self.lines), 0)
         if not parts:
             return self._parse_whole()
@@ -247,14 +282,58 @@ class PartedSource:
         return True
 
     def fill(self, node):
-        """Parse `node`'s part and give the node its fields (a class's methods lazy in turn)."""
+        """Parse `node`'s part and give the node its fields (a class's methods lazy in turn); the header's,
+        when fill_header() gave them, are kept: they may be in use already."""
         part = node.__dict__["_part"]
         parsed = self._parse_part(part)
         if parsed is None:
             parsed = self._from_whole(part)
-        fields = dict(parsed.__dict__)
-        node.__dict__.update(fields, _filled=True)
-        del node.__dict__["_source"], node.__dict__["_part"]
+        fields = node.__dict__
+        for name, value in parsed.__dict__.items():
+            fields.setdefault(name, value)
+        fields["_filled"] = True
+        del fields["_source"], fields["_part"]
+        fields.pop("_header", None)
+
+    def fill_header(self, node):
+        """Give a def's node its header's fields (HEADER_FIELDS), parsed from the header's lines with a
+        `pass` for a body; where the header cannot be read alone, none (fill() gives them all)."""
+        node.__dict__["_header"] = True  # tried: once only
+        parsed = self._parse_header(node.__dict__["_part"])
+        if parsed is not None:
+            for name in HEADER_FIELDS.intersection(parsed.__dict__):
+                node.__dict__[name] = parsed.__dict__[name]
+
+    def _parse_header(self, part):
+        """The def of `part` parsed from its lines up to the first line whose code ends with the colon
+        that ends its header, `pass` after that colon; None when no such line gives exactly that def,
+        with exactly that `pass` for a body (a body on the header's line, a colon in a default).
+        The lines are the file's up to that colon: the header's nodes and their positions are the
+        whole part's."""
+        prefix = [""] * part.start
+        if part.indent:
+            if not part.start:
+                return None
+            prefix[-1] = "class _:"
+        for number in range(part.definition, min(part.end, part.definition + HEADER_LINES)):
+            end = code_end(self._masked.line(number))
+            line = self.lines[number]
+            if not line[:end].endswith(":"):
+                continue
+            try:
+                module = ast.parse("\n".join(prefix + self.lines[part.start:number] + [line[:end] + " pass"]),
+                                   filename=self.filename)
+            except SyntaxError:
+                continue
+            body = module.body[0].body if part.indent else module.body
+            if len(module.body) != 1 or len(body) != 1:
+                continue
+            node = body[0]
+            if (type(node) is KINDS[part.kind] and node.name == part.name and node.lineno == part.definition + 1
+                    and len(node.body) == 1 and type(node.body[0]) is ast.Pass
+                    and (node.body[0].lineno, node.body[0].col_offset) == (number + 1, len(line[:end].encode("utf-8")) + 1)):
+                return node
+        return None
 
     def _parse_part(self, part):
         """The part's one statement, parsed at its own lines (a class's methods as parts); None when
@@ -295,7 +374,7 @@ class PartedSource:
     def _methods(self, part):
         """The methods of a class part, cut at its body's indentation."""
         indent = self._masked.body_indent(part)
-        return [] if indent is None else self._masked.cuts(part.definition + 1, part.end, indent)
+        return [] if indent is None else self._masked.cuts(part.definition + 1, part.end, indent, part.indent)
 
     def _from_whole(self, part):
         """The part's node in the whole module's parse (a cut the text misread)."""

@@ -11,13 +11,14 @@ the existing ones can express the check.
 from __future__ import annotations
 
 import ast
-from typing import Callable
+from collections.abc import Callable
 
 from drift import findings as F
 from drift.classes import class_member, instance_member
 from drift.consumer import BoundMethod, ConsumerModule
 from drift.model_interface import model_base_lacks
 from drift.records import record
+from drift.source import walk
 from drift.symbols import ClassRef, ExternalRef, FunctionRef, MissingRef, ValueRef
 
 
@@ -55,8 +56,8 @@ def _method_calls(analysis, method):
                 yield consumer, use
 
 
-def _enclosing_functions(tree):
-    return [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+def _enclosing_functions(consumer):
+    return [n for n in consumer.nodes if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
 
 
 @record
@@ -77,11 +78,11 @@ class ReplyUnwrapped:
                 continue
             if not _returns_first_or_all(use.target.function.node):
                 continue
-            for function in _enclosing_functions(consumer.module.tree):
+            for function in _enclosing_functions(consumer):
                 name = _assigned_name(function, use.node)
                 if name is None:
                     continue
-                for node in ast.walk(function):
+                for node in walk(function):
                     if (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name)
                             and node.value.id == name and _is_zero(node.slice)):
                         hits.append(Hit(consumer, node, use.target.function))
@@ -94,7 +95,7 @@ def _is_zero(index):
 
 
 def _returns_first_or_all(function):
-    for node in ast.walk(function):
+    for node in walk(function):
         if (isinstance(node, ast.IfExp) and isinstance(node.body, ast.Subscript)
                 and isinstance(node.body.value, ast.Name) and _is_zero(node.body.slice)
                 and isinstance(node.orelse, ast.Name) and node.orelse.id == node.body.value.id):
@@ -103,7 +104,7 @@ def _returns_first_or_all(function):
 
 
 def _assigned_name(function, call):
-    for node in ast.walk(function):
+    for node in walk(function):
         if (isinstance(node, ast.Assign) and node.value is call and len(node.targets) == 1
                 and isinstance(node.targets[0], ast.Name)):
             return node.targets[0].id
@@ -128,7 +129,7 @@ class FollowUpCallRequired:
             if not isinstance(follow_up, FunctionRef):
                 continue
             called = any(isinstance(n, ast.Attribute) and n.attr == self.follow_up
-                         for n in ast.walk(consumer.module.tree))
+                         for n in consumer.nodes)
             if not called:
                 hits.append(Hit(consumer, use.node, follow_up))
         return hits
@@ -199,7 +200,7 @@ class SelfMethodRenamed:
             for function in tree.body:
                 if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     continue
-                for node in ast.walk(function):
+                for node in walk(function):
                     if (isinstance(node, ast.Attribute) and node.attr == self.old
                             and isinstance(node.value, ast.Name) and node.value.id == "self"):
                         hits.append(Hit(consumer, node, renamed))
@@ -249,7 +250,7 @@ class PriorCallRequired:
         hits = []
         for consumer in analysis.modules:
             mentions_required = any(isinstance(n, ast.Attribute) and n.attr == self.required
-                                    for n in ast.walk(consumer.module.tree))
+                                    for n in consumer.nodes)
             for use in consumer.calls:
                 target = use.target
                 if (mentions_required or not isinstance(target, FunctionRef)
@@ -261,7 +262,7 @@ class PriorCallRequired:
 
 def _calls_attribute(function, name):
     return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == name
-               for n in ast.walk(function))
+               for n in walk(function))
 
 
 RULES = [

@@ -15,7 +15,7 @@ import ast
 from drift.classes import body_statements, info, own_member
 from drift.records import record, replace
 from drift.refs import ClassRef, ExternalRef, FunctionRef
-from drift.source import Module
+from drift.source import Module, walk
 
 POSITIONAL_ONLY = "positional-only"
 POSITIONAL_OR_KEYWORD = "positional-or-keyword"
@@ -127,13 +127,13 @@ def function_signature(index, ref, *, origin="function"):
     defaults = [None] * (len(positional) - len(args.defaults)) + list(args.defaults)
     for i, (arg, default) in enumerate(zip(positional, defaults)):
         kind = POSITIONAL_ONLY if i < len(args.posonlyargs) else POSITIONAL_OR_KEYWORD
-        parameters.append(Parameter(arg.arg, kind, _text(default), module=ref.module, node=arg))
+        parameters.append(Parameter(arg.arg, kind, _text(default), ref.module, arg))
     if args.vararg is not None:
-        parameters.append(Parameter(args.vararg.arg, VAR_POSITIONAL, None, module=ref.module, node=args.vararg))
+        parameters.append(Parameter(args.vararg.arg, VAR_POSITIONAL, None, ref.module, args.vararg))
     for arg, default in zip(args.kwonlyargs, args.kw_defaults):
-        parameters.append(Parameter(arg.arg, KEYWORD_ONLY, _text(default), module=ref.module, node=arg))
+        parameters.append(Parameter(arg.arg, KEYWORD_ONLY, _text(default), ref.module, arg))
     if args.kwarg is not None:
-        parameters.append(Parameter(args.kwarg.arg, VAR_KEYWORD, None, module=ref.module, node=args.kwarg))
+        parameters.append(Parameter(args.kwarg.arg, VAR_KEYWORD, None, ref.module, args.kwarg))
     return Signature(callee=ref.dotted, parameters=parameters, module=ref.module, node=node, origin=origin)
 
 
@@ -173,7 +173,7 @@ def _is_dataclass_maker(index, function):
                             spec = index.resolve_in(function.module, element)
                             specifiers.add(getattr(spec, "dotted", None))
     if not maker:
-        for node in ast.walk(function.node):
+        for node in walk(function.node):
             if isinstance(node, ast.Call) and isinstance(node.func, (ast.Name, ast.Attribute)):
                 called = index.resolve_in(function.module, node.func)
                 if isinstance(called, ExternalRef) and called.dotted in DATACLASS_MAKERS:
@@ -252,7 +252,7 @@ def _dataclass_fields(index, cls, options, fields):
             fields.pop(name, None)
             continue
         kind = KEYWORD_ONLY if (kw_only if field_kw_only is None else field_kw_only) else POSITIONAL_OR_KEYWORD
-        fields[name] = Parameter(name, kind, default, module=cls.module, node=node)
+        fields[name] = Parameter(name, kind, default, cls.module, node)
 
 
 def _field_default(index, cls, value, options):

@@ -60,7 +60,7 @@ class Scope:
     def _collect(self, body, conditional):
         for node in body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                self._bind(node.name, Binding("def", node, conditional=conditional))
+                self._bind(node.name, Binding("def", node, None, conditional))
                 if node.name == "__getattr__" and not isinstance(node, ast.ClassDef):
                     self.has_getattr = True
             elif isinstance(node, ast.Import):

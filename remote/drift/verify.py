@@ -31,8 +31,15 @@ def run(args):
     """The report, from the workdir's cache (drift/answers.py) when nothing it depends on changed;
     args "workdir" (where the cache is; without it, none) and "no_cache" (true: analyse anyway, and
     keep nothing). The report's "cache" says which: {"state": hit|miss|bypassed, "why"}."""
+    import gc
+
     from drift import answers
 
+    # The analysis allocates hundreds of thousands of AST nodes and frees none of them until it ends;
+    # the cyclic collector would scan them over and over (a third of the run) to find no garbage, and
+    # after it, collect what this process's os._exit (rpc.py) frees at once anyway (10-15 ms). A call
+    # is a process of its own: the collector stays off until the process ends.
+    gc.disable()
     workdir = args.get("workdir")
     if not workdir or args.get("no_cache"):
         return dict(analysis(args), cache={"state": answers.BYPASSED, "why": None})
@@ -103,17 +110,9 @@ def _analysis(args):
                 except RemoteFailure:
                     pass
         return analyze_server(consumers, provider, model, storage=args.get("storage"))
-    import gc
-
     from drift.analyzer import analyze
 
-    # The analysis allocates hundreds of thousands of AST nodes and frees none of them until it ends;
-    # the cyclic collector would scan them over and over (a third of the run) to find no garbage.
-    gc.disable()
-    try:
-        return analyze(consumers=consumers, provider=provider, model=model)
-    finally:
-        gc.enable()
+    return analyze(consumers=consumers, provider=provider, model=model)
 
 
 def _speculators(consumers):

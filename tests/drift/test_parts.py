@@ -14,11 +14,19 @@ from support.drift_wheels import root
 LAZY_NAME = re.compile(r"\bLazy(FunctionDef|AsyncFunctionDef|ClassDef)\(")
 
 
-def same_as_whole(text: str, filename: str = "<test>") -> bool:
-    """Every node, field and position of the tree by parts (walking it parses every part) as ast.parse's."""
+def same_as_whole(text: str, filename: str = "<test>", tree: ast.Module | None = None) -> bool:
+    """Every node, field and position of the tree by parts (walking it parses every part) as ast.parse's.
+    Walking reads a def's `args` before its `body`: its header is parsed alone first, where it can be."""
     whole = ast.dump(ast.parse(text), include_attributes=True)
-    parted = LAZY_NAME.sub(r"\1(", ast.dump(PartedSource(text, filename).tree(), include_attributes=True))
+    parted = LAZY_NAME.sub(r"\1(", ast.dump(tree or PartedSource(text, filename).tree(), include_attributes=True))
     return parted == whole
+
+
+def bodies_first(body: list) -> None:
+    """Read each lazy def's body before its header (its part parsed whole at once), methods too."""
+    for node in body:
+        if type(node) in (LAZY[ast.FunctionDef], LAZY[ast.AsyncFunctionDef], LAZY[ast.ClassDef]):
+            bodies_first(node.body)
 
 
 def sources(*packages: tuple[str, str, str]):
@@ -41,6 +49,35 @@ def test_released_packages_read_by_parts_are_their_whole_parse():
         assert same_as_whole(text, path), path
         checked += 1
     assert checked > 300
+
+
+def test_released_modules_read_bodies_first_are_their_whole_parse():
+    for path, text in sources(("vllm", "0.16.0", "vllm/v1/core"), ("speculators", "0.3.0", "speculators")):
+        tree = PartedSource(text, path).tree()
+        bodies_first(tree.body)
+        assert same_as_whole(text, path, tree), path
+
+
+def test_a_defs_header_is_read_alone_and_kept_when_its_body_is_read():
+    text = textwrap.dedent('''\
+        class Holder:
+            @property
+            def method(self, a: dict = {"key": 1},
+                       b=lambda x: x) -> int:  # a colon in a default, a comment
+                if a:
+                    return 1
+                return 2
+
+        def inline(x): return x
+    ''')
+    tree = PartedSource(text, "<test>").tree()
+    method, inline = tree.body[0].body[0], tree.body[1]
+    args = method.args
+    assert [a.arg for a in args.args] == ["self", "a", "b"] and "body" not in method.__dict__
+    assert method.decorator_list[0].id == "property" and method.returns.id == "int"
+    assert len(method.body) == 2 and method.args is args and method.end_lineno == 7
+    assert inline.args.args[0].arg == "x" and "body" in inline.__dict__  # no header alone: parsed whole
+    assert same_as_whole(text, tree=tree)
 
 
 def test_parts_are_parsed_when_looked_into():
