@@ -53,16 +53,71 @@ def _masked(text):
     """`text` with the characters of its strings that span lines as STRING_MARK (newlines and their
     later lines' indentation kept): no line of theirs can pass for code. Comments and one-line
     strings are left as they are: a line starting with `#` or a quote is never a def, and code_end()
-    reads a comment off the few lines where it matters."""
-    def mask(match):  # once per run and per triple-quoted string: a few hundred a module
-        token = match.group()
-        if match.lastgroup != "triple" or "\n" not in token:
-            return token
-        first, *rest = token.split("\n")
-        # A string's later lines keep their indentation: a docstring's text is as deep as its code.
-        return "\n".join([STRING_MARK * len(first)] + [_masked_string_line(piece) for piece in rest])
+    reads a comment off the few lines where it matters.
 
-    return _TRIPLE_OR_RUN.sub(mask, text)
+    What _TRIPLE_OR_RUN.sub() would give (its matches in order: runs of code, comments and one-line
+    strings kept as they are, triple-quoted strings masked), without running it over the whole text:
+    only a `'''` or `\"\"\"` can start a string that spans lines (a backslash-newline inside a one-line
+    string aside), so the regex is run only from the start of a line holding one of those, where its
+    scan is between tokens as it would have been: before that line's newline no comment, one-line
+    string or triple-quoted string can be open (none of the last starts there; a backslash before the
+    newline, which might continue a one-line string, has the regex run from the last match's end
+    instead). Where nothing but code precedes the quotes on their line, and the string ends, not even
+    that: the string ends at the first of its quotes not escaped by a backslash, as the regex reads
+    it. The regex scanned all 650 kB of vLLM a verify reads, about a tenth of a cold verify."""
+    out = []
+    copied = position = 0  # text[:copied] is in out; `position` is where the regex's scan is between matches
+    singles, doubles = text.find("'''"), text.find('"""')
+    while True:
+        if 0 <= singles < position:
+            singles = text.find("'''", position)
+        if 0 <= doubles < position:
+            doubles = text.find('"""', position)
+        quotes = doubles if singles < 0 or 0 <= doubles < singles else singles
+        if quotes < 0:
+            break
+        newline = text.rfind("\n", position, quotes)
+        start = position if newline < 0 else newline + 1
+        if start > position and "\\" in text[max(position, start - 3):start - 1]:
+            start = position  # a backslash ends the line before: the scan from the last match on
+        end = -1
+        if not any(character in text[start:quotes] for character in "'\"#"):
+            end = _string_end(text, quotes)
+        if end < 0:  # something else on the line before it, or no end: the regex itself from `start`
+            match = _TRIPLE_OR_RUN.search(text, start)
+            if match is None:
+                break
+            position = match.end()
+            if match.lastgroup != "triple":
+                continue  # a run: kept as it is, the scan goes on from its end
+            quotes, end = match.start(), position
+        position = end
+        if "\n" in text[quotes:end]:
+            first, *rest = text[quotes:end].split("\n")
+            # A string's later lines keep their indentation: a docstring's text is as deep as its code.
+            out += [text[copied:quotes], "\n".join([STRING_MARK * len(first)] + [_masked_string_line(piece) for piece in rest])]
+            copied = end
+    out.append(text[copied:])
+    return "".join(out)
+
+
+def _string_end(text, start):
+    """Where the triple-quoted string opening at `start` ends (after its closing quotes), as
+    _TRIPLE_OR_RUN's `triple` reads it: at the first of its quotes after the opening that no
+    backslash escapes (an odd run of them before); -1 when it does not end."""
+    quotes = text[start:start + 3]
+    body = start + 3
+    find = body
+    while True:
+        closing = text.find(quotes, find)
+        if closing < 0:
+            return -1
+        backslash = closing
+        while backslash > body and text[backslash - 1] == "\\":
+            backslash -= 1
+        if (closing - backslash) % 2 == 0:
+            return closing + 3
+        find = closing + 1  # the first quote is escaped: the scan goes on after it
 
 
 def _masked_string_line(piece):
