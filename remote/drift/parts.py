@@ -18,10 +18,7 @@ Checked against ast.parse on every module of vLLM 0.11, 0.16 and 0.33, speculato
 the same nodes, fields and positions (5,600 files).
 """
 import ast
-import bisect
 import re
-from itertools import accumulate, repeat
-from operator import add
 
 #: Strings (any prefix, triple-quoted or not) and comments, in the order Python's tokenizer meets them.
 _STRINGS_AND_COMMENTS = re.compile(
@@ -45,8 +42,9 @@ STRING_MARK = "\x01"
 #: before it. The line-matching patterns here start at the newline, not at a MULTILINE `^`: the regex
 #: finds a newline in C, where `^` is tried at every character (five times slower over a module).
 _CANDIDATE = re.compile(r"\n([ \t]*)(?:(?:async[ \t]+)?def\b|class\b|@)")
-#: {indent: (a line at most that deep that is not blank, with the newline before it; the same at the text's start)}
+#: {indent: _shallow(indent)}, {(lowest, indent): _starting(lowest, indent)}: compiled when first used.
 _SHALLOW = {}
+_STARTING = {}
 
 
 def _masked(text):
@@ -139,101 +137,156 @@ def _has_code(line):
 
 
 class Part:
-    """Where one def or class lies: its lines (0-based, end excluded), the line of its `def`/`class`."""
+    """Where one def or class lies: its lines (0-based, end excluded), the line of its `def`/`class`,
+    and the offsets in the text where those lines start (`*_at`; a part that runs to the text's end
+    ends at len(text) + 1, as though a newline ended the text)."""
 
-    __slots__ = ("start", "end", "definition", "name", "kind", "indent")
+    __slots__ = ("start", "end", "definition", "name", "kind", "indent", "start_at", "end_at", "definition_at")
 
-    def __init__(self, start, end, indent):
-        self.start, self.end, self.indent = start, end, indent
-        self.definition = self.name = self.kind = None
+    def __init__(self, start, start_at, end, end_at, indent):
+        self.start, self.start_at, self.end, self.end_at, self.indent = start, start_at, end, end_at, indent
+        self.definition = self.definition_at = self.name = self.kind = None
 
-    def define(self, number, text):
-        """Note line `number` as the part's def or class line when `text` is one; True if it is."""
+    def define(self, number, at, text):
+        """Note line `number` (at offset `at`) as the part's def or class line when `text` is one; True if it is."""
         found = _DEFINITION.match(text)
         if found:
-            self.definition, self.name, self.kind = number, found.group(1), found.group().split()[0]
+            self.definition, self.definition_at = number, at
+            self.name, self.kind = found.group(1), found.group().split()[0]
         return bool(found)
 
 
+def _shallow(indent):
+    """A line indented `indent` or less that is not blank, with the newline before it."""
+    pattern = _SHALLOW.get(indent)
+    if pattern is None:
+        pattern = _SHALLOW[indent] = re.compile(r"\n[ \t]{0,%d}[^ \t\r\n]" % indent)
+    return pattern
+
+
+def _starting(lowest, indent):
+    """A line indented `lowest` to `indent` that _PART_START matches at (a def, a class, a decorator),
+    with the newline before it; the indentation is its group 1."""
+    pattern = _STARTING.get((lowest, indent))
+    if pattern is None:
+        pattern = _STARTING[lowest, indent] = re.compile(
+            r"\n([ \t]{%d,%d})(?:(?:async[^\S\n]+def|def|class)\b|@)" % (lowest, indent))
+    return pattern
+
+
 class _Lines:
-    """The masked text of a module (_masked) and where its lines start."""
+    """The masked text of a module (_masked), its lines read by their offsets: none is listed."""
 
-    def __init__(self, text, lines):
-        """`lines`: text.split("\n"). Masking keeps every character's place, so the lines' starts are
-        theirs, summed in C."""
+    def __init__(self, text):
         self.masked = _masked(text)
-        self.starts = list(accumulate(map(add, map(len, lines), repeat(1)), initial=0))[:len(lines)]
+        #: How many lines: what text.split("\n") gives.
+        self.count = self.masked.count("\n") + 1
 
-    def offset(self, number):
-        return self.starts[number] if number < len(self.starts) else len(self.masked)
+    def line(self, at):
+        """The line starting at offset `at`, without its newline."""
+        end = self.masked.find("\n", at)
+        return self.masked[at:end if end >= 0 else len(self.masked)].rstrip("\r\n")
 
-    def line(self, number):
-        return self.masked[self.offset(number):self.offset(number + 1)].rstrip("\r\n")
+    def previous(self, at):
+        """Where the line before the one at `at` starts (`at` may be len(text) + 1, the end)."""
+        return self.masked.rfind("\n", 0, at - 1) + 1
 
-    def opening(self, first, last, indent):
-        """(number, indentation, text) of each line first..last-1 indented `indent` or less that opens a
-        statement: not blank nor a comment, not after a backslash, not a closing bracket. A line
-        inside a string counts (a statement may start with one): a part cut there leaves text that
-        does not parse around it. The regex skips deeper lines in C: most of a module is deeper."""
-        patterns = _SHALLOW.get(indent)
-        if patterns is None:
-            line = r"[ \t]{0,%d}[^ \t\r\n]" % indent
-            patterns = _SHALLOW[indent] = re.compile("\n" + line), re.compile(line)
-        after_newline, at_text_start = patterns
+    def next(self, at):
+        """Where the line after the one at `at` starts (len(text) + 1 after the last)."""
+        end = self.masked.find("\n", at)
+        return end + 1 if end >= 0 else len(self.masked) + 1
+
+    def counted(self, start, first_char):
+        """The text of the line at `start` (its first character at `first_char`) when it counts for the
+        cutting, else None: a line that opens a statement, not a comment, not after a backslash, not a
+        closing bracket. A line inside a string counts (a statement may start with one): a part cut
+        there leaves text that does not parse around it."""
         masked = self.masked
-        begin, end = self.offset(first), self.offset(last)
-        # (where the line starts, its first character)
-        found = [(match.start() + 1, match.end() - 1) for match in after_newline.finditer(masked, max(begin - 1, 0), end)]
-        if begin == 0:
-            match = at_text_start.match(masked, 0, end)
-            if match:
-                found.insert(0, (0, match.end() - 1))
-        for start, first_char in found:
-            if masked[first_char] in ")]}":
-                continue
-            if masked[max(0, start - 3):start].rstrip("\r\n").endswith("\\"):
-                previous = self.line(bisect.bisect_right(self.starts, start - 1) - 1)
-                if previous[:code_end(previous)].endswith("\\"):
-                    continue  # a backslash continuation (not one a comment ends with)
-            if masked[first_char] == "#":
-                continue  # a comment's line
-            end = masked.find("\n", first_char)
-            yield (bisect.bisect_right(self.starts, start) - 1, first_char - start,
-                   masked[first_char:end if end >= 0 else len(masked)].rstrip())
+        if masked[first_char] in ")]}#":
+            return None  # a closing bracket, a comment's line
+        if masked[max(0, start - 3):start].rstrip("\r\n").endswith("\\"):
+            previous = self.line(self.previous(start))
+            if previous[:code_end(previous)].endswith("\\"):
+                return None  # a backslash continuation (not one a comment ends with)
+        end = masked.find("\n", first_char)
+        return masked[first_char:end if end >= 0 else len(masked)].rstrip()
 
-    def cuts(self, first, last, indent, outer=None):
-        """The parts at `indent` among lines first..last-1, each without its trailing blank lines. With
-        `outer` (a class's indentation, `indent` its body's first def's), a def, class or decorator
-        line deeper than `outer` and shallower than `indent` puts the parts at its depth instead."""
+    def cuts(self, begin, first, end, last, indent, outer=None):
+        """The parts at `indent` among lines first..last-1 (from offset `begin` to offset `end`), each
+        without its trailing blank lines. With `outer` (a class's indentation, `indent` its body's first
+        def's), a def, class or decorator line deeper than `outer` and shallower than `indent` puts the
+        parts at its depth instead.
+
+        The lines indented `indent` or less that count (counted()) are read in order. While no part is
+        open, only a def, class or decorator line can change anything, one at `indent` or between
+        `outer` and it: the search skips to the next such line in C, past the rest (most of a module);
+        an open part is ended by the next line that counts, whatever it is."""
+        masked = self.masked
+        any_line = _shallow(indent)
+        part_line = _starting(indent if outer is None else outer + 1, indent)
         parts, current = [], None
-        for number, depth, text in self.opening(first, last, indent):
+        counted_at, number = begin, first  # line numbers are counted on from here
+        search = max(begin - 1, 0)  # where the next line's newline is looked for
+        at_text_start = begin == 0
+        while True:
+            if at_text_start:  # the text's first line, which has no newline before it
+                at_text_start = False
+                start = first_char = 0
+                while first_char <= indent and masked[first_char:first_char + 1] in (" ", "\t"):
+                    first_char += 1
+                if first_char > indent or first_char >= min(end, len(masked)) or masked[first_char] in "\r\n":
+                    continue
+            elif current is None:
+                match = part_line.search(masked, search, end)
+                if match is None:
+                    break
+                start, first_char = match.start() + 1, match.end(1)
+                search = start
+            else:
+                match = any_line.search(masked, search, end)
+                if match is None:
+                    break
+                start, first_char = match.start() + 1, match.end() - 1
+                search = start
+            text = self.counted(start, first_char)
+            if text is None:
+                continue
+            number += masked.count("\n", counted_at, start)
+            counted_at = start
+            depth = first_char - start
             starts = _PART_START.match(text)
             if starts and outer is not None and outer < depth < indent:
-                return self.cuts(first, last, depth, outer)
+                return self.cuts(begin, first, end, last, depth, outer)
             starts = starts and depth == indent
             if current is not None:
                 if current.definition is None and starts:
-                    current.define(number, text)
+                    current.define(number, start, text)
                     continue  # a decorator's own lines, or its def
-                current.end = number
+                current.end, current.end_at = number, start
                 parts.append(current)
                 current = None
             if starts:
-                current = Part(number, last, indent)
-                current.define(number, text)
+                current = Part(number, start, last, end, indent)
+                current.define(number, start, text)
         if current is not None:
             parts.append(current)
         return [self._trimmed(part) for part in parts if part.definition is not None]
 
     def _trimmed(self, part):
-        while part.end - 1 > part.definition and not _has_code(self.line(part.end - 1)):
-            part.end -= 1
+        while part.end - 1 > part.definition:
+            previous = self.previous(part.end_at)
+            if _has_code(self.line(previous)):
+                break
+            part.end, part.end_at = part.end - 1, previous
         return part
 
     def body_indent(self, part):
         """The indentation of the first def, class or decorator line in a class part's body (None when
         there is none): its methods' indentation, unless a shallower one follows (cuts() then says so)."""
-        for match in _CANDIDATE.finditer(self.masked, self.offset(part.definition + 1) - 1, self.offset(part.end)):
+        after = self.masked.find("\n", part.definition_at)  # the newline that ends the class's line
+        if after < 0:
+            return None
+        for match in _CANDIDATE.finditer(self.masked, after, part.end_at):
             if len(match.group(1)) > part.indent:
                 return len(match.group(1))
         return None
@@ -291,27 +344,45 @@ class PartedSource:
     def __init__(self, text, filename):
         self.text = text
         self.filename = filename
-        self.lines = text.split("\n")
+        self._lines = None
         self._masked = None
         self._whole = None
         #: A tree with lazy parts went out: from then on, a part that cannot be read is PartUnreadable.
         self._handed_out = False
 
+    @property
+    def lines(self):
+        """text.split("\n"), made when a part is first looked into (the outline is cut by offsets)."""
+        if self._lines is None:
+            self._lines = self.text.split("\n")
+        return self._lines
+
     def tree(self):
         """The module's tree with its defs and classes left lazy (SyntaxError as ast.parse raises it)."""
-        self._masked = _Lines(self.text, self.lines)
-        parts = self._masked.cuts(0, len(self.lines), 0)
+        self._masked = _Lines(self.text)
+        parts = self._masked.cuts(0, 0, len(self.text) + 1, self._masked.count, 0)
         if not parts:
             return self._parse_whole()
         try:
-            module = ast.parse("\n".join(_with_placeholders(self.lines, parts, 0, len(self.lines))),
-                               filename=self.filename)
+            module = ast.parse(self._outline(parts), filename=self.filename)
         except SyntaxError:
             return self._parse_whole()
         if not self._replace(module.body, parts):
             return self._parse_whole()
         self._handed_out = True
         return module
+
+    def _outline(self, parts):
+        """The text with each part's first line a `pass` at its indentation, its others blank: what
+        _with_placeholders() gives for the whole text, made of the text between the parts."""
+        text, pieces, copied = self.text, [], 0
+        for part in parts:
+            # The part's lines end with a newline each, but for the text's last line.
+            pieces += [text[copied:part.start_at], " " * part.indent + "pass",
+                       "\n" * (part.end - part.start - (part.end_at > len(text)))]
+            copied = part.end_at
+        pieces.append(text[copied:])
+        return "".join(pieces)
 
     def _parse_whole(self):
         if self._whole is None:
@@ -370,8 +441,10 @@ class PartedSource:
             if not part.start:
                 return None
             prefix[-1] = "class _:"
+        at = part.definition_at
         for number in range(part.definition, min(part.end, part.definition + HEADER_LINES)):
-            end = code_end(self._masked.line(number))
+            end = code_end(self._masked.line(at))
+            at = self._masked.next(at)
             line = self.lines[number]
             if not line[:end].endswith(":"):
                 continue
@@ -419,17 +492,21 @@ class PartedSource:
             last = methods[-1]
             if node.body[-1].__dict__.get("_part") is last:
                 # The class ended at its last method's `pass`; it ends where that method's text does.
-                node.end_lineno, node.end_col_offset = last.end, self._end_column(last.end - 1)
+                node.end_lineno, node.end_col_offset = last.end, self._end_column(last)
         return node
 
-    def _end_column(self, number):
-        """Where the code of line `number` ends, in UTF-8 bytes as ast counts (a comment left out)."""
-        return len(self.lines[number][:code_end(self._masked.line(number))].encode("utf-8"))
+    def _end_column(self, part):
+        """Where the code of `part`'s last line ends, in UTF-8 bytes as ast counts (a comment left out)."""
+        masked = self._masked.line(self._masked.previous(part.end_at))
+        return len(self.lines[part.end - 1][:code_end(masked)].encode("utf-8"))
 
     def _methods(self, part):
         """The methods of a class part, cut at its body's indentation."""
         indent = self._masked.body_indent(part)
-        return [] if indent is None else self._masked.cuts(part.definition + 1, part.end, indent, part.indent)
+        if indent is None:
+            return []
+        return self._masked.cuts(self._masked.next(part.definition_at), part.definition + 1, part.end_at, part.end,
+                                 indent, part.indent)
 
     def _from_whole(self, part):
         """The part's node in the whole module's parse (a cut the text misread)."""
