@@ -20,8 +20,22 @@ the same nodes, fields and positions (5,600 files).
 import ast
 import re
 
+
+def _compiled_when_used(*pattern):
+    """A function giving re.compile(*pattern), compiled on the first call: a compile is 0.5-2 M
+    instructions of Python, and the regexes made so may serve no module of a verify."""
+    compiled = []
+
+    def get():
+        if not compiled:
+            compiled.append(re.compile(*pattern))
+        return compiled[0]
+
+    return get
+
+
 #: Strings (any prefix, triple-quoted or not) and comments, in the order Python's tokenizer meets them.
-_STRINGS_AND_COMMENTS = re.compile(
+_STRINGS_AND_COMMENTS = _compiled_when_used(
     r"#[^\n]*"
     r"|[rRbBuUfF]{0,2}(?:'''[^'\\]*(?:(?:\\.|'(?!''))[^'\\]*)*'''"
     r'|"""[^"\\]*(?:(?:\\.|"(?!""))[^"\\]*)*"""'
@@ -29,7 +43,7 @@ _STRINGS_AND_COMMENTS = re.compile(
     r'|"[^"\\\n]*(?:\\.[^"\\\n]*)*")', re.DOTALL)
 #: A triple-quoted string, or a run of anything else (code, comments, one-line strings) up to the next:
 #: the regex walks the text in C, and Python sees a handful of matches a module, not every string.
-_TRIPLE_OR_RUN = re.compile(
+_TRIPLE_OR_RUN = _compiled_when_used(
     r"(?P<triple>'''[^'\\]*(?:(?:\\.|'(?!''))[^'\\]*)*'''"
     r'|"""[^"\\]*(?:(?:\\.|"(?!""))[^"\\]*)*""")'
     r"|(?:[^'\"#]+|#[^\n]*|'(?!'')[^'\\\n]*(?:\\.[^'\\\n]*)*'"
@@ -82,7 +96,7 @@ def _masked(text):
         if not any(character in text[start:quotes] for character in "'\"#"):
             end = _string_end(text, quotes)
         if end < 0:  # something else on the line before it, or no end: the regex itself from `start`
-            match = _TRIPLE_OR_RUN.search(text, start)
+            match = _TRIPLE_OR_RUN().search(text, start)
             if match is None:
                 break
             position = match.end()
@@ -125,15 +139,17 @@ def _masked_string_line(piece):
 
 def code_end(line):
     """How long a (masked) line is without its comment and trailing blanks."""
-    for match in _STRINGS_AND_COMMENTS.finditer(line):
+    if "#" not in line:
+        return len(line.rstrip())  # no comment: the regex's answer, without it
+    for match in _STRINGS_AND_COMMENTS().finditer(line):
         if match.group().startswith("#"):
             return len(line[:match.start()].rstrip())
     return len(line.rstrip())
 
 
 def _has_code(line):
-    """code_end(line) > 0: only a line with a `#` needs the regex (a `#` in a string is code)."""
-    return bool(code_end(line)) if "#" in line else bool(line.strip())
+    """code_end(line) > 0."""
+    return bool(code_end(line))
 
 
 class Part:
@@ -179,8 +195,6 @@ class _Lines:
 
     def __init__(self, text):
         self.masked = _masked(text)
-        #: How many lines: what text.split("\n") gives.
-        self.count = self.masked.count("\n") + 1
 
     def line(self, at):
         """The line starting at offset `at`, without its newline."""
@@ -212,8 +226,8 @@ class _Lines:
         return masked[first_char:end if end >= 0 else len(masked)].rstrip()
 
     def cuts(self, begin, first, end, last, indent, outer=None):
-        """The parts at `indent` among lines first..last-1 (from offset `begin` to offset `end`), each
-        without its trailing blank lines. With `outer` (a class's indentation, `indent` its body's first
+        """The parts at `indent` among lines first..last-1 (from offset `begin` to offset `end`; `last`
+        None: to the text's end), each without its trailing blank lines. With `outer` (a class's indentation, `indent` its body's first
         def's), a def, class or decorator line deeper than `outer` and shallower than `indent` puts the
         parts at its depth instead.
 
@@ -269,6 +283,8 @@ class _Lines:
                 current = Part(number, start, last, end, indent)
                 current.define(number, start, text)
         if current is not None:
+            if last is None:  # the text's last line: counted only for a part that reaches it
+                current.end = number + masked.count("\n", counted_at) + 1
             parts.append(current)
         return [self._trimmed(part) for part in parts if part.definition is not None]
 
@@ -290,16 +306,6 @@ class _Lines:
             if len(match.group(1)) > part.indent:
                 return len(match.group(1))
         return None
-
-
-def _with_placeholders(lines, parts, first, last):
-    """Lines first..last-1, each part's first line a `pass` at its indentation, its others blank."""
-    out = list(lines[first:last])
-    for part in parts:
-        out[part.start - first] = " " * part.indent + "pass"
-        for number in range(part.start + 1, part.end):
-            out[number - first] = ""
-    return out
 
 
 class PartUnreadable(Exception):
@@ -344,27 +350,19 @@ class PartedSource:
     def __init__(self, text, filename):
         self.text = text
         self.filename = filename
-        self._lines = None
         self._masked = None
         self._whole = None
         #: A tree with lazy parts went out: from then on, a part that cannot be read is PartUnreadable.
         self._handed_out = False
 
-    @property
-    def lines(self):
-        """text.split("\n"), made when a part is first looked into (the outline is cut by offsets)."""
-        if self._lines is None:
-            self._lines = self.text.split("\n")
-        return self._lines
-
     def tree(self):
         """The module's tree with its defs and classes left lazy (SyntaxError as ast.parse raises it)."""
         self._masked = _Lines(self.text)
-        parts = self._masked.cuts(0, 0, len(self.text) + 1, self._masked.count, 0)
+        parts = self._masked.cuts(0, 0, len(self.text) + 1, None, 0)
         if not parts:
             return self._parse_whole()
         try:
-            module = ast.parse(self._outline(parts), filename=self.filename)
+            module = ast.parse(self._with_passes(parts, 0, len(self.text) + 1), filename=self.filename)
         except SyntaxError:
             return self._parse_whole()
         if not self._replace(module.body, parts):
@@ -372,17 +370,24 @@ class PartedSource:
         self._handed_out = True
         return module
 
-    def _outline(self, parts):
-        """The text with each part's first line a `pass` at its indentation, its others blank: what
-        _with_placeholders() gives for the whole text, made of the text between the parts."""
-        text, pieces, copied = self.text, [], 0
+    def _with_passes(self, parts, begin, end):
+        """The lines from offset `begin` to offset `end` (excluded, its newline too), each of `parts`
+        (among them) a `pass` at its indentation on its first line, its other lines blank. Made of
+        slices of the text: no line is listed."""
+        text, pieces, copied = self.text, [], begin
         for part in parts:
-            # The part's lines end with a newline each, but for the text's last line.
+            # A part's lines keep their newlines, but for the last line of the lines asked for.
             pieces += [text[copied:part.start_at], " " * part.indent + "pass",
-                       "\n" * (part.end - part.start - (part.end_at > len(text)))]
+                       "\n" * (part.end - part.start - (part.end_at >= end))]
             copied = part.end_at
-        pieces.append(text[copied:])
+        pieces.append(text[copied:end - 1])
         return "".join(pieces)
+
+    @staticmethod
+    def _prefix(part):
+        """What goes before a part's lines, parsed alone: a blank line for each line before it (its nodes
+        keep their positions), the last a `class _:` for a method (its indentation needs one)."""
+        return "\n" * (part.start - 1) + "class _:\n" if part.indent else "\n" * part.start
 
     def _parse_whole(self):
         if self._whole is None:
@@ -436,21 +441,18 @@ class PartedSource:
         with exactly that `pass` for a body (a body on the header's line, a colon in a default).
         The lines are the file's up to that colon: the header's nodes and their positions are the
         whole part's."""
-        prefix = [""] * part.start
-        if part.indent:
-            if not part.start:
-                return None
-            prefix[-1] = "class _:"
-        at = part.definition_at
+        if part.indent and not part.start:
+            return None
+        prefix = self._prefix(part)
+        following = part.definition_at
         for number in range(part.definition, min(part.end, part.definition + HEADER_LINES)):
+            at, following = following, self._masked.next(following)
             end = code_end(self._masked.line(at))
-            at = self._masked.next(at)
-            line = self.lines[number]
+            line = self.text[at:following - 1]
             if not line[:end].endswith(":"):
                 continue
             try:
-                module = ast.parse("\n".join(prefix + self.lines[part.start:number] + [line[:end] + " pass"]),
-                                   filename=self.filename)
+                module = ast.parse(prefix + self.text[part.start_at:at] + line[:end] + " pass", filename=self.filename)
             except SyntaxError:
                 continue
             body = module.body[0].body if part.indent else module.body
@@ -466,16 +468,12 @@ class PartedSource:
     def _parse_part(self, part):
         """The part's one statement, parsed at its own lines (a class's methods as parts); None when
         the part does not parse to exactly that statement."""
-        # Blank lines before it keep the line numbers; a method's indentation needs an enclosing class.
-        prefix = [""] * part.start
-        if part.indent:
-            if not part.start:
-                return None
-            prefix[-1] = "class _:"
+        if part.indent and not part.start:
+            return None
         methods = []
         if part.kind == "class":
             methods = self._methods(part)
-        text = "\n".join(prefix + _with_placeholders(self.lines, methods, part.start, part.end))
+        text = self._prefix(part) + self._with_passes(methods, part.start_at, part.end_at)
         try:
             module = ast.parse(text, filename=self.filename)
         except SyntaxError:
@@ -497,8 +495,8 @@ class PartedSource:
 
     def _end_column(self, part):
         """Where the code of `part`'s last line ends, in UTF-8 bytes as ast counts (a comment left out)."""
-        masked = self._masked.line(self._masked.previous(part.end_at))
-        return len(self.lines[part.end - 1][:code_end(masked)].encode("utf-8"))
+        at = self._masked.previous(part.end_at)
+        return len(self.text[at:part.end_at - 1][:code_end(self._masked.line(at))].encode("utf-8"))
 
     def _methods(self, part):
         """The methods of a class part, cut at its body's indentation."""

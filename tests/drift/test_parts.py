@@ -150,7 +150,7 @@ def masked_by_regex(text: str) -> str:
         first, *rest = token.split("\n")
         return "\n".join([parts.STRING_MARK * len(first)] + [parts._masked_string_line(piece) for piece in rest])
 
-    return parts._TRIPLE_OR_RUN.sub(mask, text)
+    return parts._TRIPLE_OR_RUN().sub(mask, text)
 
 
 @pytest.mark.parametrize("text", [
