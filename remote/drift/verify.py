@@ -26,14 +26,15 @@ import os
 from contract import HS_CONNECTORS, IN_PROCESS, REPOSITORY_SCRIPTS, SERVER, extraction_mode
 from rpc import RemoteFailure
 
+#: The report's cache state when no cache was asked for (drift/answers.py's BYPASSED).
+BYPASSED = "bypassed"
+
 
 def run(args):
     """The report, from the workdir's cache (drift/answers.py) when nothing it depends on changed;
     args "workdir" (where the cache is; without it, none) and "no_cache" (true: analyse anyway, and
     keep nothing). The report's "cache" says which: {"state": hit|miss|bypassed, "why"}."""
     import gc
-
-    from drift import answers
 
     # The analysis allocates hundreds of thousands of AST nodes and frees none of them until it ends;
     # the cyclic collector would scan them over and over (a third of the run) to find no garbage, and
@@ -42,7 +43,10 @@ def run(args):
     gc.disable()
     workdir = args.get("workdir")
     if not workdir or args.get("no_cache"):
-        return dict(analysis(args), cache={"state": answers.BYPASSED, "why": None})
+        # answers.BYPASSED, without importing answers (json's encoder, zlib, atomic) for a call that keeps none.
+        return dict(analysis(args), cache={"state": BYPASSED, "why": None})
+    from drift import answers
+
     identity = answers.identity(args)
     report, why = answers.lookup(workdir, identity)
     if report is not None:
