@@ -1,0 +1,39 @@
+"""Where a cold verify's host work was cut (docs/benchmarks.md, issue 30), what it gives is what it gave."""
+from __future__ import annotations
+
+import ast
+import os
+
+from drift.signatures import simple_text
+from support.drift_wheels import root
+
+
+def modules(name: str, version: str, package: str):
+    top = os.path.join(root(name, version)["root"], package)
+    for directory, _, files in os.walk(top):
+        for file in sorted(files):
+            if file.endswith(".py"):
+                path = os.path.join(directory, file)
+                with open(path, "rb") as handle:
+                    yield path, handle.read().decode("utf-8", errors="replace")
+
+
+def test_simple_text_is_ast_unparse_where_it_answers():
+    answered = 0
+    for path, text in modules("vllm", "0.16.0", "vllm/config"):
+        for node in ast.walk(ast.parse(text)):
+            values = []
+            if isinstance(node, ast.arguments):
+                values = node.defaults + [d for d in node.kw_defaults if d is not None]
+            elif isinstance(node, (ast.AnnAssign, ast.Assign, ast.keyword)) and node.value is not None:
+                values = [node.value]
+            for value in values:
+                text_ = simple_text(value)
+                if text_ is not None:
+                    answered += 1
+                    assert text_ == ast.unparse(value), (path, value.lineno)
+    assert answered > 500
+    for source in ("-1", "-1.5", "1e400", "u'a'", "...", "(1,)", "()", "[a.b, 'c']", "f()", "a.b.c()", "f(1)",
+                   "'it\\'s'", "b'x'", "x[0]", "(1, (2,))", "lambda: 1", "-x", "1 .real"):
+        value = ast.parse(source, mode="eval").body
+        assert simple_text(value) in (None, ast.unparse(value)), source
