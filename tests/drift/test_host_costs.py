@@ -5,6 +5,7 @@ import ast
 import os
 
 from drift.signatures import simple_text
+from drift.source import walk
 from support.drift_wheels import root
 
 
@@ -37,3 +38,10 @@ def test_simple_text_is_ast_unparse_where_it_answers():
                    "'it\\'s'", "b'x'", "x[0]", "(1, (2,))", "lambda: 1", "-x", "1 .real"):
         value = ast.parse(source, mode="eval").body
         assert simple_text(value) in (None, ast.unparse(value)), source
+
+
+def test_walk_is_ast_walk_without_expression_contexts():
+    for path, text in modules("speculators", "0.3.0", "speculators/data_generation"):
+        tree = ast.parse(text)
+        expected = [node for node in ast.walk(tree) if not isinstance(node, ast.expr_context)]
+        assert list(walk(tree)) == expected, path
