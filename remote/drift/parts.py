@@ -308,6 +308,17 @@ class _Lines:
         return None
 
 
+def unparsed_text(node):
+    """The text of a def or class (its lines, decorators first) whose body is not parsed yet, else None:
+    where a look at the text can tell that its body holds no node of some kind, the body need not be
+    parsed (a name, in ASCII text, is written as it is)."""
+    fields = node.__dict__
+    if "_source" not in fields:
+        return None
+    part = fields["_part"]
+    return fields["_source"].text[part.start_at:part.end_at - 1]
+
+
 class PartUnreadable(Exception):
     """A part, once looked into, could not be read though the rest of its module was: this Python
     parses the module by parts but not whole (newer syntax inside a def). The analysis is then run

@@ -4,8 +4,11 @@ from __future__ import annotations
 import ast
 import os
 
+from drift.classes import assigned_self_attributes
+from drift.parts import PartedSource, unparsed_text
+from drift.refs import ClassRef
 from drift.signatures import simple_text
-from drift.source import walk
+from drift.source import Module, walk
 from support.drift_wheels import root
 
 
@@ -45,3 +48,23 @@ def test_walk_is_ast_walk_without_expression_contexts():
         tree = ast.parse(text)
         expected = [node for node in ast.walk(tree) if not isinstance(node, ast.expr_context)]
         assert list(walk(tree)) == expected, path
+
+
+def test_a_method_that_cannot_assign_the_attribute_is_left_unparsed_and_the_answer_kept():
+    text = (
+        "class Holder:\n"
+        "    def __init__(self):\n"
+        "        self.size = 1\n"
+        "    def other(self):\n"
+        "        setattr(self, 'named', 2)\n"
+        "    def third(self):\n"
+        "        return self.size\n"
+    )
+    for name, parsed in (("size", {"__init__", "other", "third"}), ("named", {"other"}), ("absent", {"other"})):
+        tree = PartedSource(text, "<test>").tree()
+        module = Module(name="m", path="m.py", relpath="m.py", is_package=False, tree=tree, source=text)
+        holder = ClassRef(module, tree.body[0], "Holder")
+        whole = assigned_self_attributes(ClassRef(module, ast.parse(text).body[0], "Holder"))
+        assert (assigned_self_attributes(holder, name).get(name) is None) == (whole.get(name) is None)
+        methods = tree.body[0].body
+        assert {m.name for m in methods if unparsed_text(m) is None} == parsed, name
