@@ -173,10 +173,13 @@ class Part:
 
 
 def _shallow(indent):
-    """A line indented `indent` or less that is not blank, with the newline before it."""
+    """A line indented `indent` or less that is not blank, with the newline before it: what
+    `\n[ \t]{0,indent}[^ \t\r\n]` matches, written so that a deeper line (most lines of a class)
+    fails at once, where that regex's repeat gives back its blanks one by one before failing."""
     pattern = _SHALLOW.get(indent)
     if pattern is None:
-        pattern = _SHALLOW[indent] = re.compile(r"\n[ \t]{0,%d}[^ \t\r\n]" % indent)
+        pattern = _SHALLOW[indent] = re.compile(
+            r"\n[^ \t\r\n]" if indent == 0 else r"\n(?![ \t]{%d}|[ \t]*(?:[\r\n]|$))" % (indent + 1))
     return pattern
 
 
@@ -184,9 +187,9 @@ def _starting(lowest, indent):
     """A line indented `lowest` to `indent` that _PART_START matches at (a def, a class, a decorator),
     with the newline before it; the indentation is its group 1."""
     pattern = _STARTING.get((lowest, indent))
-    if pattern is None:
+    if pattern is None:  # a deeper line fails at its lookahead (see _shallow)
         pattern = _STARTING[lowest, indent] = re.compile(
-            r"\n([ \t]{%d,%d})(?:(?:async[^\S\n]+def|def|class)\b|@)" % (lowest, indent))
+            r"\n(?![ \t]{%d})([ \t]{%d,%d})(?:(?:async[^\S\n]+def|def|class)\b|@)" % (indent + 1, lowest, indent))
     return pattern
 
 
@@ -260,7 +263,12 @@ class _Lines:
                 match = any_line.search(masked, search, end)
                 if match is None:
                     break
-                start, first_char = match.start() + 1, match.end() - 1
+                start = match.start() + 1
+                if indent:  # the line's indentation: `indent` blanks at most (the lookahead)
+                    head = masked[start:start + indent + 1]
+                    first_char = start + len(head) - len(head.lstrip(" \t"))
+                else:
+                    first_char = start
                 search = start
             text = self.counted(start, first_char)
             if text is None:
