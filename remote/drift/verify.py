@@ -23,11 +23,17 @@ consumer root, is read too). Returns the report (docs/findings.md).
 import json
 import os
 
-from contract import HS_CONNECTORS, IN_PROCESS, REPOSITORY_SCRIPTS, SERVER, extraction_mode
+from contract import (
+    CACHE_BYPASSED,
+    CACHE_HIT,
+    CACHE_MISS,
+    HS_CONNECTORS,
+    IN_PROCESS,
+    REPOSITORY_SCRIPTS,
+    SERVER,
+    extraction_mode,
+)
 from rpc import RemoteFailure
-
-#: The report's cache state when no cache was asked for (drift/answers.py's BYPASSED).
-BYPASSED = "bypassed"
 
 
 def run(args):
@@ -43,14 +49,14 @@ def run(args):
     gc.disable()
     workdir = args.get("workdir")
     if not workdir or args.get("no_cache"):
-        # answers.BYPASSED, without importing answers (json's encoder, zlib, atomic) for a call that keeps none.
-        return dict(analysis(args), cache={"state": BYPASSED, "why": None})
+        # Without importing answers (json's encoder, zlib, atomic) for a call that keeps none.
+        return dict(analysis(args), cache={"state": CACHE_BYPASSED, "why": None})
     from drift import answers
 
     identity = answers.identity(args)
     report, why = answers.lookup(workdir, identity)
     if report is not None:
-        return dict(report, cache={"state": answers.HIT, "why": None})
+        return dict(report, cache={"state": CACHE_HIT, "why": None})
     from drift.reads import Recorder
 
     with Recorder() as recorder:
@@ -58,7 +64,7 @@ def run(args):
     recorded = recorder.recorded()
     if recorded is not None:
         answers.store(workdir, identity, recorded, report)
-    return dict(report, cache={"state": answers.MISS, "why": why})
+    return dict(report, cache={"state": CACHE_MISS, "why": why})
 
 
 def analysis(args):
