@@ -223,3 +223,8 @@ SLURM_SETTINGS = {
     "extra_sbatch": {"default": [], "sbatch": None},            # more options, as `--name=value` words
     "fabric_interface": {"default": None, "sbatch": None},      # NCCL/GLOO_SOCKET_IFNAME of multi-node jobs
 }
+
+# Where a verify report came from (its "cache": {"state", "why"}; `--json` shows it): the host's kept
+# answer (remote/drift/answers.py), a fresh analysis kept for the next call, or one kept nowhere
+# (no workdir, or --no-cache).
+CACHE_HIT, CACHE_MISS, CACHE_BYPASSED = "hit", "miss", "bypassed"

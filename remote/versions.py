@@ -15,7 +15,7 @@ _VERSION_SOURCE = (
     (?:[-_.]?(?P<dev_l>dev)[-_.]?(?P<dev_n>[0-9]+)?)?
     (?:\+(?P<local>[a-z0-9]+(?:[-_.][a-z0-9]+)*))?\s*$""")
 _PRE_ORDER = {"a": 0, "alpha": 0, "b": 1, "beta": 1, "c": 2, "rc": 2, "pre": 2, "preview": 2}
-_SPECIFIER = re.compile(r"^\s*(===|==|!=|<=|>=|<|>|~=)\s*([^\s,]+)\s*$")
+_SPECIFIER = None
 _INFINITY = float("inf")
 
 
@@ -30,6 +30,14 @@ def version_pattern():
     if _VERSION is None:
         _VERSION = re.compile(_VERSION_SOURCE, re.VERBOSE | re.IGNORECASE)
     return _VERSION
+
+
+def _specifier():
+    """The regex of one specifier ('>=0.16.0'), compiled when a range is first read: most calls read none."""
+    global _SPECIFIER
+    if _SPECIFIER is None:
+        _SPECIFIER = re.compile(r"^\s*(===|==|!=|<=|>=|<|>|~=)\s*([^\s,]+)\s*$")
+    return _SPECIFIER
 
 
 class Version:
@@ -121,7 +129,7 @@ def check_range(spec):
         raise InvalidRange("expected a specifier string such as '==0.16.*' or a list of them, got %r" % (spec,))
     for alternative in alternatives:
         for part in alternative.split(","):
-            match = _SPECIFIER.match(part)
+            match = _specifier().match(part)
             if not match:
                 raise InvalidRange("%r is not a version specifier (use e.g. '>=0.16.0.dev0' or '==0.16.*')" % part)
             operand = match.group(2)
@@ -136,7 +144,7 @@ def in_range(version_text, spec):
     check_range(spec)
     version = Version(version_text)
     for alternative in spec if isinstance(spec, list) else [spec]:
-        parts = [_SPECIFIER.match(part).groups() for part in alternative.split(",")]
+        parts = [_specifier().match(part).groups() for part in alternative.split(",")]
         if all(_specifier_matches(operator, operand, version) for operator, operand in parts):
             return True
     return False

@@ -64,3 +64,7 @@ extraction_mode = _contract.extraction_mode
 SLURM: str = _contract.SLURM
 SCHEDULERS: tuple[str, ...] = _contract.SCHEDULERS
 SLURM_SETTINGS: dict = _contract.SLURM_SETTINGS
+# Where a verify report came from: its "cache" state (remote/contract.py).
+CACHE_HIT: str = _contract.CACHE_HIT
+CACHE_MISS: str = _contract.CACHE_MISS
+CACHE_BYPASSED: str = _contract.CACHE_BYPASSED

@@ -27,8 +27,6 @@ FORMAT = 1
 #: Entries kept; the oldest go first (one per key: a new bundle or other arguments start a new one).
 KEEP = 32
 PRIVATE_DIR = 0o700
-#: Where a cached answer came from, in the report's "cache": {"state", "why"}.
-HIT, MISS, BYPASSED = "hit", "miss", "bypassed"
 #: Set anew by each SSH login (or by the shell) and read by nothing the analysis does.
 VOLATILE_ENV = frozenset(("SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY", "SSH_AUTH_SOCK", "_", "SHLVL", "OLDPWD",
                           "PWD", "XDG_SESSION_ID", "MOTD_SHOWN"))

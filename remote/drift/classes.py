@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ast
 
+from drift.parts import unparsed_text
 from drift.records import record
 from drift.refs import ClassRef, ExternalRef, FunctionRef, MaybeRef, MissingRef, Ref, UnknownRef, ValueRef
 from drift.source import walk
@@ -164,11 +165,19 @@ def class_member(index, cls, name, opaque_lacks=None):
     return MissingRef(cls.dotted + "." + name)
 
 
-def assigned_self_attributes(cls):
-    """{name: first statement} of `self.<name> = ...` in any method of `cls`'s own body."""
+def assigned_self_attributes(cls, name=None):
+    """{name: first statement} of `self.<name> = ...` in any method of `cls`'s own body. With `name`, a
+    method not parsed yet whose text names neither it nor setattr (ASCII text: a name is written as it
+    is) is left unparsed, as it cannot assign it: `name`'s entry is the same."""
     found = {}
     for method in body_statements(cls.node.body):
-        if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)) or not method.args.args:
+        if not isinstance(method, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        if name is not None:
+            text = unparsed_text(method)
+            if text is not None and text.isascii() and name not in text and "setattr" not in text:
+                continue
+        if not method.args.args:
             continue
         self_name = method.args.args[0].arg
         for node in walk(method):
@@ -206,7 +215,7 @@ def instance_member(index, cls, name, opaque_lacks=None):
     if not isinstance(ref, MissingRef):
         return ref
     for entry in info(index, cls).classes():
-        node = assigned_self_attributes(entry).get(name)
+        node = assigned_self_attributes(entry, name).get(name)
         if node is not None:
             return ValueRef(entry.module, node, cls.dotted + "." + name)
     for hook in ("__getattr__", "__getattribute__"):

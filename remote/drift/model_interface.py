@@ -21,7 +21,7 @@ from drift.source import walk
 #: Where vLLM's registry of architecture names lives, relative to the provider package.
 REGISTRY_MODULE = "model_executor.models.registry"
 #: Hugging Face loaders that read a model directory (and run its custom code when trusted).
-HF_LOADER = re.compile(r"^transformers\.(?:[\w.]+\.)?Auto\w+\.from_pretrained$")
+HF_LOADER = r"^transformers\.(?:[\w.]+\.)?Auto\w+\.from_pretrained$"
 #: The public API of torch.nn.Module, the one external base of every vLLM model: an attribute
 #: outside it that the model's own source does not define is not there (submodules are
 #: assigned in __init__, which is read).
@@ -284,7 +284,7 @@ def _loader_name(analysis, use):
     (vLLM's ModelConfig): either runs the directory's custom code only when trusted.
     """
     if isinstance(use.target, ExternalRef):
-        if HF_LOADER.match(use.target.dotted):
+        if re.match(HF_LOADER, use.target.dotted):  # compiled (and cached by re) for a model with custom code only
             return use.target.dotted, ".".join(use.target.dotted.split(".")[-2:])
         return None
     try:

@@ -18,13 +18,24 @@ Checked against ast.parse on every module of vLLM 0.11, 0.16 and 0.33, speculato
 the same nodes, fields and positions (5,600 files).
 """
 import ast
-import bisect
 import re
-from itertools import accumulate, repeat
-from operator import add
+
+
+def _compiled_when_used(*pattern):
+    """A function giving re.compile(*pattern), compiled on the first call: a compile is 0.5-2 M
+    instructions of Python, and the regexes made so may serve no module of a verify."""
+    compiled = []
+
+    def get():
+        if not compiled:
+            compiled.append(re.compile(*pattern))
+        return compiled[0]
+
+    return get
+
 
 #: Strings (any prefix, triple-quoted or not) and comments, in the order Python's tokenizer meets them.
-_STRINGS_AND_COMMENTS = re.compile(
+_STRINGS_AND_COMMENTS = _compiled_when_used(
     r"#[^\n]*"
     r"|[rRbBuUfF]{0,2}(?:'''[^'\\]*(?:(?:\\.|'(?!''))[^'\\]*)*'''"
     r'|"""[^"\\]*(?:(?:\\.|"(?!""))[^"\\]*)*"""'
@@ -32,7 +43,7 @@ _STRINGS_AND_COMMENTS = re.compile(
     r'|"[^"\\\n]*(?:\\.[^"\\\n]*)*")', re.DOTALL)
 #: A triple-quoted string, or a run of anything else (code, comments, one-line strings) up to the next:
 #: the regex walks the text in C, and Python sees a handful of matches a module, not every string.
-_TRIPLE_OR_RUN = re.compile(
+_TRIPLE_OR_RUN = _compiled_when_used(
     r"(?P<triple>'''[^'\\]*(?:(?:\\.|'(?!''))[^'\\]*)*'''"
     r'|"""[^"\\]*(?:(?:\\.|"(?!""))[^"\\]*)*""")'
     r"|(?:[^'\"#]+|#[^\n]*|'(?!'')[^'\\\n]*(?:\\.[^'\\\n]*)*'"
@@ -45,24 +56,80 @@ STRING_MARK = "\x01"
 #: before it. The line-matching patterns here start at the newline, not at a MULTILINE `^`: the regex
 #: finds a newline in C, where `^` is tried at every character (five times slower over a module).
 _CANDIDATE = re.compile(r"\n([ \t]*)(?:(?:async[ \t]+)?def\b|class\b|@)")
-#: {indent: (a line at most that deep that is not blank, with the newline before it; the same at the text's start)}
+#: {indent: _shallow(indent)}, {(lowest, indent): _starting(lowest, indent)}: compiled when first used.
 _SHALLOW = {}
+_STARTING = {}
 
 
 def _masked(text):
     """`text` with the characters of its strings that span lines as STRING_MARK (newlines and their
     later lines' indentation kept): no line of theirs can pass for code. Comments and one-line
     strings are left as they are: a line starting with `#` or a quote is never a def, and code_end()
-    reads a comment off the few lines where it matters."""
-    def mask(match):  # once per run and per triple-quoted string: a few hundred a module
-        token = match.group()
-        if match.lastgroup != "triple" or "\n" not in token:
-            return token
-        first, *rest = token.split("\n")
-        # A string's later lines keep their indentation: a docstring's text is as deep as its code.
-        return "\n".join([STRING_MARK * len(first)] + [_masked_string_line(piece) for piece in rest])
+    reads a comment off the few lines where it matters.
 
-    return _TRIPLE_OR_RUN.sub(mask, text)
+    What _TRIPLE_OR_RUN.sub() would give (its matches in order: runs of code, comments and one-line
+    strings kept as they are, triple-quoted strings masked), without running it over the whole text:
+    only a `'''` or `\"\"\"` can start a string that spans lines (a backslash-newline inside a one-line
+    string aside), so the regex is run only from the start of a line holding one of those, where its
+    scan is between tokens as it would have been: before that line's newline no comment, one-line
+    string or triple-quoted string can be open (none of the last starts there; a backslash before the
+    newline, which might continue a one-line string, has the regex run from the last match's end
+    instead). Where nothing but code precedes the quotes on their line, and the string ends, not even
+    that: the string ends at the first of its quotes not escaped by a backslash, as the regex reads
+    it. The regex scanned all 650 kB of vLLM a verify reads, about a tenth of a cold verify."""
+    out = []
+    copied = position = 0  # text[:copied] is in out; `position` is where the regex's scan is between matches
+    singles, doubles = text.find("'''"), text.find('"""')
+    while True:
+        if 0 <= singles < position:
+            singles = text.find("'''", position)
+        if 0 <= doubles < position:
+            doubles = text.find('"""', position)
+        quotes = doubles if singles < 0 or 0 <= doubles < singles else singles
+        if quotes < 0:
+            break
+        newline = text.rfind("\n", position, quotes)
+        start = position if newline < 0 else newline + 1
+        if start > position and "\\" in text[max(position, start - 3):start - 1]:
+            start = position  # a backslash ends the line before: the scan from the last match on
+        end = -1
+        if not any(character in text[start:quotes] for character in "'\"#"):
+            end = _string_end(text, quotes)
+        if end < 0:  # something else on the line before it, or no end: the regex itself from `start`
+            match = _TRIPLE_OR_RUN().search(text, start)
+            if match is None:
+                break
+            position = match.end()
+            if match.lastgroup != "triple":
+                continue  # a run: kept as it is, the scan goes on from its end
+            quotes, end = match.start(), position
+        position = end
+        if "\n" in text[quotes:end]:
+            first, *rest = text[quotes:end].split("\n")
+            # A string's later lines keep their indentation: a docstring's text is as deep as its code.
+            out += [text[copied:quotes], "\n".join([STRING_MARK * len(first)] + [_masked_string_line(piece) for piece in rest])]
+            copied = end
+    out.append(text[copied:])
+    return "".join(out)
+
+
+def _string_end(text, start):
+    """Where the triple-quoted string opening at `start` ends (after its closing quotes), as
+    _TRIPLE_OR_RUN's `triple` reads it: at the first of its quotes after the opening that no
+    backslash escapes (an odd run of them before); -1 when it does not end."""
+    quotes = text[start:start + 3]
+    body = start + 3
+    find = body
+    while True:
+        closing = text.find(quotes, find)
+        if closing < 0:
+            return -1
+        backslash = closing
+        while backslash > body and text[backslash - 1] == "\\":
+            backslash -= 1
+        if (closing - backslash) % 2 == 0:
+            return closing + 3
+        find = closing + 1  # the first quote is escaped: the scan goes on after it
 
 
 def _masked_string_line(piece):
@@ -72,126 +139,192 @@ def _masked_string_line(piece):
 
 def code_end(line):
     """How long a (masked) line is without its comment and trailing blanks."""
-    for match in _STRINGS_AND_COMMENTS.finditer(line):
+    if "#" not in line:
+        return len(line.rstrip())  # no comment: the regex's answer, without it
+    for match in _STRINGS_AND_COMMENTS().finditer(line):
         if match.group().startswith("#"):
             return len(line[:match.start()].rstrip())
     return len(line.rstrip())
 
 
 def _has_code(line):
-    """code_end(line) > 0: only a line with a `#` needs the regex (a `#` in a string is code)."""
-    return bool(code_end(line)) if "#" in line else bool(line.strip())
+    """code_end(line) > 0."""
+    return bool(code_end(line))
 
 
 class Part:
-    """Where one def or class lies: its lines (0-based, end excluded), the line of its `def`/`class`."""
+    """Where one def or class lies: its lines (0-based, end excluded), the line of its `def`/`class`,
+    and the offsets in the text where those lines start (`*_at`; a part that runs to the text's end
+    ends at len(text) + 1, as though a newline ended the text)."""
 
-    __slots__ = ("start", "end", "definition", "name", "kind", "indent")
+    __slots__ = ("start", "end", "definition", "name", "kind", "indent", "start_at", "end_at", "definition_at")
 
-    def __init__(self, start, end, indent):
-        self.start, self.end, self.indent = start, end, indent
-        self.definition = self.name = self.kind = None
+    def __init__(self, start, start_at, end, end_at, indent):
+        self.start, self.start_at, self.end, self.end_at, self.indent = start, start_at, end, end_at, indent
+        self.definition = self.definition_at = self.name = self.kind = None
 
-    def define(self, number, text):
-        """Note line `number` as the part's def or class line when `text` is one; True if it is."""
+    def define(self, number, at, text):
+        """Note line `number` (at offset `at`) as the part's def or class line when `text` is one; True if it is."""
         found = _DEFINITION.match(text)
         if found:
-            self.definition, self.name, self.kind = number, found.group(1), found.group().split()[0]
+            self.definition, self.definition_at = number, at
+            self.name, self.kind = found.group(1), found.group().split()[0]
         return bool(found)
 
 
+def _shallow(indent):
+    """A line indented `indent` or less that is not blank, with the newline before it: what
+    `\n[ \t]{0,indent}[^ \t\r\n]` matches, written so that a deeper line (most lines of a class)
+    fails at once, where that regex's repeat gives back its blanks one by one before failing."""
+    pattern = _SHALLOW.get(indent)
+    if pattern is None:
+        pattern = _SHALLOW[indent] = re.compile(
+            r"\n[^ \t\r\n]" if indent == 0 else r"\n(?![ \t]{%d}|[ \t]*(?:[\r\n]|$))" % (indent + 1))
+    return pattern
+
+
+def _starting(lowest, indent):
+    """A line indented `lowest` to `indent` that _PART_START matches at (a def, a class, a decorator),
+    with the newline before it; the indentation is its group 1."""
+    pattern = _STARTING.get((lowest, indent))
+    if pattern is None:  # a deeper line fails at its lookahead (see _shallow)
+        pattern = _STARTING[lowest, indent] = re.compile(
+            r"\n(?![ \t]{%d})([ \t]{%d,%d})(?:(?:async[^\S\n]+def|def|class)\b|@)" % (indent + 1, lowest, indent))
+    return pattern
+
+
 class _Lines:
-    """The masked text of a module (_masked) and where its lines start."""
+    """The masked text of a module (_masked), its lines read by their offsets: none is listed."""
 
-    def __init__(self, text, lines):
-        """`lines`: text.split("\n"). Masking keeps every character's place, so the lines' starts are
-        theirs, summed in C."""
+    def __init__(self, text):
         self.masked = _masked(text)
-        self.starts = list(accumulate(map(add, map(len, lines), repeat(1)), initial=0))[:len(lines)]
 
-    def offset(self, number):
-        return self.starts[number] if number < len(self.starts) else len(self.masked)
+    def line(self, at):
+        """The line starting at offset `at`, without its newline."""
+        end = self.masked.find("\n", at)
+        return self.masked[at:end if end >= 0 else len(self.masked)].rstrip("\r\n")
 
-    def line(self, number):
-        return self.masked[self.offset(number):self.offset(number + 1)].rstrip("\r\n")
+    def previous(self, at):
+        """Where the line before the one at `at` starts (`at` may be len(text) + 1, the end)."""
+        return self.masked.rfind("\n", 0, at - 1) + 1
 
-    def opening(self, first, last, indent):
-        """(number, indentation, text) of each line first..last-1 indented `indent` or less that opens a
-        statement: not blank nor a comment, not after a backslash, not a closing bracket. A line
-        inside a string counts (a statement may start with one): a part cut there leaves text that
-        does not parse around it. The regex skips deeper lines in C: most of a module is deeper."""
-        patterns = _SHALLOW.get(indent)
-        if patterns is None:
-            line = r"[ \t]{0,%d}[^ \t\r\n]" % indent
-            patterns = _SHALLOW[indent] = re.compile("\n" + line), re.compile(line)
-        after_newline, at_text_start = patterns
+    def next(self, at):
+        """Where the line after the one at `at` starts (len(text) + 1 after the last)."""
+        end = self.masked.find("\n", at)
+        return end + 1 if end >= 0 else len(self.masked) + 1
+
+    def counted(self, start, first_char):
+        """The text of the line at `start` (its first character at `first_char`) when it counts for the
+        cutting, else None: a line that opens a statement, not a comment, not after a backslash, not a
+        closing bracket. A line inside a string counts (a statement may start with one): a part cut
+        there leaves text that does not parse around it."""
         masked = self.masked
-        begin, end = self.offset(first), self.offset(last)
-        # (where the line starts, its first character)
-        found = [(match.start() + 1, match.end() - 1) for match in after_newline.finditer(masked, max(begin - 1, 0), end)]
-        if begin == 0:
-            match = at_text_start.match(masked, 0, end)
-            if match:
-                found.insert(0, (0, match.end() - 1))
-        for start, first_char in found:
-            if masked[first_char] in ")]}":
-                continue
-            if masked[max(0, start - 3):start].rstrip("\r\n").endswith("\\"):
-                previous = self.line(bisect.bisect_right(self.starts, start - 1) - 1)
-                if previous[:code_end(previous)].endswith("\\"):
-                    continue  # a backslash continuation (not one a comment ends with)
-            if masked[first_char] == "#":
-                continue  # a comment's line
-            end = masked.find("\n", first_char)
-            yield (bisect.bisect_right(self.starts, start) - 1, first_char - start,
-                   masked[first_char:end if end >= 0 else len(masked)].rstrip())
+        if masked[first_char] in ")]}#":
+            return None  # a closing bracket, a comment's line
+        if masked[max(0, start - 3):start].rstrip("\r\n").endswith("\\"):
+            previous = self.line(self.previous(start))
+            if previous[:code_end(previous)].endswith("\\"):
+                return None  # a backslash continuation (not one a comment ends with)
+        end = masked.find("\n", first_char)
+        return masked[first_char:end if end >= 0 else len(masked)].rstrip()
 
-    def cuts(self, first, last, indent, outer=None):
-        """The parts at `indent` among lines first..last-1, each without its trailing blank lines. With
-        `outer` (a class's indentation, `indent` its body's first def's), a def, class or decorator
-        line deeper than `outer` and shallower than `indent` puts the parts at its depth instead."""
+    def cuts(self, begin, first, end, last, indent, outer=None):
+        """The parts at `indent` among lines first..last-1 (from offset `begin` to offset `end`; `last`
+        None: to the text's end), each without its trailing blank lines. With `outer` (a class's indentation, `indent` its body's first
+        def's), a def, class or decorator line deeper than `outer` and shallower than `indent` puts the
+        parts at its depth instead.
+
+        The lines indented `indent` or less that count (counted()) are read in order. While no part is
+        open, only a def, class or decorator line can change anything, one at `indent` or between
+        `outer` and it: the search skips to the next such line in C, past the rest (most of a module);
+        an open part is ended by the next line that counts, whatever it is."""
+        masked = self.masked
+        any_line = _shallow(indent)
+        part_line = _starting(indent if outer is None else outer + 1, indent)
         parts, current = [], None
-        for number, depth, text in self.opening(first, last, indent):
+        counted_at, number = begin, first  # line numbers are counted on from here
+        search = max(begin - 1, 0)  # where the next line's newline is looked for
+        at_text_start = begin == 0
+        while True:
+            if at_text_start:  # the text's first line, which has no newline before it
+                at_text_start = False
+                start = first_char = 0
+                while first_char <= indent and masked[first_char:first_char + 1] in (" ", "\t"):
+                    first_char += 1
+                if first_char > indent or first_char >= min(end, len(masked)) or masked[first_char] in "\r\n":
+                    continue
+            elif current is None:
+                match = part_line.search(masked, search, end)
+                if match is None:
+                    break
+                start, first_char = match.start() + 1, match.end(1)
+                search = start
+            else:
+                match = any_line.search(masked, search, end)
+                if match is None:
+                    break
+                start = match.start() + 1
+                if indent:  # the line's indentation: `indent` blanks at most (the lookahead)
+                    head = masked[start:start + indent + 1]
+                    first_char = start + len(head) - len(head.lstrip(" \t"))
+                else:
+                    first_char = start
+                search = start
+            text = self.counted(start, first_char)
+            if text is None:
+                continue
+            number += masked.count("\n", counted_at, start)
+            counted_at = start
+            depth = first_char - start
             starts = _PART_START.match(text)
             if starts and outer is not None and outer < depth < indent:
-                return self.cuts(first, last, depth, outer)
+                return self.cuts(begin, first, end, last, depth, outer)
             starts = starts and depth == indent
             if current is not None:
                 if current.definition is None and starts:
-                    current.define(number, text)
+                    current.define(number, start, text)
                     continue  # a decorator's own lines, or its def
-                current.end = number
+                current.end, current.end_at = number, start
                 parts.append(current)
                 current = None
             if starts:
-                current = Part(number, last, indent)
-                current.define(number, text)
+                current = Part(number, start, last, end, indent)
+                current.define(number, start, text)
         if current is not None:
+            if last is None:  # the text's last line: counted only for a part that reaches it
+                current.end = number + masked.count("\n", counted_at) + 1
             parts.append(current)
         return [self._trimmed(part) for part in parts if part.definition is not None]
 
     def _trimmed(self, part):
-        while part.end - 1 > part.definition and not _has_code(self.line(part.end - 1)):
-            part.end -= 1
+        while part.end - 1 > part.definition:
+            previous = self.previous(part.end_at)
+            if _has_code(self.line(previous)):
+                break
+            part.end, part.end_at = part.end - 1, previous
         return part
 
     def body_indent(self, part):
         """The indentation of the first def, class or decorator line in a class part's body (None when
         there is none): its methods' indentation, unless a shallower one follows (cuts() then says so)."""
-        for match in _CANDIDATE.finditer(self.masked, self.offset(part.definition + 1) - 1, self.offset(part.end)):
+        after = self.masked.find("\n", part.definition_at)  # the newline that ends the class's line
+        if after < 0:
+            return None
+        for match in _CANDIDATE.finditer(self.masked, after, part.end_at):
             if len(match.group(1)) > part.indent:
                 return len(match.group(1))
         return None
 
 
-def _with_placeholders(lines, parts, first, last):
-    """Lines first..last-1, each part's first line a `pass` at its indentation, its others blank."""
-    out = list(lines[first:last])
-    for part in parts:
-        out[part.start - first] = " " * part.indent + "pass"
-        for number in range(part.start + 1, part.end):
-            out[number - first] = ""
-    return out
+def unparsed_text(node):
+    """The text of a def or class (its lines, decorators first) whose body is not parsed yet, else None:
+    where a look at the text can tell that its body holds no node of some kind, the body need not be
+    parsed (a name, in ASCII text, is written as it is)."""
+    fields = node.__dict__
+    if "_source" not in fields:
+        return None
+    part = fields["_part"]
+    return fields["_source"].text[part.start_at:part.end_at - 1]
 
 
 class PartUnreadable(Exception):
@@ -236,7 +369,6 @@ class PartedSource:
     def __init__(self, text, filename):
         self.text = text
         self.filename = filename
-        self.lines = text.split("\n")
         self._masked = None
         self._whole = None
         #: A tree with lazy parts went out: from then on, a part that cannot be read is PartUnreadable.
@@ -244,19 +376,37 @@ class PartedSource:
 
     def tree(self):
         """The module's tree with its defs and classes left lazy (SyntaxError as ast.parse raises it)."""
-        self._masked = _Lines(self.text, self.lines)
-        parts = self._masked.cuts(0, len(self.lines), 0)
+        self._masked = _Lines(self.text)
+        parts = self._masked.cuts(0, 0, len(self.text) + 1, None, 0)
         if not parts:
             return self._parse_whole()
         try:
-            module = ast.parse("\n".join(_with_placeholders(self.lines, parts, 0, len(self.lines))),
-                               filename=self.filename)
+            module = ast.parse(self._with_passes(parts, 0, len(self.text) + 1), filename=self.filename)
         except SyntaxError:
             return self._parse_whole()
         if not self._replace(module.body, parts):
             return self._parse_whole()
         self._handed_out = True
         return module
+
+    def _with_passes(self, parts, begin, end):
+        """The lines from offset `begin` to offset `end` (excluded, its newline too), each of `parts`
+        (among them) a `pass` at its indentation on its first line, its other lines blank. Made of
+        slices of the text: no line is listed."""
+        text, pieces, copied = self.text, [], begin
+        for part in parts:
+            # A part's lines keep their newlines, but for the last line of the lines asked for.
+            pieces += [text[copied:part.start_at], " " * part.indent + "pass",
+                       "\n" * (part.end - part.start - (part.end_at >= end))]
+            copied = part.end_at
+        pieces.append(text[copied:end - 1])
+        return "".join(pieces)
+
+    @staticmethod
+    def _prefix(part):
+        """What goes before a part's lines, parsed alone: a blank line for each line before it (its nodes
+        keep their positions), the last a `class _:` for a method (its indentation needs one)."""
+        return "\n" * (part.start - 1) + "class _:\n" if part.indent else "\n" * part.start
 
     def _parse_whole(self):
         if self._whole is None:
@@ -310,19 +460,18 @@ class PartedSource:
         with exactly that `pass` for a body (a body on the header's line, a colon in a default).
         The lines are the file's up to that colon: the header's nodes and their positions are the
         whole part's."""
-        prefix = [""] * part.start
-        if part.indent:
-            if not part.start:
-                return None
-            prefix[-1] = "class _:"
+        if part.indent and not part.start:
+            return None
+        prefix = self._prefix(part)
+        following = part.definition_at
         for number in range(part.definition, min(part.end, part.definition + HEADER_LINES)):
-            end = code_end(self._masked.line(number))
-            line = self.lines[number]
+            at, following = following, self._masked.next(following)
+            end = code_end(self._masked.line(at))
+            line = self.text[at:following - 1]
             if not line[:end].endswith(":"):
                 continue
             try:
-                module = ast.parse("\n".join(prefix + self.lines[part.start:number] + [line[:end] + " pass"]),
-                                   filename=self.filename)
+                module = ast.parse(prefix + self.text[part.start_at:at] + line[:end] + " pass", filename=self.filename)
             except SyntaxError:
                 continue
             body = module.body[0].body if part.indent else module.body
@@ -338,16 +487,12 @@ class PartedSource:
     def _parse_part(self, part):
         """The part's one statement, parsed at its own lines (a class's methods as parts); None when
         the part does not parse to exactly that statement."""
-        # Blank lines before it keep the line numbers; a method's indentation needs an enclosing class.
-        prefix = [""] * part.start
-        if part.indent:
-            if not part.start:
-                return None
-            prefix[-1] = "class _:"
+        if part.indent and not part.start:
+            return None
         methods = []
         if part.kind == "class":
             methods = self._methods(part)
-        text = "\n".join(prefix + _with_placeholders(self.lines, methods, part.start, part.end))
+        text = self._prefix(part) + self._with_passes(methods, part.start_at, part.end_at)
         try:
             module = ast.parse(text, filename=self.filename)
         except SyntaxError:
@@ -364,17 +509,21 @@ class PartedSource:
             last = methods[-1]
             if node.body[-1].__dict__.get("_part") is last:
                 # The class ended at its last method's `pass`; it ends where that method's text does.
-                node.end_lineno, node.end_col_offset = last.end, self._end_column(last.end - 1)
+                node.end_lineno, node.end_col_offset = last.end, self._end_column(last)
         return node
 
-    def _end_column(self, number):
-        """Where the code of line `number` ends, in UTF-8 bytes as ast counts (a comment left out)."""
-        return len(self.lines[number][:code_end(self._masked.line(number))].encode("utf-8"))
+    def _end_column(self, part):
+        """Where the code of `part`'s last line ends, in UTF-8 bytes as ast counts (a comment left out)."""
+        at = self._masked.previous(part.end_at)
+        return len(self.text[at:part.end_at - 1][:code_end(self._masked.line(at))].encode("utf-8"))
 
     def _methods(self, part):
         """The methods of a class part, cut at its body's indentation."""
         indent = self._masked.body_indent(part)
-        return [] if indent is None else self._masked.cuts(part.definition + 1, part.end, indent, part.indent)
+        if indent is None:
+            return []
+        return self._masked.cuts(self._masked.next(part.definition_at), part.definition + 1, part.end_at, part.end,
+                                 indent, part.indent)
 
     def _from_whole(self, part):
         """The part's node in the whole module's parse (a cut the text misread)."""

@@ -17,6 +17,7 @@ from drift import findings as F
 from drift.classes import class_member, instance_member
 from drift.consumer import BoundMethod, ConsumerModule
 from drift.model_interface import model_base_lacks
+from drift.parts import unparsed_text
 from drift.records import record
 from drift.source import walk
 from drift.symbols import ClassRef, ExternalRef, FunctionRef, MissingRef, ValueRef
@@ -261,6 +262,9 @@ class PriorCallRequired:
 
 
 def _calls_attribute(function, name):
+    text = unparsed_text(function)
+    if text is not None and text.isascii() and name not in text:
+        return False  # no `.<name>(` in its text: its body is left unparsed
     return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == name
                for n in walk(function))
 

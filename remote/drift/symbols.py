@@ -10,20 +10,29 @@ from __future__ import annotations
 import ast
 
 from drift.classes import class_member
-from drift.records import record
 from drift.refs import ClassRef, ExternalRef, FunctionRef, MaybeRef, MissingRef, ModuleRef, UnknownRef, ValueRef
 
 
-@record
 class Binding:
-    """One top-level statement binding a name: `kind` is def, module, from, value."""
+    """One top-level statement binding a name: `kind` is def, module, from, value.
 
-    kind: str
-    node: ast.stmt
-    #: module dotted name (kind "module"), (module, name) (kind "from"), value node (kind "value").
-    target: str | tuple[str, str] | ast.expr | None = None
-    #: Bound in an `except` handler: a fallback, not the normal binding.
-    conditional: bool = False
+    A plain class with slots, not a record: a verify makes a thousand (every top-level name of every
+    module read), and a record's construction (its instance dict filled) costs six times as much.
+    Nothing compares or hashes bindings, nor changes one once made."""
+
+    __slots__ = ("kind", "node", "target", "conditional")
+
+    def __init__(self, kind, node, target=None, conditional=False):
+        self.kind = kind
+        self.node = node
+        #: module dotted name (kind "module"), (module, name) (kind "from"), value node (kind "value").
+        self.target = target
+        #: Bound in an `except` handler: a fallback, not the normal binding.
+        self.conditional = conditional
+
+    def __repr__(self):
+        return "Binding(kind=%r, node=%r, target=%r, conditional=%r)" % (self.kind, self.node, self.target,
+                                                                       self.conditional)
 
 
 def absolute_module(package, level, module):

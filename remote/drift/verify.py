@@ -23,7 +23,16 @@ consumer root, is read too). Returns the report (docs/findings.md).
 import json
 import os
 
-from contract import HS_CONNECTORS, IN_PROCESS, REPOSITORY_SCRIPTS, SERVER, extraction_mode
+from contract import (
+    CACHE_BYPASSED,
+    CACHE_HIT,
+    CACHE_MISS,
+    HS_CONNECTORS,
+    IN_PROCESS,
+    REPOSITORY_SCRIPTS,
+    SERVER,
+    extraction_mode,
+)
 from rpc import RemoteFailure
 
 
@@ -33,8 +42,6 @@ def run(args):
     keep nothing). The report's "cache" says which: {"state": hit|miss|bypassed, "why"}."""
     import gc
 
-    from drift import answers
-
     # The analysis allocates hundreds of thousands of AST nodes and frees none of them until it ends;
     # the cyclic collector would scan them over and over (a third of the run) to find no garbage, and
     # after it, collect what this process's os._exit (rpc.py) frees at once anyway (10-15 ms). A call
@@ -42,11 +49,14 @@ def run(args):
     gc.disable()
     workdir = args.get("workdir")
     if not workdir or args.get("no_cache"):
-        return dict(analysis(args), cache={"state": answers.BYPASSED, "why": None})
+        # Without importing answers (json's encoder, zlib, atomic) for a call that keeps none.
+        return dict(analysis(args), cache={"state": CACHE_BYPASSED, "why": None})
+    from drift import answers
+
     identity = answers.identity(args)
     report, why = answers.lookup(workdir, identity)
     if report is not None:
-        return dict(report, cache={"state": answers.HIT, "why": None})
+        return dict(report, cache={"state": CACHE_HIT, "why": None})
     from drift.reads import Recorder
 
     with Recorder() as recorder:
@@ -54,7 +64,7 @@ def run(args):
     recorded = recorder.recorded()
     if recorded is not None:
         answers.store(workdir, identity, recorded, report)
-    return dict(report, cache={"state": answers.MISS, "why": why})
+    return dict(report, cache={"state": CACHE_MISS, "why": why})
 
 
 def analysis(args):

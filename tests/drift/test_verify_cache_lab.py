@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from specrig.contract import CACHE_BYPASSED, CACHE_HIT, CACHE_MISS
 from specrig.drift.verify import verify, verify_host
 from specrig.inventory import load_inventory
 from specrig.patching.patches import apply_patches, revert_patches
@@ -50,10 +51,10 @@ def assert_miss_then_hit(env, why: str, **options):
     """The next verify analyses again, saying `why` (a path or a phrase in its reason); the one after
     is answered from the cache with the same report."""
     missed = verify(env.host, **options)
-    assert state(missed) == "miss", missed.data["cache"]
+    assert state(missed) == CACHE_MISS, missed.data["cache"]
     assert why in missed.data["cache"]["why"]
     hit = verify(env.host, **options)
-    assert state(hit) == "hit"
+    assert state(hit) == CACHE_HIT
     assert without_cache(hit) == without_cache(missed)
     return missed
 
@@ -61,12 +62,12 @@ def assert_miss_then_hit(env, why: str, **options):
 def test_repeat_is_one_call_from_the_private_cache_and_no_cache_bypasses_it(cached_env):
     env = cached_env
     first = verify(env.host)
-    assert state(first) == "miss"
+    assert state(first) == CACHE_MISS
     assert first.data["cache"]["why"].startswith("no answer kept")
     with connect(env.host) as remote:
         again = verify_host(remote)
         assert remote.exec_count == 1
-    assert state(again) == "hit"
+    assert state(again) == CACHE_HIT
     assert without_cache(again) == without_cache(first)
 
     cache = env.prefix / "work" / "verify-cache"
@@ -74,13 +75,13 @@ def test_repeat_is_one_call_from_the_private_cache_and_no_cache_bypasses_it(cach
     assert [stat.S_IMODE(p.stat().st_mode) for p in cache.iterdir()] == [0o600]
 
     bypassed = verify(env.host, use_cache=False)
-    assert state(bypassed) == "bypassed"
+    assert state(bypassed) == CACHE_BYPASSED
     assert bypassed.ids == first.ids
 
     code, data = inv_json("verify-signatures", "--host", "lab", inventory=env.inventory)
-    assert (code, data["cache"]["state"]) == (1, "hit")
+    assert (code, data["cache"]["state"]) == (1, CACHE_HIT)
     code, data = inv_json("verify-signatures", "--host", "lab", "--no-cache", inventory=env.inventory)
-    assert (code, data["cache"]["state"]) == (1, "bypassed")
+    assert (code, data["cache"]["state"]) == (1, CACHE_BYPASSED)
 
 
 def test_hand_edits_that_leave_record_untouched(cached_env):
@@ -168,7 +169,7 @@ def test_specrig_apply_and_revert(cached_env):
     assert BLOCK_SIZE_DRIFT in before.ids
     apply_patches(env.host, model=model)  # its verify analyses the patched files and keeps the answer
     after = verify(env.host, model=model)
-    assert state(after) == "hit"
+    assert state(after) == CACHE_HIT
     assert BLOCK_SIZE_DRIFT not in after.ids
     revert_patches(env.host)
     reverted = assert_miss_then_hit(env, str(env.site), model=model)
@@ -179,7 +180,7 @@ def test_the_model_config(cached_env):
     env = cached_env
     model = env.model_dir()
     verify(env.host, model=model)
-    assert state(verify(env.host, model=model)) == "hit"
+    assert state(verify(env.host, model=model)) == CACHE_HIT
     config = Path(model) / "config.json"
     as_lab_user("tee", str(config), input=json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
     assert_miss_then_hit(env, str(config), model=model)
@@ -188,14 +189,14 @@ def test_the_model_config(cached_env):
 def test_the_analyzers_own_code(cached_env):
     env = cached_env
     verify(env.host)
-    assert state(verify(env.host)) == "hit"
+    assert state(verify(env.host)) == CACHE_HIT
     changed = Bundle(current_bundle().files + [("remote/drift/a_changed_analyzer.py", b"# not the same code\n")])
     with connect(env.host, bundle=changed) as remote:
         missed = verify_host(remote)
-    assert state(missed) == "miss"
+    assert state(missed) == CACHE_MISS
     assert missed.data["cache"]["why"].startswith("no answer kept")
     host = load_inventory(env.inventory).host("lab")
-    assert state(verify(host)) == "hit", "the current code's answer is still kept"
+    assert state(verify(host)) == CACHE_HIT, "the current code's answer is still kept"
 
 
 def test_a_package_installed_in_the_server_environment(lab, make_inventory, trusted_known_hosts):
@@ -208,8 +209,8 @@ def test_a_package_installed_in_the_server_environment(lab, make_inventory, trus
             workdir=str(server / "work"))}})
         trusted_known_hosts(inventory)
         env = PatchEnv(prefix=server, inventory=inventory)
-        assert state(verify(env.host)) == "miss"
-        assert state(verify(env.host)) == "hit"
+        assert state(verify(env.host)) == CACHE_MISS
+        assert state(verify(env.host)) == CACHE_HIT
         wheel = tiny_wheel(Path("/tmp"), "1.0")
         as_lab_user("cp", str(wheel), str(server / wheel.name))
         wheel.unlink()
