@@ -1,4 +1,5 @@
-"""docs/ARCHITECTURE.md against the tree: every product module is listed, every module path it names exists.
+"""docs/ARCHITECTURE.md against the tree: every product module is listed, every module path it names exists,
+and no module is longer than the doc's rule allows.
 
 A product module is any .py file under specrig/ or remote/ except those in __pycache__; `__init__.py`
 files count too (each package's line says what its folder holds), so none is left out. Each has its
@@ -76,3 +77,13 @@ def test_modules_of_one_name_are_each_named_under_same_name_same_role():
             by_name.setdefault(path.rsplit("/", 1)[1], set()).add(path)
     unexplained = sorted(path for paths in by_name.values() if len(paths) > 1 for path in paths - explained)
     assert not unexplained, f"modules sharing a file name, not under 'Same name, same role': {unexplained}"
+
+
+#: A module does one job; one past this has grown a second (issue 27), and is split where its jobs part.
+MAX_MODULE_LINES = 500
+
+
+def test_no_product_module_is_over_the_line_limit():
+    over = {path: lines for path in product_modules()
+            if (lines := len((REPO / path).read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES}
+    assert not over, f"over {MAX_MODULE_LINES} lines, split each where its jobs part: {over}"
