@@ -2,29 +2,18 @@
 from __future__ import annotations
 
 import ast
-import os
 
 from drift.classes import assigned_self_attributes
 from drift.parts import PartedSource, unparsed_text
 from drift.refs import ClassRef
 from drift.signatures import simple_text
 from drift.source import Module, walk
-from support.drift_wheels import root
-
-
-def modules(name: str, version: str, package: str):
-    top = os.path.join(root(name, version)["root"], package)
-    for directory, _, files in os.walk(top):
-        for file in sorted(files):
-            if file.endswith(".py"):
-                path = os.path.join(directory, file)
-                with open(path, "rb") as handle:
-                    yield path, handle.read().decode("utf-8", errors="replace")
+from support.drift_wheels import sources
 
 
 def test_simple_text_is_ast_unparse_where_it_answers():
     answered = 0
-    for path, text in modules("vllm", "0.16.0", "vllm/config"):
+    for path, text in sources(("vllm", "0.16.0", "vllm/config")):
         for node in ast.walk(ast.parse(text)):
             values = []
             if isinstance(node, ast.arguments):
@@ -44,7 +33,7 @@ def test_simple_text_is_ast_unparse_where_it_answers():
 
 
 def test_walk_is_ast_walk_without_expression_contexts():
-    for path, text in modules("speculators", "0.3.0", "speculators/data_generation"):
+    for path, text in sources(("speculators", "0.3.0", "speculators/data_generation")):
         tree = ast.parse(text)
         expected = [node for node in ast.walk(tree) if not isinstance(node, ast.expr_context)]
         assert list(walk(tree)) == expected, path

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import ast
-import os
 import re
 import textwrap
 
@@ -10,7 +9,7 @@ import pytest
 
 from drift import cuts
 from drift.parts import LAZY, PartedSource, PartUnreadable
-from support.drift_wheels import root
+from support.drift_wheels import sources
 
 LAZY_NAME = re.compile(r"\bLazy(FunctionDef|AsyncFunctionDef|ClassDef)\(")
 
@@ -28,17 +27,6 @@ def bodies_first(body: list) -> None:
     for node in body:
         if type(node) in (LAZY[ast.FunctionDef], LAZY[ast.AsyncFunctionDef], LAZY[ast.ClassDef]):
             bodies_first(node.body)
-
-
-def sources(*packages: tuple[str, str, str]):
-    for name, version, package in packages:
-        top = os.path.join(root(name, version)["root"], package)
-        for directory, _, files in os.walk(top):
-            for file in sorted(files):
-                if file.endswith(".py"):
-                    path = os.path.join(directory, file)
-                    with open(path, "rb") as handle:
-                        yield path, handle.read().decode("utf-8", errors="replace")
 
 
 def test_released_packages_read_by_parts_are_their_whole_parse():

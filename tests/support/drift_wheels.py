@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import os
 
 from specrig.drift import compat
 from support import paths
@@ -13,6 +14,18 @@ KIMI_CONFIG = FIXTURES / "kimi-k25" / "config.json"
 @functools.cache
 def root(name: str, version: str) -> dict:
     return compat.package_root(name, version)
+
+
+def sources(*packages: tuple[str, str, str]):
+    """(path, text) of every .py file under each (name, version, package folder) of the released wheels."""
+    for name, version, package in packages:
+        top = os.path.join(root(name, version)["root"], package)
+        for directory, _, files in os.walk(top):
+            for file in sorted(files):
+                if file.endswith(".py"):
+                    path = os.path.join(directory, file)
+                    with open(path, "rb") as handle:
+                        yield path, handle.read().decode("utf-8", errors="replace")
 
 
 @functools.cache
