@@ -6,38 +6,24 @@ is a plain comparison under PEP 440 ordering. The local label is ignored.
 """
 import re
 
-_VERSION = None
-_VERSION_SOURCE = (
+#: The PEP 440 regex and one specifier's ('>=0.16.0'), as text: `re` compiles each at its first use and
+#: keeps it (its own cache), so a call whose versions are release numbers alone ("0.3.0"), as most are,
+#: never pays the compile (with IGNORECASE, a millisecond of every call's start on a host).
+_VERSION = (
     r"""^\s*v?(?:(?P<epoch>[0-9]+)!)?
     (?P<release>[0-9]+(?:\.[0-9]+)*)
     (?:[-_.]?(?P<pre_l>a|b|c|rc|alpha|beta|pre|preview)[-_.]?(?P<pre_n>[0-9]+)?)?
     (?:-(?P<post_n1>[0-9]+)|[-_.]?(?P<post_l>post|rev|r)[-_.]?(?P<post_n2>[0-9]+)?)?
     (?:[-_.]?(?P<dev_l>dev)[-_.]?(?P<dev_n>[0-9]+)?)?
     (?:\+(?P<local>[a-z0-9]+(?:[-_.][a-z0-9]+)*))?\s*$""")
+_VERSION_FLAGS = re.VERBOSE | re.IGNORECASE
 _PRE_ORDER = {"a": 0, "alpha": 0, "b": 1, "beta": 1, "c": 2, "rc": 2, "pre": 2, "preview": 2}
-_SPECIFIER = None
+_SPECIFIER = r"^\s*(===|==|!=|<=|>=|<|>|~=)\s*([^\s,]+)\s*$"
 _INFINITY = float("inf")
 
 
 class InvalidVersion(ValueError):
     pass
-
-
-def version_pattern():
-    """The PEP 440 regex, compiled for the first version that is more than release numbers: with
-    IGNORECASE its compile was a millisecond of every call's start on a host ("0.3.0" needs none)."""
-    global _VERSION
-    if _VERSION is None:
-        _VERSION = re.compile(_VERSION_SOURCE, re.VERBOSE | re.IGNORECASE)
-    return _VERSION
-
-
-def _specifier():
-    """The regex of one specifier ('>=0.16.0'), compiled when a range is first read: most calls read none."""
-    global _SPECIFIER
-    if _SPECIFIER is None:
-        _SPECIFIER = re.compile(r"^\s*(===|==|!=|<=|>=|<|>|~=)\s*([^\s,]+)\s*$")
-    return _SPECIFIER
 
 
 class Version:
@@ -49,7 +35,7 @@ class Version:
         if all(number.isascii() and number.isdigit() for number in numbers):  # release numbers alone
             self.release, self.local, epoch, pre, post, dev = tuple(map(int, numbers)), None, 0, None, None, None
         else:
-            match = version_pattern().match(text)
+            match = re.match(_VERSION, text, _VERSION_FLAGS)
             if not match:
                 raise InvalidVersion("%r is not a PEP 440 version" % (text,))
             self.release = tuple(int(part) for part in match.group("release").split("."))
@@ -129,7 +115,7 @@ def check_range(spec):
         raise InvalidRange("expected a specifier string such as '==0.16.*' or a list of them, got %r" % (spec,))
     for alternative in alternatives:
         for part in alternative.split(","):
-            match = _specifier().match(part)
+            match = re.match(_SPECIFIER, part)
             if not match:
                 raise InvalidRange("%r is not a version specifier (use e.g. '>=0.16.0.dev0' or '==0.16.*')" % part)
             operand = match.group(2)
@@ -144,7 +130,7 @@ def in_range(version_text, spec):
     check_range(spec)
     version = Version(version_text)
     for alternative in spec if isinstance(spec, list) else [spec]:
-        parts = [_specifier().match(part).groups() for part in alternative.split(",")]
+        parts = [re.match(_SPECIFIER, part).groups() for part in alternative.split(",")]
         if all(_specifier_matches(operator, operand, version) for operator, operand in parts):
             return True
     return False
