@@ -30,7 +30,17 @@ def main(argv):
     # modules are specrig's, named like others': client, plan, health).
     sys.path[0] = os.getcwd()
     parent, began = os.getppid(), time.monotonic()
-    __import__(module + ".cli")
+    try:
+        __import__(module + ".cli")
+    except Exception:
+        # In one write, not as the interpreter prints a traceback (in pieces: "ModuleNotFoundError", ": ", the
+        # message): the other step's warm process, started beside this one from the same environment, fails
+        # the same way at the same moment into the same log, and two tracebacks interleaved within their lines
+        # cannot be classified (the run would end `unknown`, not `missing-package`).
+        import traceback
+
+        os.write(2, traceback.format_exc().encode("utf-8", "replace"))
+        return 1
     imported = time.monotonic()
     with open(go + ".ready", "w") as ready:
         ready.write("%.3f\n" % (imported - began))
