@@ -52,13 +52,11 @@ def up(*, runnable: bool = False, hosts: int = 0, slurm: bool = False, log=print
     _record_host_key(host)
     _ensure_analysis_venv(log)
     if runnable:
-        from specrig.lab.runnable import RECIPES, build_runnable_env
+        from specrig.lab.runnable import build_runnable_envs
 
-        # Every recipe, in RECIPES' order: the in-process pairs (lab-cpu, lab-cpu-032), then server mode's
-        # clients (lab-server, lab-server-08), each building its server's environment first.
-        for recipe in RECIPES:
-            build_runnable_env(user=MAIN_USER, home=Path(pwd.getpwnam(MAIN_USER).pw_dir), python=SYSTEM_PYTHON,
-                               log=log, recipe=recipe)
+        # Every recipe: the in-process pairs (lab-cpu, lab-cpu-032) and server mode's clients (lab-server,
+        # lab-server-08) with their server's environment.
+        build_runnable_envs(user=MAIN_USER, home=Path(pwd.getpwnam(MAIN_USER).pw_dir), python=SYSTEM_PYTHON, log=log)
     # A later `up` without --runnable leaves the runnable environments in place: READY says so still.
     was_runnable = READY.exists() and READY.read_text() == "runnable\n"
     READY.write_text("runnable\n" if runnable or was_runnable else "analysis\n")
