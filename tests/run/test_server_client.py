@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from run.server import client, prepared
+from support.lab import require_lab
 
 SPECULATORS_09 = Path("/home/specrig/venv-spec-0.9/bin/python")
 
@@ -33,9 +34,9 @@ def test_each_rank_takes_speculators_contiguous_chunk(case, shares):
     assert [client.shard_indices(total, max_samples, world, rank) for rank in range(world)] == shares
 
 
+@pytest.mark.runnable
 def test_the_shares_equal_speculators_own_split_on_its_release():
-    if not SPECULATORS_09.exists():
-        pytest.skip("the lab's speculators 0.9.0 environment is not built (inv lab.up --runnable)")
+    require_lab(SPECULATORS_09.exists(), "the lab's speculators 0.9.0 environment is not built (inv lab.up --runnable)")
     cases = [(n, m, w) for n in (0, 1, 7, 33, 100) for m in (None, 1, 5, 40) for w in (1, 2, 3, 8)]
     program = ("import json, sys\n"
                "from speculators.data_generation.offline import get_indices_to_process as f\n"
@@ -114,9 +115,9 @@ def test_a_prepared_directory_is_complete_only_with_state_json_and_its_files(tmp
         prepared.rows(tmp_path / "nowhere")
 
 
+@pytest.mark.runnable
 def test_rows_are_counted_from_arrow_files_that_datasets_wrote(tmp_path):
-    if not SPECULATORS_09.exists():
-        pytest.skip("the lab's speculators 0.9.0 environment (datasets, pyarrow) is not built")
+    require_lab(SPECULATORS_09.exists(), "the lab's speculators 0.9.0 environment (datasets, pyarrow) is not built")
     program = ("import sys\nfrom datasets import Dataset\n"
                "rows = [{'input_ids': list(range(i % 5 + 1)), 'seq_len': i} for i in range(37)]\n"
                "Dataset.from_list(rows).save_to_disk(sys.argv[1], max_shard_size=200)\n"
@@ -128,11 +129,11 @@ def test_rows_are_counted_from_arrow_files_that_datasets_wrote(tmp_path):
     assert prepared.rows(tmp_path / "empty") == 0
 
 
+@pytest.mark.runnable
 def test_token_counts_are_the_lengths_of_input_ids_in_row_order(tmp_path):
     """As prepare-data writes them (input_ids int32 lists, loss_mask int64 lists, seq_len), over several
     shards; and behind a string column, so that input_ids' buffers are found by the features before it."""
-    if not SPECULATORS_09.exists():
-        pytest.skip("the lab's speculators 0.9.0 environment (datasets, pyarrow) is not built")
+    require_lab(SPECULATORS_09.exists(), "the lab's speculators 0.9.0 environment (datasets, pyarrow) is not built")
     program = ("import sys\nfrom datasets import Dataset, Features, List, Value\n"
                "rows = [{'input_ids': list(range((i * 7) % 23 + 1)), 'loss_mask': [1] * ((i * 7) % 23 + 1),"
                " 'seq_len': (i * 7) % 23 + 1} for i in range(37)]\n"

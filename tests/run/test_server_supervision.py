@@ -14,6 +14,7 @@ from run import rundir
 from run.server import outputs
 from run.server.workload import LAYERS_FILE, ServerExtraction
 from run.supervisor_loop import Supervisor
+from support.lab import require_lab
 from support.paths import FIXTURES
 
 LAYERS, WIDTH = 4, 16
@@ -112,6 +113,7 @@ def test_files_missing_or_bad_without_a_reason_are_invalid_outputs_and_retried(t
         assert "2 missing (1, 3)" in failure["explain"]
 
 
+@pytest.mark.runnable
 def test_an_attempt_whose_share_cannot_fit_fails_before_its_first_file_from_the_real_token_counts(tmp_path):
     """Once prepare-data has counted the tokens, the attempt sizes the share's missing files from them (the
     preflight had only an estimate): more than the output's disk holds is DISK_LOW, not retried, need
@@ -120,8 +122,7 @@ def test_an_attempt_whose_share_cannot_fit_fails_before_its_first_file_from_the_
 
     from test_server_client import SPECULATORS_09
 
-    if not SPECULATORS_09.exists():
-        pytest.skip("the lab's speculators 0.9.0 environment (datasets) is not built")
+    require_lab(SPECULATORS_09.exists(), "the lab's speculators 0.9.0 environment (datasets) is not built")
     extraction = workload(tmp_path)
     prepared_dir = tmp_path / "prepared"
     program = ("import sys\nfrom datasets import Dataset\n"

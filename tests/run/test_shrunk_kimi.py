@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from specrig.drift import compat
+from support.lab import require_lab
 from support.paths import PROGRAMS, REPO
 
 GPU = REPO / "benchmarks" / "gpu"
@@ -60,8 +61,7 @@ def test_the_provenance_names_its_sources():
 @pytest.mark.runnable
 @pytest.mark.slow
 def test_the_built_directories_round_trip_through_compressed_tensors_and_load_in_transformers(tmp_path):
-    if not LAB_PYTHON.exists():
-        pytest.skip("the lab's venv-cpu-0.32 is not built (inv lab.up --runnable)")
+    require_lab(LAB_PYTHON.exists(), "the lab's venv-cpu-0.32 is not built (inv lab.up --runnable)")
     # Run as root on the lab user's venv: nothing may be written into it (byte-code, numba's caches), or the
     # lab user's hard-linked copies of it (runnable_env.clean_venv_copy) meet files it may not link.
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", NUMBA_CACHE_DIR=str(tmp_path / "numba"))
