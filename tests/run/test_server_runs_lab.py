@@ -132,10 +132,15 @@ def _stop_and_truncate(host: str, run_id: str, out: Path, run: dict) -> tuple[li
     """`inv stop` of `run` (generating): both groups end, the logs stay apart; then the first file written
     is cut to half its size. The indices written, the cut file and its whole size."""
     with phase("stop"):
-        pids = [job["pid"] for job in run["jobs"].values()]
+        jobs = {name: job["pid"] for name, job in run["jobs"].items()}
+        pids = list(jobs.values())
         code, stopped = inv_json("stop", "--host", host, "--run", run_id, timeout=300)
         assert code == 0 and stopped["clean"] and not stopped["left"], stopped
-        assert set(pids) <= set(stopped["pids"]), stopped
+        # The server runs until it is stopped; a client may have written the last rows of its share and ended
+        # before the stop came (rank 0 with 22 rows left, 0.8 s, on a machine less loaded): the stop ends the
+        # server and every client still running, and none is left below.
+        assert jobs["server"] in stopped["pids"], stopped
+        assert all(name.startswith("client") for name, pid in jobs.items() if pid not in stopped["pids"]), stopped
         assert not _processes_of(run_id) and not any(_processes_with_pid(pid) for pid in pids)
         assert _status(run_id, host)["state"] == contract.STOPPED
         server_log = inv("logs", "--host", host, "--run", run_id, "--server", "-n", "400")
