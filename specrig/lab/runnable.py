@@ -183,8 +183,8 @@ def _finish(name: str, *, built: bool, user: str, home: Path, python: str, log, 
     to the server's venv, the tiny model and dataset, ownership, the server's copy; the recipe's record."""
     chosen = RECIPES[name]
     venv = home / chosen.venv
-    if chosen.server:
-        server_venv = home / RECIPES[chosen.server].venv
+    server_venv = home / RECIPES[chosen.server].venv if chosen.server else None
+    if server_venv:
         if _add_server_extras(chosen, server_venv, log):
             _run(["chown", "-R", f"{user}:{user}", str(server_venv)])
     model, data = home / MODEL, home / DATA
@@ -197,8 +197,8 @@ def _finish(name: str, *, built: bool, user: str, home: Path, python: str, log, 
     result = {"recipe": name, "venv": str(venv), "python": str(venv / "bin" / "python"), "model": str(model),
               "data": str(data), "fingerprint": chosen.fingerprint(python), "built": built,
               "elapsed_s": round(time.monotonic() - started, 1)}
-    if chosen.server:
-        copy = _server_copy(home / RECIPES[chosen.server].venv, home / chosen.server_copy, log)
+    if server_venv:
+        copy = _server_copy(server_venv, home / chosen.server_copy, log)
         result.update(server_venv=str(copy), server_python=str(copy / "bin" / "python"))
     return result
 
