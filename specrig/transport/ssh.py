@@ -123,9 +123,15 @@ class SshRemote(Remote):
         transport = self.client.get_transport()
         if transport is None or not transport.is_active():
             raise ConnectionFailed(f"{self.host.name}: the SSH connection was lost")
-        channel = transport.open_session(timeout=CONNECT_TIMEOUT_S)
         try:
-            channel.exec_command(command)
+            channel = transport.open_session(timeout=CONNECT_TIMEOUT_S)
+        except (paramiko.SSHException, EOFError, OSError) as exc:
+            raise _lost(self.host.name, exc) from None
+        try:
+            try:
+                channel.exec_command(command)
+            except (paramiko.SSHException, EOFError, OSError) as exc:
+                raise _lost(self.host.name, exc) from None
             try:
                 if stdin:
                     channel.sendall(stdin)
@@ -140,6 +146,12 @@ class SshRemote(Remote):
 
     def close(self) -> None:
         self.connection.close()
+
+
+def _lost(name: str, exc: BaseException) -> ConnectionFailed:
+    """The connection ended between the liveness check and the channel's request: paramiko hands the
+    reader thread's error (a reset by the peer, say) to whoever waits on the transport next."""
+    return ConnectionFailed(f"{name}: the SSH connection was lost ({exc or type(exc).__name__})")
 
 
 def _drain(channel: paramiko.Channel, limit: float | None, name: str) -> tuple[int, str, str]:

@@ -1,6 +1,7 @@
 """A call's channel, read to its end without polling (transport/ssh.py: _drain), on the real lab host:
 stdout and stderr both past the SSH window, the exit status, the laptop's own deadline, and a
 connection that drops during a call."""
+import socket
 import threading
 
 import pytest
@@ -35,3 +36,15 @@ def test_a_connection_dropped_during_a_call_is_a_connection_failure(lab):
                 remote.exec("sleep 20; echo late", timeout=60)
         finally:
             timer.cancel()
+
+
+def test_a_connection_ended_just_before_a_call_is_a_connection_failure(lab):
+    """The peer ends the connection between the call's liveness check and its channel request: paramiko
+    re-raises its reader thread's error (EOFError, a reset) to the opener; it must read as a lost
+    connection, which the live view explains, not as a traceback (the CI run at 3bbe5d0)."""
+    for _ in range(10):
+        with connect(lab.host("lab")) as remote:
+            remote.exec("true", timeout=30)
+            remote.connection.transport.sock.shutdown(socket.SHUT_RDWR)
+            with pytest.raises(ConnectionFailed, match="connection"):
+                remote.exec("true", timeout=30)
