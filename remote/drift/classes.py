@@ -1,12 +1,11 @@
 """Classes read from source: bases across modules, MRO, class and instance members."""
 from __future__ import annotations
 
-import ast
-
+from drift import syntax as ast
 from drift.parts import unparsed_text
 from drift.records import record
 from drift.refs import ClassRef, ExternalRef, FunctionRef, MaybeRef, MissingRef, Ref, UnknownRef, ValueRef
-from drift.source import walk
+from drift.syntax import walk
 
 #: Bases that add no attributes a caller could use and take no constructor arguments.
 INERT_BASES = frozenset({

@@ -7,13 +7,12 @@ is unknown and never reported on.
 """
 from __future__ import annotations
 
-import ast
-
+from drift import syntax as ast
 from drift.classes import instance_member
 from drift.records import record
 from drift.refs import ClassRef, ExternalRef, FunctionRef, ModuleRef, Ref
-from drift.source import children, walk
 from drift.symbols import absolute_module, assignment_targets
+from drift.syntax import children, walk
 
 
 @record
@@ -174,7 +173,7 @@ class ConsumerModule:
         for node in self.nodes:
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "hasattr"
                     and len(node.args) == 2 and isinstance(node.args[1], ast.Constant)):
-                self._hasattr.add((ast.dump(node.args[0]), node.args[1].value))
+                self._hasattr.add((ast.shape(node.args[0]), node.args[1].value))
             elif isinstance(node, ast.Try):
                 for error, guarded in (("TypeError", self._type_error_guarded),
                                        ("AttributeError", self._attribute_error_guarded)):
@@ -184,7 +183,7 @@ class ConsumerModule:
     def guarded_attribute(self, node):
         """True when the code expects the attribute may be absent: `hasattr(<same object>, "<attr>")`
         somewhere, or the read sits in `try: ... except AttributeError`."""
-        return (ast.dump(node.value), node.attr) in self._hasattr or id(node) in self._attribute_error_guarded
+        return (ast.shape(node.value), node.attr) in self._hasattr or id(node) in self._attribute_error_guarded
 
     def guarded_call(self, node):
         """True when the call sits in `try: ... except TypeError`: the consumer copes with a mismatch."""

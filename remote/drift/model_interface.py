@@ -9,14 +9,14 @@ function bound with `types.MethodType`, on objects taken from the model.
 A model directory with custom code (`auto_map`) needs `trust_remote_code=True`
 on every Hugging Face loader the consumer points at it.
 """
-import ast
 import re
 
 from drift import findings as F
+from drift import syntax as ast
 from drift.classes import class_member, info, instance_member
 from drift.refs import ClassRef, ExternalRef, FunctionRef, MissingRef, ValueRef
 from drift.signatures import Unchecked
-from drift.source import walk
+from drift.syntax import walk
 
 #: Where vLLM's registry of architecture names lives, relative to the provider package.
 REGISTRY_MODULE = "model_executor.models.registry"

@@ -10,8 +10,7 @@ fields and line numbers as ast.parse gives.
 
 Where the text is cut into parts: drift/cuts.py.
 """
-import ast
-
+from drift import syntax as ast
 from drift.cuts import MaskedLines, code_end
 
 

@@ -1,8 +1,7 @@
 """What a name in the provider refers to, and how sure the analysis is of it."""
 from __future__ import annotations
 
-import ast
-
+from drift import syntax as ast
 from drift.records import record
 from drift.source import Module
 

@@ -10,17 +10,17 @@ the existing ones can express the check.
 """
 from __future__ import annotations
 
-import ast
 from collections.abc import Callable
 
 from drift import findings as F
+from drift import syntax as ast
 from drift.classes import class_member, instance_member
 from drift.consumer import BoundMethod, ConsumerModule
 from drift.model_interface import model_base_lacks
 from drift.parts import unparsed_text
 from drift.records import record
-from drift.source import walk
 from drift.symbols import ClassRef, ExternalRef, FunctionRef, MissingRef, ValueRef
+from drift.syntax import walk
 
 
 @record

@@ -10,12 +10,14 @@ a function marked `@dataclass_transform` / calling `dataclass` (vLLM's `@config`
 """
 from __future__ import annotations
 
-import ast
+import sys
 
+from drift import syntax as ast
 from drift.classes import body_statements, info, own_member
 from drift.records import record, replace
 from drift.refs import ClassRef, ExternalRef, FunctionRef
-from drift.source import Module, walk
+from drift.source import Module
+from drift.syntax import walk
 
 POSITIONAL_ONLY = "positional-only"
 POSITIONAL_OR_KEYWORD = "positional-or-keyword"
@@ -106,16 +108,27 @@ def _text(node):
     return ast.unparse(node) if text is None else text
 
 
+#: How ast.unparse begins a lambda without parameters: Python 3.9 and 3.10 write a space before the colon.
+_LAMBDA = "lambda: " if sys.version_info >= (3, 11) else "lambda : "
+
 #: Constants whose repr() is what ast.unparse writes (floats: finite ones only; a str: without a u prefix).
 _REPR_CONSTANTS = frozenset((str, int, bool, bytes, type(None)))
 
 
 def simple_text(node):
     """What ast.unparse(node) writes, for a constant, a name, a dotted name, a negative number, a call of
-    a (dotted) name without arguments, and a tuple or list of constants and (dotted) names; None for
-    anything else. Checked against ast.unparse on every default and field of 36 vLLM releases on
-    Python 3.9 to 3.13."""
+    a (dotted) name without arguments, a tuple or list of constants and (dotted) names, and a lambda
+    without parameters returning one of those; None for anything else. Checked against ast.unparse on
+    every default and field of 36 vLLM releases on Python 3.9 to 3.13. (The lambda: vLLM's LoadConfig
+    has `default_factory=lambda: [...]`, and ast.unparse would cost a verify ast's import.)"""
     kind = type(node)
+    if kind is ast.Lambda:
+        parameters = node.args
+        if (parameters.posonlyargs or parameters.args or parameters.vararg or parameters.kwonlyargs
+                or parameters.kwarg or type(node.body) is ast.Lambda):
+            return None
+        body = simple_text(node.body)
+        return None if body is None else _LAMBDA + body
     if kind is ast.Constant:
         value = node.value
         if node.kind is None and (type(value) in _REPR_CONSTANTS or (type(value) is float and value - value == 0)):

@@ -1,67 +1,16 @@
 """Python source of installed packages, read lazily: a module is parsed the first time it is asked for."""
 from __future__ import annotations
 
-import ast
 import os
 import re
 
 from contract import COMPILED_MANIFEST, COMPILED_SUFFIXES
+from drift import syntax as ast
 from drift.parts import PartedSource
 from drift.records import record
 
 #: What matters past a header's last node: brackets (of a `def f[T: int]()` too), its colon, a comment.
 _HEADER_TOKENS = re.compile(rb"[()\[\]{}:#]")
-
-
-def walk(node):
-    """What ast.walk gives, in its order (breadth first), but for expression contexts (children()),
-    each node's fields read before it is given (a lazy part is parsed when ast.walk would parse it),
-    in a fraction of its time: ast.walk's nested generators (iter_child_nodes, iter_fields) were a
-    tenth of a verify."""
-    todo = [node]
-    for node in todo:  # the list grows while it is read: breadth first
-        todo.extend(children(node))
-        yield node
-
-
-#: Fields that hold no node, by the class that has them (Python.asdl, 3.9 to 3.13): names, numbers,
-#: flags, type comments. Not read for children: two getattr and isinstance calls a node saved.
-_SCALAR_FIELDS = {
-    "Name": ("id",), "Attribute": ("attr",), "Constant": ("value", "kind"), "arg": ("arg", "type_comment"),
-    "keyword": ("arg",), "alias": ("name", "asname"), "FunctionDef": ("name", "type_comment"),
-    "AsyncFunctionDef": ("name", "type_comment"), "ClassDef": ("name",), "ImportFrom": ("module", "level"),
-    "Global": ("names",), "Nonlocal": ("names",), "ExceptHandler": ("name",), "Assign": ("type_comment",),
-    "For": ("type_comment",), "AsyncFor": ("type_comment",), "With": ("type_comment",),
-    "AsyncWith": ("type_comment",), "FormattedValue": ("conversion",), "comprehension": ("is_async",),
-    "MatchSingleton": ("value",), "MatchAs": ("name",), "MatchStar": ("name",), "MatchClass": ("kwd_attrs",),
-    "MatchMapping": ("rest",), "TypeIgnore": ("lineno", "tag"),
-}
-#: {node class: the fields children() reads}.
-_CHILD_FIELDS = {}
-
-
-def _child_fields(kind):
-    left_out = {"ctx"}
-    for klass in kind.__mro__:  # a lazy part's class (drift/parts.py) is its ast class's subclass
-        left_out.update(_SCALAR_FIELDS.get(klass.__name__, ()))
-    return tuple(name for name in kind._fields if name not in left_out)
-
-
-def children(node):
-    """ast.iter_child_nodes(node) as a list, made in one loop, without the node's expression context
-    (`ctx`: one of three Load, Store, Del objects the parser shares, which no reader of a walk looks
-    for; they were two fifths of a tree's nodes)."""
-    fields = _CHILD_FIELDS.get(type(node))
-    if fields is None:
-        fields = _CHILD_FIELDS[type(node)] = _child_fields(type(node))
-    found = []
-    for name in fields:
-        value = getattr(node, name, None)
-        if isinstance(value, list):
-            found.extend([item for item in value if isinstance(item, ast.AST)])
-        elif isinstance(value, ast.AST):
-            found.append(value)
-    return found
 
 
 # eq=False: a module is the one object its SourceTree parsed for a file; equal means the same object,

@@ -7,8 +7,7 @@ module-level `__getattr__` that *may* provide any name.
 """
 from __future__ import annotations
 
-import ast
-
+from drift import syntax as ast
 from drift.classes import class_member
 from drift.refs import ClassRef, ExternalRef, FunctionRef, MaybeRef, MissingRef, ModuleRef, UnknownRef, ValueRef
 

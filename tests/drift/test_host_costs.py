@@ -7,7 +7,8 @@ from drift.classes import assigned_self_attributes
 from drift.parts import PartedSource, unparsed_text
 from drift.refs import ClassRef
 from drift.signatures import simple_text
-from drift.source import Module, walk
+from drift.source import Module
+from drift.syntax import walk
 from support.drift_wheels import sources
 
 
@@ -27,7 +28,8 @@ def test_simple_text_is_ast_unparse_where_it_answers():
                     assert text_ == ast.unparse(value), (path, value.lineno)
     assert answered > 500
     for source in ("-1", "-1.5", "1e400", "u'a'", "...", "(1,)", "()", "[a.b, 'c']", "f()", "a.b.c()", "f(1)",
-                   "'it\\'s'", "b'x'", "x[0]", "(1, (2,))", "lambda: 1", "-x", "1 .real"):
+                   "'it\\'s'", "b'x'", "x[0]", "(1, (2,))", "lambda: 1", "lambda: ['a/**']", "lambda x: x",
+                   "lambda: (1,)", "lambda: lambda: 1", "lambda *a: 1", "lambda: -1", "-x", "1 .real"):
         value = ast.parse(source, mode="eval").body
         assert simple_text(value) in (None, ast.unparse(value)), source
 
