@@ -125,12 +125,12 @@ class SshRemote(Remote):
             raise ConnectionFailed(f"{self.host.name}: the SSH connection was lost")
         try:
             channel = transport.open_session(timeout=CONNECT_TIMEOUT_S)
-        except (paramiko.SSHException, EOFError, OSError) as exc:
+        except CONNECTION_ERRORS as exc:
             raise _lost(self.host.name, exc) from None
         try:
             try:
                 channel.exec_command(command)
-            except (paramiko.SSHException, EOFError, OSError) as exc:
+            except CONNECTION_ERRORS as exc:
                 raise _lost(self.host.name, exc) from None
             try:
                 if stdin:
@@ -146,6 +146,11 @@ class SshRemote(Remote):
 
     def close(self) -> None:
         self.connection.close()
+
+
+#: What paramiko raises when the connection itself fails or ends: in the handshake, or re-raised from its
+#: reader thread to the next caller waiting on the transport.
+CONNECTION_ERRORS = (paramiko.SSHException, EOFError, OSError)
 
 
 def _lost(name: str, exc: BaseException) -> ConnectionFailed:
@@ -258,7 +263,7 @@ def open_ssh(host: Host, *, host_keys: list | None = None):
         reasons = "; ".join(sorted({e.strerror or str(e) for e in exc.errors.values()}))
         raise ConnectionFailed(f"{target}: cannot connect: {reasons}",
                                hint="is sshd running there and the port right?") from None
-    except (paramiko.SSHException, EOFError, OSError) as exc:
+    except CONNECTION_ERRORS as exc:
         raise ConnectionFailed(f"{target}: SSH handshake failed: {exc or type(exc).__name__}",
                                hint="is that port an SSH server?") from None
     connection.transport.set_keepalive(KEEPALIVE_S)
