@@ -6,6 +6,7 @@ The result is printed as one line, SENTINEL + JSON, so that whatever libraries
 print to stdout before it does no harm.
 """
 import _thread
+import gc
 import json
 import os
 import sys
@@ -153,6 +154,7 @@ def main(argv):
         _arm_deadline(float(call["timeout_s"]))
     try:
         module_name, function = COMMANDS[call["command"]].split(":")
+        gc.enable()  # off since entry.py's start
         __import__(module_name)  # importlib.import_module without importing importlib
         result = getattr(sys.modules[module_name], function)(call.get("args") or {})
     except RemoteFailure as failure:

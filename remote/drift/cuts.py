@@ -40,6 +40,8 @@ _TRIPLE_OR_RUN = _compiled_when_used(
     r'|"""[^"\\]*(?:(?:\\.|"(?!""))[^"\\]*)*""")'
     r"|(?:[^'\"#]+|#[^\n]*|'(?!'')[^'\\\n]*(?:\\.[^'\\\n]*)*'"
     r'|"(?!"")[^"\\\n]*(?:\\.[^"\\\n]*)*")+', re.DOTALL)
+#: A quote or a comment's `#`: on a line before a triple quote, where masked() lets the regex read on.
+_QUOTE_OR_COMMENT = re.compile(r"['\"#]")
 _PART_START = re.compile(r"(?:async\s+def|def|class)\b|@")
 _DEFINITION = re.compile(r"(?:async\s+def|def|class)\s+([A-Za-z_][A-Za-z0-9_]*)")
 #: What a masked string's characters become (no quote, bracket or `#` that could mislead the cutting).
@@ -85,7 +87,7 @@ def masked(text):
         if start > position and "\\" in text[max(position, start - 3):start - 1]:
             start = position  # a backslash ends the line before: the scan from the last match on
         end = -1
-        if not any(character in text[start:quotes] for character in "'\"#"):
+        if _QUOTE_OR_COMMENT.search(text, start, quotes) is None:
             end = _string_end(text, quotes)
         if end < 0:  # something else on the line before it, or no end: the regex itself from `start`
             match = _TRIPLE_OR_RUN().search(text, start)
@@ -96,10 +98,12 @@ def masked(text):
                 continue  # a run: kept as it is, the scan goes on from its end
             quotes, end = match.start(), position
         position = end
-        if "\n" in text[quotes:end]:
+        if text.find("\n", quotes, end) >= 0:
             first, *rest = text[quotes:end].split("\n")
             # A string's later lines keep their indentation: a docstring's text is as deep as its code.
-            out += [text[copied:quotes], "\n".join([STRING_MARK * len(first)] + [_masked_string_line(piece) for piece in rest])]
+            out += [text[copied:quotes], STRING_MARK * len(first), "\n"]
+            out.append("\n".join([piece[:len(piece) - len(words)] + STRING_MARK * len(words)
+                                  for piece in rest for words in (piece.lstrip(" \t"),)]))
             copied = end
     out.append(text[copied:])
     return "".join(out)
@@ -124,11 +128,6 @@ def _string_end(text, start):
         find = closing + 1  # the first quote is escaped: the scan goes on after it
 
 
-def _masked_string_line(piece):
-    text = piece.lstrip(" \t")
-    return piece[:len(piece) - len(text)] + STRING_MARK * len(text)
-
-
 def code_end(line):
     """How long a (masked) line is without its comment and trailing blanks."""
     if "#" not in line:
@@ -145,9 +144,10 @@ def _has_code(line):
 
 
 class Part:
-    """Where one def or class lies: its lines (0-based, end excluded), the line of its `def`/`class`,
-    and the offsets in the text where those lines start (`*_at`; a part that runs to the text's end
-    ends at len(text) + 1, as though a newline ended the text)."""
+    """Where one def or class lies: its lines (0-based, end excluded: up to the next line of code no
+    deeper than it, the blank and comment lines before that line included), the line of its
+    `def`/`class`, and the offsets in the text where those lines start (`*_at`; a part that runs to
+    the text's end ends at len(text) + 1, as though a newline ended the text)."""
 
     __slots__ = ("start", "end", "definition", "name", "kind", "indent", "start_at", "end_at", "definition_at")
 
@@ -286,15 +286,19 @@ class MaskedLines:
             if last is None:  # the text's last line: counted only for a part that reaches it
                 current.end = number + masked.count("\n", counted_at) + 1
             parts.append(current)
-        return [self._trimmed(part) for part in parts if part.definition is not None]
+        return [part for part in parts if part.definition is not None]
 
-    def _trimmed(self, part):
-        while part.end - 1 > part.definition:
-            previous = self.previous(part.end_at)
+    def last_code_line(self, part):
+        """(line, offset) where `part`'s code ends: after its last line that is neither blank nor a
+        comment (the lines after it are the part's too, as the cutting ends it: a parse reads them as
+        it reads blank lines)."""
+        end, end_at = part.end, part.end_at
+        while end - 1 > part.definition:
+            previous = self.previous(end_at)
             if _has_code(self.line(previous)):
                 break
-            part.end, part.end_at = part.end - 1, previous
-        return part
+            end, end_at = end - 1, previous
+        return end, end_at
 
     def body_indent(self, part):
         """The indentation of the first def, class or decorator line in a class part's body (None when

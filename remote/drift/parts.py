@@ -206,14 +206,16 @@ class PartedSource:
                 return None
             last = methods[-1]
             if node.body[-1].__dict__.get("_part") is last:
-                # The class ended at its last method's `pass`; it ends where that method's text does.
-                node.end_lineno, node.end_col_offset = last.end, self._end_column(last)
+                # The class ended at its last method's `pass`; it ends where that method's code does.
+                node.end_lineno, end_at = self._masked.last_code_line(last)
+                node.end_col_offset = self._end_column(end_at)
         return node
 
-    def _end_column(self, part):
-        """Where the code of `part`'s last line ends, in UTF-8 bytes as ast counts (a comment left out)."""
-        at = self._masked.previous(part.end_at)
-        return len(self.text[at:part.end_at - 1][:code_end(self._masked.line(at))].encode("utf-8"))
+    def _end_column(self, end_at):
+        """Where the code of the line before offset `end_at` ends, in UTF-8 bytes as ast counts (a
+        comment left out)."""
+        at = self._masked.previous(end_at)
+        return len(self.text[at:end_at - 1][:code_end(self._masked.line(at))].encode("utf-8"))
 
     def _methods(self, part):
         """The methods of a class part, cut at its body's indentation."""

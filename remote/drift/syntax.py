@@ -57,15 +57,31 @@ _SCALAR_FIELDS = {
     "MatchSingleton": ("value",), "MatchAs": ("name",), "MatchStar": ("name",), "MatchClass": ("kwd_attrs",),
     "MatchMapping": ("rest",), "TypeIgnore": ("lineno", "tag"),
 }
-#: {node class: the fields children() reads}.
+#: List fields whose items may be None rather than nodes: a `**mapping` in a dict display, a
+#: keyword-only parameter without a default. Every other list field holds nodes only (Python.asdl,
+#: 3.9 to 3.13), but for the lists of names _SCALAR_FIELDS leaves out.
+_HOLES = {"Dict": ("keys",), "arguments": ("kw_defaults",)}
+#: {node class: ((field, how it is read), ...)}, the fields children() reads, found from the first node
+#: of the class it is given: a field is a list in every node of a class or in none.
 _CHILD_FIELDS = {}
+#: How children() reads a field: a node or None (or anything else, left out), a list of nodes, a list
+#: that may hold None.
+_NODE, _LIST, _LIST_WITH_HOLES = "node", "list", "list with holes"
 
 
-def _child_fields(kind):
-    left_out = {"ctx"}
-    for klass in kind.__mro__:  # a lazy part's class (drift/parts.py) is its ast class's subclass
+def _child_fields(node):
+    left_out, holes = {"ctx"}, set()
+    for klass in type(node).__mro__:  # a lazy part's class (drift/parts.py) is its ast class's subclass
         left_out.update(_SCALAR_FIELDS.get(klass.__name__, ()))
-    return tuple(name for name in kind._fields if name not in left_out)
+        holes.update(_HOLES.get(klass.__name__, ()))
+    fields = []
+    for name in type(node)._fields:
+        if name not in left_out:
+            if not isinstance(getattr(node, name, None), list):
+                fields.append((name, _NODE))
+            else:
+                fields.append((name, _LIST_WITH_HOLES if name in holes else _LIST))
+    return tuple(fields)
 
 
 def children(node):
@@ -74,12 +90,16 @@ def children(node):
     for; they were two fifths of a tree's nodes)."""
     fields = _CHILD_FIELDS.get(type(node))
     if fields is None:
-        fields = _CHILD_FIELDS[type(node)] = _child_fields(type(node))
+        fields = _CHILD_FIELDS[type(node)] = _child_fields(node)
     found = []
-    for name in fields:
+    for name, read in fields:
         value = getattr(node, name, None)
-        if isinstance(value, list):
-            found.extend([item for item in value if isinstance(item, AST)])
+        if read is _LIST:
+            found += value
+        elif read is _LIST_WITH_HOLES:
+            found += [item for item in value if item is not None]
         elif isinstance(value, AST):
             found.append(value)
+        elif isinstance(value, list):  # a list field the class's first node lacked (it read as None)
+            found += [item for item in value if isinstance(item, AST)]
     return found

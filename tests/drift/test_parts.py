@@ -136,7 +136,11 @@ def masked_by_regex(text: str) -> str:
         if match.lastgroup != "triple" or "\n" not in token:
             return token
         first, *rest = token.split("\n")
-        return "\n".join([cuts.STRING_MARK * len(first)] + [cuts._masked_string_line(piece) for piece in rest])
+        return "\n".join([cuts.STRING_MARK * len(first)] + [masked_line(piece) for piece in rest])
+
+    def masked_line(piece):  # a later line of a string keeps its indentation
+        words = piece.lstrip(" \t")
+        return piece[:len(piece) - len(words)] + cuts.STRING_MARK * len(words)
 
     return cuts._TRIPLE_OR_RUN().sub(mask, text)
 
