@@ -153,7 +153,7 @@ def _repository_scripts(consumers, provider, model):
         module = tree.module(name)
         if module is None:
             continue
-        line = next((n for n, text in enumerate(module.lines, 1)
+        line = next((n for n, text in enumerate(module.source.split("\n"), 1)
                      if re.match(r"\s*(__version__|version)\s*=", text)), None)
         if line is not None:
             break

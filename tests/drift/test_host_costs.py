@@ -59,3 +59,22 @@ def test_a_method_that_cannot_assign_the_attribute_is_left_unparsed_and_the_answ
         assert (assigned_self_attributes(holder, name).get(name) is None) == (whole.get(name) is None)
         methods = tree.body[0].body
         assert {m.name for m in methods if unparsed_text(m) is None} == parsed, name
+
+
+def test_a_modules_lines_are_found_as_sed_prints_them_without_splitting_it():
+    def expected_text(text: str, start: int, end: int) -> str:
+        return "\n".join(text.split("\n")[start - 1:end]).rstrip("\r\n")
+
+    located = 0
+    texts = [text for _, text in sources(("vllm", "0.16.0", "vllm/v1/core/sched"))]
+    # Line ends as ast counts them (\n and \r\n), not as str.splitlines does (a form feed, U+2028).
+    texts += ["a = 1\r\nb = '\x0c'\r\n\r\nc = '\u2028'\nd = 4", "x\n", "", "\n\n"]
+    for text in texts:
+        module = Module(name="m", path="m.py", relpath="m.py", is_package=False, tree=None, source=text)
+        count = text.count("\n") + 1
+        for lineno in sorted({1, 2, 3, count // 2, count - 1, count, count + 1, count + 2}):
+            assert module.line(lineno) == expected_text(text, lineno, lineno), lineno
+            for end in (lineno, lineno + 1, lineno + 90, count + 5):
+                assert module.text(lineno, end) == expected_text(text, lineno, end), (lineno, end)
+                located += 1
+    assert located > 100

@@ -111,7 +111,7 @@ def check_response_path(ctx):
 
 def check_rank_zero_writes(ctx):
     module, cls, _ = _connector_or_skip(ctx)
-    text = "".join(module.lines)
+    text = module.source
     if "get_tensor_model_parallel_rank" in text or "tp_rank" in text:
         return []
     return [Problem("%s has every tensor-parallel rank write the same file, with no lock: with "

@@ -136,7 +136,7 @@ class Context:
             pattern = None
         if pattern:
             regex = re.compile(pattern)
-            for number, line in enumerate(module.lines, 1):
+            for number, line in enumerate(module.source.split("\n"), 1):
                 if regex.search(line):
                     return F.Location(module, number)
         return F.Location(module, 1)
