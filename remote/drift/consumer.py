@@ -65,6 +65,12 @@ class AttributeUse:
 #: The nodes that are statements or hold them (an except clause, a match's case): the only nodes an
 #: import can be in or under (match_case: Python 3.10 and later).
 _STATEMENT_NODES = tuple(getattr(ast, name) for name in ("stmt", "excepthandler", "match_case") if hasattr(ast, name))
+#: The nodes that open a scope of their own.
+_SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
+#: The nodes ConsumerModule._walk_scope looks at, and those Context._collect_locals binds names by.
+_WALKED = _SCOPES + (ast.Call, ast.Attribute)
+_BINDERS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom, ast.Assign,
+            ast.NamedExpr, ast.Global, ast.Nonlocal)
 #: What an `except` clause catching these names also catches.
 BROADER_ERRORS = {"ModuleNotFoundError": ("ImportError",), "ImportError": (), "TypeError": (), "AttributeError": ()}
 
@@ -200,6 +206,8 @@ class ConsumerModule:
 
     def _walk_scope(self, scope_node, context, class_node):
         for node in self.scope_nodes(scope_node):
+            if not isinstance(node, _WALKED):
+                continue  # most nodes: one check, not one per kind below
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
                 self_class = class_node if (class_node is not None and _is_instance_method(node)) else None
                 self._walk_scope(node, Context(self, context, node, self_class), None)
@@ -217,7 +225,7 @@ class ConsumerModule:
         """The nodes of one scope (_scope_nodes), listed once."""
         key = id(scope_node)
         if key not in self._scope_nodes:
-            self._scope_nodes[key] = list(_scope_nodes(scope_node))
+            self._scope_nodes[key] = _scope_nodes(scope_node)
         return self._scope_nodes[key]
 
     def record_attribute(self, node, base, ref):
@@ -284,21 +292,25 @@ def _is_instance_method(node):
 
 
 def _scope_nodes(scope_node):
-    """Nodes of one scope in source order, nested function and class bodies yielded but not entered."""
-    stack = list(reversed(_children(scope_node)))
+    """Nodes of one scope in source order, nested function and class bodies listed but not entered."""
+    found = []
+    stack = _children(scope_node)
+    stack.reverse()
     while stack:
         node = stack.pop()
-        yield node
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+        found.append(node)
+        if isinstance(node, _SCOPES):
             # Decorators, defaults and bases are evaluated in the enclosing scope.
-            outer = list(getattr(node, "decorator_list", []))
+            inner = list(getattr(node, "decorator_list", []))
             if isinstance(node, ast.ClassDef):
-                outer += node.bases + [k.value for k in node.keywords]
+                inner += node.bases + [k.value for k in node.keywords]
             else:
-                outer += node.args.defaults + [d for d in node.args.kw_defaults if d is not None]
-            stack.extend(reversed(outer))
-            continue
-        stack.extend(reversed(children(node)))
+                inner += node.args.defaults + [d for d in node.args.kw_defaults if d is not None]
+        else:
+            inner = children(node)
+        inner.reverse()
+        stack += inner
+    return found
 
 
 def _children(scope_node):
@@ -329,8 +341,12 @@ class Context:
             self.bindings.setdefault(arg.arg, []).append(value)
         handled = set()  # Name targets already bound by their Assign/NamedExpr
         for node in self.consumer.scope_nodes(self.node):
-            if isinstance(node, ast.Name) and id(node) in handled:
+            if isinstance(node, ast.Name):  # the commonest node by far
+                if isinstance(node.ctx, (ast.Store, ast.Del)) and id(node) not in handled:
+                    self.bindings.setdefault(node.id, []).append(("unknown",))
                 continue
+            if not isinstance(node, _BINDERS):
+                continue  # most other nodes: one check, not one per kind below
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 self.bindings.setdefault(node.name, []).append(("unknown",))
             elif isinstance(node, (ast.Import, ast.ImportFrom)):
@@ -350,8 +366,6 @@ class Context:
             elif isinstance(node, ast.NamedExpr):
                 handled.add(id(node.target))
                 self.bindings.setdefault(node.target.id, []).append(("expr", node.value))
-            elif isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
-                self.bindings.setdefault(node.id, []).append(("unknown",))
             elif isinstance(node, (ast.Global, ast.Nonlocal)):
                 for name in node.names:
                     self.bindings[name] = [("outer",)]
