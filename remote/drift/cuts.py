@@ -44,12 +44,16 @@ _TRIPLE_OR_RUN = _compiled_when_used(
 _QUOTE_OR_COMMENT = re.compile(r"['\"#]")
 _PART_START = re.compile(r"(?:async\s+def|def|class)\b|@")
 _DEFINITION = re.compile(r"(?:async\s+def|def|class)\s+([A-Za-z_][A-Za-z0-9_]*)")
-#: What a masked string's characters become (no quote, bracket or `#` that could mislead the cutting).
-STRING_MARK = "\x01"
+#: What a masked string's characters become (no quote, bracket or `#` that could mislead the cutting),
+#: but the first of each later line's, which says the line goes on a statement: it never starts or
+#: ends a part, however far left a string's text sits.
+STRING_MARK, CONTINUED_MARK = "\x01", "\x02"
 #: A line that may start a part (a def, a class or a decorator, at any indentation), with the newline
 #: before it. The line-matching patterns here start at the newline, not at a MULTILINE `^`: the regex
 #: finds a newline in C, where `^` is tried at every character (five times slower over a module).
 _CANDIDATE = re.compile(r"\n([ \t]*)(?:(?:async[ \t]+)?def\b|class\b|@)")
+#: What the first character of a line that does not count for the cutting may be (MaskedLines.counted).
+_NOT_COUNTED = ")]}#" + CONTINUED_MARK
 #: {indent: _shallow(indent)}, {(lowest, indent): _starting(lowest, indent)}: compiled when first used.
 _SHALLOW = {}
 _STARTING = {}
@@ -57,7 +61,8 @@ _STARTING = {}
 
 def masked(text):
     """`text` with the characters of its strings that span lines as STRING_MARK (newlines and their
-    later lines' indentation kept): no line of theirs can pass for code. Comments and one-line
+    later lines' indentation kept, each later line's first character CONTINUED_MARK): no line of
+    theirs can pass for code. Comments and one-line
     strings are left as they are: a line starting with `#` or a quote is never a def, and code_end()
     reads a comment off the few lines where it matters.
 
@@ -102,7 +107,8 @@ def masked(text):
             first, *rest = text[quotes:end].split("\n")
             # A string's later lines keep their indentation: a docstring's text is as deep as its code.
             out += [text[copied:quotes], STRING_MARK * len(first), "\n"]
-            out.append("\n".join([piece[:len(piece) - len(words)] + STRING_MARK * len(words)
+            out.append("\n".join([piece[:len(piece) - len(words)] + (CONTINUED_MARK + STRING_MARK * (len(words) - 1)
+                                                                    if words else "")
                                   for piece in rest for words in (piece.lstrip(" \t"),)]))
             copied = end
     out.append(text[copied:])
@@ -186,10 +192,14 @@ def _starting(lowest, indent):
 
 
 class MaskedLines:
-    """The masked text of a module (masked), its lines read by their offsets: none is listed."""
+    """The masked text of a module (masked), its lines read by their offsets: none is listed.
 
-    def __init__(self, text):
-        self.masked = masked(text)
+    With mask=False the text is read as it is: a string's line may then pass for a def or end a part,
+    which the parse that checks every cut finds (drift/parts.py reads the module again masked), but
+    nine modules of ten have no such line, and masking is a fifth of reading a module by parts."""
+
+    def __init__(self, text, *, mask=True):
+        self.masked = masked(text) if mask else text
 
     def line(self, at):
         """The line starting at offset `at`, without its newline."""
@@ -208,11 +218,11 @@ class MaskedLines:
     def counted(self, start, first_char):
         """The text of the line at `start` (its first character at `first_char`) when it counts for the
         cutting, else None: a line that opens a statement, not a comment, not after a backslash, not a
-        closing bracket. A line inside a string counts (a statement may start with one): a part cut
-        there leaves text that does not parse around it."""
+        closing bracket, not a string's later line (CONTINUED_MARK). A string's first line counts (a
+        statement may start with one)."""
         masked = self.masked
-        if masked[first_char] in ")]}#":
-            return None  # a closing bracket, a comment's line
+        if masked[first_char] in _NOT_COUNTED:
+            return None  # a closing bracket, a comment's line, a string's later line
         if masked[max(0, start - 3):start].rstrip("\r\n").endswith("\\"):
             previous = self.line(self.previous(start))
             if previous[:code_end(previous)].endswith("\\"):

@@ -67,25 +67,45 @@ class PartedSource:
     def __init__(self, text, filename):
         self.text = text
         self.filename = filename
-        self._masked = None
+        #: The text's lines as the cuts read them first, unmasked; masked, when a cut read so failed its
+        #: parse, and for the positions no parse checks (where a class's code ends).
+        self._lines = MaskedLines(text, mask=False)
+        self._masked_lines = None
         self._whole = None
         #: A tree with lazy parts went out: from then on, a part that cannot be read is PartUnreadable.
         self._handed_out = False
 
+    @property
+    def _masked(self):
+        if self._masked_lines is None:
+            self._masked_lines = MaskedLines(self.text)
+        return self._masked_lines
+
     def tree(self):
         """The module's tree with its defs and classes left lazy (SyntaxError as ast.parse raises it)."""
-        self._masked = MaskedLines(self.text)
-        parts = self._masked.cuts(0, 0, len(self.text) + 1, None, 0)
-        if not parts:
-            return self._parse_whole()
-        try:
-            module = ast.parse(self._with_passes(parts, 0, len(self.text) + 1), filename=self.filename)
-        except SyntaxError:
-            return self._parse_whole()
-        if not self._replace(module.body, parts):
-            return self._parse_whole()
-        self._handed_out = True
-        return module
+        for careful in (False, True):  # the masked lines are made only if the first reading fails
+            lines = self._masked if careful else self._lines
+            parts = lines.cuts(0, 0, len(self.text) + 1, None, 0)
+            if not parts:
+                return self._parse_whole()
+            if not careful and not self._quotes_paired(parts):
+                continue
+            try:
+                module = ast.parse(self._with_passes(parts, 0, len(self.text) + 1), filename=self.filename)
+            except SyntaxError:
+                continue
+            if self._replace(module.body, parts):
+                self._handed_out = True
+                return module
+        return self._parse_whole()
+
+    def _quotes_paired(self, parts):
+        """False when a part cut from the unmasked text holds an odd number of `\"\"\"` or `\'\'\'`: it may
+        end inside a string, at a line of it the parse would take for code (a comment there ends the
+        string unseen). Stray quotes, in a comment or another string, only make the masked text read."""
+        text = self.text
+        return not any(text.count('"""', part.start_at, part.end_at) % 2 or text.count("'''", part.start_at, part.end_at) % 2
+                       for part in parts)
 
     def _with_passes(self, parts, begin, end):
         """The lines from offset `begin` to offset `end` (excluded, its newline too), each of `parts`
@@ -111,7 +131,7 @@ class PartedSource:
             try:
                 self._whole = ast.parse(self.text, filename=self.filename)
             except SyntaxError as exc:
-                if self._masked is None or not self._handed_out:
+                if not self._handed_out:
                     raise  # from tree(): the module is unreadable, as it would be parsed whole
                 raise PartUnreadable("%s: %s" % (self.filename, exc)) from None
         return self._whole
@@ -133,7 +153,9 @@ class PartedSource:
         """Parse `node`'s part and give the node its fields (a class's methods lazy in turn); the header's,
         when fill_header() gave them, are kept: they may be in use already."""
         part = node.__dict__["_part"]
-        parsed = self._parse_part(part)
+        parsed = self._parse_part(part, self._lines)
+        if parsed is None and part.kind == "class":  # its methods cut again, from the masked lines
+            parsed = self._parse_part(part, self._masked)
         if parsed is None:
             parsed = self._from_whole(part)
         fields = node.__dict__
@@ -163,8 +185,8 @@ class PartedSource:
         prefix = self._prefix(part)
         following = part.definition_at
         for number in range(part.definition, min(part.end, part.definition + HEADER_LINES)):
-            at, following = following, self._masked.next(following)
-            end = code_end(self._masked.line(at))
+            at, following = following, self._lines.next(following)
+            end = code_end(self._lines.line(at))
             line = self.text[at:following - 1]
             if not line[:end].endswith(":"):
                 continue
@@ -182,14 +204,16 @@ class PartedSource:
                 return node
         return None
 
-    def _parse_part(self, part):
-        """The part's one statement, parsed at its own lines (a class's methods as parts); None when
-        the part does not parse to exactly that statement."""
+    def _parse_part(self, part, lines):
+        """The part's one statement, parsed at its own lines (a class's methods as parts, cut from
+        `lines`); None when the part does not parse to exactly that statement."""
         if part.indent and not part.start:
             return None
         methods = []
         if part.kind == "class":
-            methods = self._methods(part)
+            methods = self._methods(part, lines)
+            if lines is self._lines and not self._quotes_paired(methods):
+                return None
         text = self._prefix(part) + self._with_passes(methods, part.start_at, part.end_at)
         try:
             module = ast.parse(text, filename=self.filename)
@@ -207,23 +231,30 @@ class PartedSource:
             last = methods[-1]
             if node.body[-1].__dict__.get("_part") is last:
                 # The class ended at its last method's `pass`; it ends where that method's code does.
-                node.end_lineno, end_at = self._masked.last_code_line(last)
-                node.end_col_offset = self._end_column(end_at)
+                node.end_lineno, node.end_col_offset = self._code_end(last)
         return node
 
-    def _end_column(self, end_at):
-        """Where the code of the line before offset `end_at` ends, in UTF-8 bytes as ast counts (a
-        comment left out)."""
-        at = self._masked.previous(end_at)
-        return len(self.text[at:end_at - 1][:code_end(self._masked.line(at))].encode("utf-8"))
+    def _code_end(self, part):
+        """(line, column) where `part`'s code ends, the column in UTF-8 bytes as ast counts (a comment
+        left out). No parse checks it: read from the text as it is only where no `#` is on the lines
+        read, for a `#` on a line of a string that spans lines would pass for a comment."""
+        lines = self._lines
+        end, end_at = lines.last_code_line(part)
+        at = lines.previous(end_at)
+        if "#" in self.text[at:part.end_at]:
+            lines = self._masked
+            end, end_at = lines.last_code_line(part)
+            at = lines.previous(end_at)
+        return end, len(self.text[at:end_at - 1][:code_end(lines.line(at))].encode("utf-8"))
 
-    def _methods(self, part):
-        """The methods of a class part, cut at its body's indentation."""
-        indent = self._masked.body_indent(part)
+    @staticmethod
+    def _methods(part, lines):
+        """The methods of a class part, cut from `lines` at its body's indentation."""
+        indent = lines.body_indent(part)
         if indent is None:
             return []
-        return self._masked.cuts(self._masked.next(part.definition_at), part.definition + 1, part.end_at, part.end,
-                                 indent, part.indent)
+        return lines.cuts(lines.next(part.definition_at), part.definition + 1, part.end_at, part.end, indent,
+                          part.indent)
 
     def _from_whole(self, part):
         """The part's node in the whole module's parse (a cut the text misread)."""

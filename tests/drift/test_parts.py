@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from drift import cuts
+from drift import cuts, syntax
 from drift.parts import LAZY, PartedSource, PartUnreadable
 from support.drift_wheels import sources
 
@@ -116,8 +116,55 @@ def test_parts_are_parsed_when_looked_into():
     "def f():\n    s = 'a' \\\n'b'\n    return s\nclass C: pass\n",       # a backslash continuation
     "def f():\n    return 1  # ends with \\\ndef g(): pass\n",              # a comment's backslash
     'def f():\n    return """a\n"""  # c\n\n\ndef g(): pass\n',           # a string, a comment end f
+    'class C:\n    def m(self):\n        return """a\nx = 1\n# b"""\n\ndef g(): pass\n',  # a string's code-like
+    'X = """\ndef f(): a\n"""\nclass C:\n    def m(self):\n        return """a\n# b"""\n',  # lines at the left
 ])
 def test_cuts_the_text_misreads_are_caught_by_a_parse(text):
+    assert same_as_whole(text)
+
+
+def test_a_module_the_unmasked_text_misreads_is_read_again_masked_not_whole(monkeypatch):
+    text = textwrap.dedent('''\
+        X = """
+        def not_a_part(): a string's line at the left
+        """
+
+
+        class Holder:
+            """A docstring.
+                @not_a_decorator
+            """
+
+            def method(self):
+                return 1
+
+
+        def after():
+            pass
+    ''')
+    parsed = []
+    parse = syntax.parse
+    monkeypatch.setattr(syntax, "parse", lambda source, *args, **kwargs: parsed.append(source) or parse(source, *args, **kwargs))
+    tree = PartedSource(text, "<test>").tree()
+    assert type(tree.body[1]) is LAZY[ast.ClassDef] and type(tree.body[2]) is LAZY[ast.FunctionDef]
+    assert type(tree.body[1].body[1]) is LAZY[ast.FunctionDef]  # its methods cut again, from the masked text
+    assert text not in parsed  # never the module parsed whole
+    assert same_as_whole(text)
+
+
+def test_where_a_class_ends_is_read_masked_past_a_strings_hash():
+    # A `#` on a line of a string that spans lines would pass for a comment in the unmasked text.
+    text = textwrap.dedent('''\
+        class Holder:
+            def method(self):
+                return """a string whose last line
+            # starts like a comment"""
+
+        VALUE = 1
+    ''')
+    holder = PartedSource(text, "<test>").tree().body[0]
+    assert type(holder.body[0]) is LAZY[ast.FunctionDef]  # the class read, its method not
+    assert (holder.end_lineno, holder.end_col_offset) == (4, 30)
     assert same_as_whole(text)
 
 
@@ -140,7 +187,8 @@ def masked_by_regex(text: str) -> str:
 
     def masked_line(piece):  # a later line of a string keeps its indentation
         words = piece.lstrip(" \t")
-        return piece[:len(piece) - len(words)] + cuts.STRING_MARK * len(words)
+        return piece[:len(piece) - len(words)] + (cuts.CONTINUED_MARK + cuts.STRING_MARK * (len(words) - 1)
+                                                  if words else "")
 
     return cuts._TRIPLE_OR_RUN().sub(mask, text)
 
