@@ -103,9 +103,13 @@ class PartedSource:
         """False when a part cut from the unmasked text holds an odd number of `\"\"\"` or `\'\'\'`: it may
         end inside a string, at a line of it the parse would take for code (a comment there ends the
         string unseen). Stray quotes, in a comment or another string, only make the masked text read."""
-        text = self.text
-        return not any(text.count('"""', part.start_at, part.end_at) % 2 or text.count("'''", part.start_at, part.end_at) % 2
-                       for part in parts)
+        count = self.text.count
+        for quotes in ('"""', "'''"):
+            if quotes in self.text:  # most modules write one kind only
+                for part in parts:
+                    if count(quotes, part.start_at, part.end_at) % 2:
+                        return False
+        return True
 
     def _with_passes(self, parts, begin, end):
         """The lines from offset `begin` to offset `end` (excluded, its newline too), each of `parts`
