@@ -62,9 +62,9 @@ _STARTING = {}
 def masked(text):
     """`text` with the characters of its strings that span lines as STRING_MARK (newlines and their
     later lines' indentation kept, each later line's first character CONTINUED_MARK): no line of
-    theirs can pass for code. Comments and one-line
-    strings are left as they are: a line starting with `#` or a quote is never a def, and code_end()
-    reads a comment off the few lines where it matters.
+    theirs can pass for code. Comments and one-line strings are left as they are: a line starting
+    with `#` or a quote is never a def, and code_end() reads a comment off the few lines where it
+    matters.
 
     What _TRIPLE_OR_RUN.sub() would give (its matches in order: runs of code, comments and one-line
     strings kept as they are, triple-quoted strings masked), without running it over the whole text:
