@@ -88,7 +88,7 @@ class PartedSource:
             parts = lines.cuts(0, 0, len(self.text) + 1, None, 0)
             if not parts:
                 return self._parse_whole()
-            if not careful and not self._quotes_paired(parts):
+            if not self._cut_soundly(parts, lines):
                 continue
             try:
                 module = ast.parse(self._with_passes(parts, 0, len(self.text) + 1), filename=self.filename)
@@ -99,10 +99,13 @@ class PartedSource:
                 return module
         return self._parse_whole()
 
-    def _quotes_paired(self, parts):
-        """False when a part cut from the unmasked text holds an odd number of `\"\"\"` or `\'\'\'`: it may
-        end inside a string, at a line of it the parse would take for code (a comment there ends the
-        string unseen). Stray quotes, in a comment or another string, only make the masked text read."""
+    def _cut_soundly(self, parts, lines):
+        """False when `parts` were cut from the unmasked text and one holds an odd number of `\"\"\"` or
+        `\'\'\'`: it may end inside a string, at a line of it the parse would take for code (a comment
+        there ends the string unseen). Stray quotes, in a comment or another string, only make the
+        masked text read."""
+        if lines is not self._lines:
+            return True  # masked: no string's line passes for code
         count = self.text.count
         for quotes in ('"""', "'''"):
             if quotes in self.text:  # most modules write one kind only
@@ -216,7 +219,7 @@ class PartedSource:
         methods = []
         if part.kind == "class":
             methods = self._methods(part, lines)
-            if lines is self._lines and not self._quotes_paired(methods):
+            if not self._cut_soundly(methods, lines):
                 return None
         text = self._prefix(part) + self._with_passes(methods, part.start_at, part.end_at)
         try:
