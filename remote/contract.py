@@ -30,6 +30,23 @@ ACTIVE_STATES = (STARTING, RUNNING, RESTARTING, STALLED)
 #: The supervisor ended the run.
 FINAL_STATES = (SUCCEEDED, FAILED, STOPPED)
 
+# -- the pace of a run's samples (status.json "pace", written by the supervisor's watch) -----------
+#: Without a new sample for this many median gaps between samples (and at least PACE_STALE_S), a run's rate
+#: and ETA say nothing any more: `inv status` and the live view show how long since the last sample instead.
+STALE_GAPS = 3
+PACE_STALE_S = 10.0
+
+
+def pace_now(pace, now):
+    """The pace's facts as of `now` (the host's clock): since_sample_s (since the last sample, or the phase's
+    start before the first) and stale (True: the rate and ETA must not be shown); None without a pace."""
+    if not pace:
+        return None
+    since = now - (pace.get("last_sample_at") or pace["phase_started_at"])
+    stale = not pace.get("last_sample_at") or since > max(PACE_STALE_S, STALE_GAPS * (pace.get("median_gap_s") or 0))
+    return dict(pace, since_sample_s=round(since, 1), stale=stale)
+
+
 # -- failure kinds the supervisor finds itself (no log decides them; classify_rules.json holds the rest) --
 #: Free space under the output or the connector's staging directory fell below what the next files need:
 #: the run stops before the disk fills, keeping every whole file (remote/run/disk_watch.py). Not retried,
@@ -133,9 +150,9 @@ SUPERVISOR_DEFAULTS = {
     "max_restarts": 3,          # restarts of retryable failures, per supervisor
     "backoff_s": 5.0,           # first restart delay, doubled each time
     "backoff_max_s": 300.0,
-    "stall_timeout_s": 900.0,   # no new phase, sample or output file for this long: stalled
+    "stall_timeout_s": 900.0,   # the stall bound's ceiling: no new phase, sample or file for this long is stalled
     "load_timeout_s": 3600.0,   # the same while the model loads
-    "stall_restart": False,     # restart a stalled driver (counts as a restart)
+    "stall_restart": True,      # end a stalled attempt and restart it (counts as a restart); false: only mark it
     "grace_s": 20.0,            # between SIGTERM and SIGKILL when stopping
     "telemetry_interval_s": 5.0,
 }

@@ -69,18 +69,99 @@ def log_size(path):
     return os.path.getsize(path) if os.path.exists(path) else 0
 
 
+#: The stall bound once samples flow (Pace.bound): at least STALL_FLOOR_S, and at least GAP_FACTOR times the
+#: median and LONGEST_GAP_FACTOR times the longest quiet span between new samples seen so far in the phase,
+#: within the run's stall_timeout_s. A hung collective or a stopped engine looks alive and busy: only the
+#: samples' own pace tells it from a slow sample, and a run that wrote a file every 2 s for an hour has
+#: not merely slowed down when none came for a minute.
+STALL_FLOOR_S = 30.0
+GAP_FACTOR = 10
+LONGEST_GAP_FACTOR = 3
+class Pace:
+    """When a phase's samples came: the quiet span before each new one (the first excepted: it waited on the
+    phase's start), so the stall bound follows the run's own pace."""
+
+    def __init__(self):
+        self.phase_started = time.time()
+        self.count = None
+        self.last_sample_at = None
+        self.spans = []
+
+    def saw(self, done):
+        """The samples done now; True when one is new since the last look."""
+        now = time.time()
+        if self.count is None or done <= self.count:
+            self.count = done if self.count is None else max(self.count, done)
+            return False
+        if self.last_sample_at is not None:
+            self.spans.append(now - self.last_sample_at)
+        self.count, self.last_sample_at = done, now
+        return True
+
+    def median_span(self):
+        spans = sorted(self.spans)
+        return spans[len(spans) // 2] if spans else None
+
+    def bound(self, ceiling, first_sample_s):
+        """(seconds, why) of the stall bound now: `first_sample_s` until the phase's first new sample, then
+        derived from the spans between samples; never above `ceiling` (stall_timeout_s)."""
+        if self.last_sample_at is None:
+            return min(ceiling, first_sample_s), "the first sample of the phase"
+        median = self.median_span()
+        if median is None:
+            return min(ceiling, first_sample_s), "the second sample of the phase"
+        derived = max(STALL_FLOOR_S, GAP_FACTOR * median, LONGEST_GAP_FACTOR * max(self.spans))
+        return min(ceiling, derived), "%dx the median gap between samples (%.1f s), %dx the longest (%.1f s), " \
+            "%.0f s at least" % (GAP_FACTOR, median, LONGEST_GAP_FACTOR, max(self.spans), STALL_FLOOR_S)
+
+    def fields(self):
+        """status.json's `pace`: the facts contract.pace_now reads when the run is looked at."""
+        median = self.median_span()
+        return {"last_sample_at": self.last_sample_at and round(self.last_sample_at, 3),
+                "phase_started_at": round(self.phase_started, 3), "median_gap_s": median and round(median, 2)}
+
+
 class Watch:
     """One watch's progress clock: progress is what the workload calls so (a new phase, sample, file or
-    log line); no progress for the limit is a stall. It keeps status.json current meanwhile."""
+    log line); no progress for the limit is a stall. A phase that makes samples (generating, extracting)
+    counts them alone, through `samples()`: its limit then follows their pace (Pace.bound), and log lines
+    are no progress (a client retrying a request the engine will never answer logs one each time). It keeps
+    status.json current meanwhile. `processes` (a function: the attempt's live processes, procs.Job.members'
+    shape) names those stopped, when a stall comes."""
 
-    def __init__(self, supervisor, log_path, log_offset):
+    def __init__(self, supervisor, log_path, log_offset, processes=None):
         self.supervisor = supervisor
         self.log_path, self.log_offset = log_path, log_offset
+        self.processes = processes
         self.last_progress = time.monotonic()
         self.last_saved = 0.0
+        self.phase = self.pace = None
+        self.bound_why = None
 
     def progress(self):
         self.last_progress = time.monotonic()
+
+    def enter(self, phase):
+        """The workload's phase now: a new one is progress, and its samples' pace starts anew."""
+        if phase != self.phase:
+            self.phase, self.pace = phase, None
+            self.progress()
+
+    def samples(self, done):
+        """The phase makes samples, `done` of them now: a new one is progress."""
+        if self.pace is None:
+            self.pace = Pace()
+        if self.pace.saw(done):
+            self.progress()
+
+    def limit(self, ceiling, first_sample_s=None):
+        """The stall bound in force: `ceiling` (the phase's timeout), or, in a phase that makes samples,
+        the bound of their pace under it (`first_sample_s` before the first: default the ceiling)."""
+        if self.pace is None:
+            self.bound_why = None
+            return ceiling
+        seconds, self.bound_why = self.pace.bound(ceiling, ceiling if first_sample_s is None else first_sample_s)
+        return seconds
 
     def check(self, limit, phase, heartbeat):
         """The stall failure once nothing progressed for `limit` seconds (classified from the watched log:
@@ -90,19 +171,41 @@ class Watch:
         quiet = now - self.last_progress
         stalled = quiet > limit
         if stalled and not sup.status["stalled"]:
-            sup.log_marker("no progress for %.0f s (%s): stalled" % (quiet, phase))
+            sup.log_marker("no progress for %.0f s (%s; the bound: %.0f s%s): stalled"
+                           % (quiet, phase, limit, ", " + self.bound_why if self.bound_why else ""))
         if stalled != sup.status["stalled"] or now - self.last_saved >= STATUS_EVERY_S:
             # status.json may sit on a network disk: rewritten on a change or every few seconds.
             self.last_saved = now
             sup.save(state=STALLED if stalled else RUNNING, stalled=stalled, heartbeat=heartbeat,
-                     seconds_since_progress=round(quiet, 1))
-        return self.stall_failure(quiet) if stalled else None
+                     seconds_since_progress=round(quiet, 1), stall_bound_s=round(limit, 1),
+                     pace=self.pace.fields() if self.pace else None)
+        return self.stall_failure(quiet, limit) if stalled else None
 
-    def stall_failure(self, quiet):
+    def stall_failure(self, quiet, limit):
         known = classify.classify(log_since(self.log_path, self.log_offset), 0, host=self.supervisor.host())
         if not known["retryable"]:
             known["explain"] += " (no progress for %.0f s)" % quiet
             return known
-        return found_failure("stalled", "no new phase, sample or output file for %.0f s" % quiet,
-                             "see `inv logs`; raise stall_timeout_s (or load_timeout_s while loading) in hosts.yaml's "
-                             "extract: if the driver is merely slow", True)
+        stopped = self.stopped()
+        return found_failure("stalled", "no new phase, sample or output file for %.0f s (the bound: %.0f s%s)%s"
+                             % (quiet, limit, ", " + self.bound_why if self.bound_why else "",
+                                "; stopped: " + stopped if stopped else ""),
+                             "see `inv logs`; a process stopped by a signal or a debugger hangs the run (SIGCONT); "
+                             "raise stall_timeout_s (or load_timeout_s while loading) in hosts.yaml's extract: if the "
+                             "run is merely slow", True, evidence=stopped or None)
+
+    def stopped(self):
+        """The attempt's processes in the stopped state (T: SIGSTOP, a debugger), named: '' when none."""
+        members = self.processes() if self.processes else []
+        return ", ".join("%s (pid %d)" % (_name(m), m["pid"]) for m in members if m["state"] in "Tt")
+
+
+def _name(member):
+    """A process in a line: its job's name where it has one (server, client, ...), and its program's, or the
+    title it gave itself (vLLM's VLLM::EngineCore)."""
+    words = member["cmdline"].split()
+    program = os.path.basename(words[0]) if words else "?"
+    if program.startswith("python") and len(words) > 1:  # the script or module it runs
+        program = words[2] if words[1] == "-m" and len(words) > 2 else os.path.basename(words[1])
+    job = member.get("job")
+    return program if not job else job if "::" not in program else "%s: %s" % (job, program)

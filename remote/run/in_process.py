@@ -13,7 +13,7 @@ import subprocess
 import time
 
 import procs
-from contract import DRIVER_DEFAULTS, PHASE_DONE, PHASE_LOADING
+from contract import DRIVER_DEFAULTS, PHASE_DONE, PHASE_EXTRACTING, PHASE_LOADING
 from run.attempt import POLL_S, NotStarted, Watch, child_env, log_since
 from run.driver.output import remove_temporaries
 
@@ -81,8 +81,8 @@ class InProcessDriver:
         loads, `load_timeout_s` applies instead of `stall_timeout_s`: a large model loads for long.
         """
         sup = self.supervisor
-        clock = Watch(sup, self.log, self.log_offset)
-        last_mark, last_count, count_checked = None, None, 0.0
+        clock = Watch(sup, self.log, self.log_offset, processes=self.job.members)
+        last_count, count_checked = None, 0.0
         while True:
             exit_status = self.driver.poll()
             # Looking at the job's processes often lets it follow those that leave its session.
@@ -95,10 +95,10 @@ class InProcessDriver:
                 return None, None
             sup.look(pids)  # after the exit: a driver that finished is not ended for the room it left
             beat = sup.run.heartbeat
-            mark = beat and (beat.get("phase"), beat.get("samples_done"))
-            if mark and mark != last_mark:
-                last_mark = mark
-                clock.progress()
+            if beat:
+                clock.enter(beat.get("phase"))
+            if beat and beat.get("phase") == PHASE_EXTRACTING:
+                clock.samples(beat.get("samples_done") or 0)
             elif time.monotonic() - count_checked > OUTPUT_COUNT_EVERY_S:
                 count_checked = time.monotonic()
                 count = _entries(sup.record.get("out"))
@@ -106,7 +106,7 @@ class InProcessDriver:
                     last_count = count
                     clock.progress()
             loading = not beat or beat.get("phase") == PHASE_LOADING
-            stall = clock.check(sup.options["load_timeout_s" if loading else "stall_timeout_s"],
+            stall = clock.check(clock.limit(sup.options["load_timeout_s" if loading else "stall_timeout_s"]),
                                 beat and beat.get("phase"), beat)
             # A known cause that will not go away (a prompt waiting on stdin) ends the attempt either way.
             if stall and (sup.options["stall_restart"] or not stall["retryable"]):

@@ -24,10 +24,11 @@ import datetime
 import os
 import random
 import string
+import time
 
 import procs
 from atomic import read_json
-from contract import ACTIVE_STATES, FINAL_STATES, LOST, RESTARTING, STARTING, STOPPED
+from contract import ACTIVE_STATES, FINAL_STATES, LOST, RESTARTING, STARTING, STOPPED, pace_now
 from rpc import RemoteFailure
 from slurm import jobs
 
@@ -153,6 +154,8 @@ class RunDir:
                       driver_args=record.get("driver_args"), options=record.get("options"))
         if self.slurm_job_id():
             status["slurm"] = dict(record["slurm"], job=self.slurm_job())
+        # How long since the last sample, on this host's clock, while the run is active.
+        status["pace"] = pace_now(status.get("pace"), time.time()) if status["state"] in ACTIVE_STATES else None
         return status
 
 

@@ -297,6 +297,7 @@ class Supervisor:
             return self.not_started(entry, refused)
         except AttemptEnds as ended:
             exit_status, found = None, ended.failure
+        self.status["pace"] = None  # the attempt's samples stopped with it: no pace to show until the next
         self.role.attempt_ended(entry, found)
         # A workload may name the exit status itself once its processes are ended (a worker's server).
         entry.update(dict({"exit_status": exit_status}, **self.workload.end()), ended_at=rundir.now_iso())

@@ -26,8 +26,7 @@ from specrig.run.runs import follow_run
 from specrig.run.view import (
     STATE_STYLE,
     describe_failure,
-    format_duration,
-    rate_text,
+    pace_texts,
     samples,
     show_run,
 )
@@ -75,9 +74,8 @@ def samples_bar() -> tuple[Progress, int]:
 def render(run: dict, tail: str, progress: Progress, bar) -> Panel:
     beat = run.get("heartbeat") or {}
     done, total = beat.get("samples_done") or 0, beat.get("samples_total")
-    rate = rate_text(beat)
-    eta = format_duration(beat["eta_s"]) if beat.get("eta_s") else "-"
-    progress.update(bar, completed=done, total=total, rate=rate, eta=eta)
+    rate, eta = pace_texts(run)
+    progress.update(bar, completed=done, total=total, rate=rate, eta=eta or "-")
     style = STATE_STYLE.get(run["state"], "")
     header = Text.from_markup(f"[{style}]{markup(run['state'])}[/]  phase [bold]{markup(beat.get('phase') or '-')}[/]  "
                               f"attempt {len(run.get('attempts') or [])}"
@@ -138,8 +136,7 @@ class RunsBoard:
             beat = run.get("heartbeat") or {}
             style = STATE_STYLE.get(run["state"], "")
             table.add_row(markup(host), markup(run["run_id"]), Text(visible(run["state"]), style=style),
-                          markup(beat.get("phase") or "-"), samples(beat),
-                          format_duration(beat["eta_s"]) if beat.get("eta_s") else "-")
+                          markup(beat.get("phase") or "-"), samples(beat), board_eta(run))
         beats = [run.get("heartbeat") or {} for run in runs.values() if run]
         if len(runs) > 1 and any(beat.get("samples_total") for beat in beats):
             # A sharded run's shards: their samples added up.
@@ -147,3 +144,9 @@ class RunsBoard:
                              f"{sum(beat.get('samples_total') or 0 for beat in beats)} samples")
             table.caption_justify = "left"
         return table
+
+
+def board_eta(run: dict) -> str:
+    """The board's ETA cell: the ETA, or how long since the last sample once they stopped coming."""
+    speed, eta = pace_texts(run)
+    return eta or (speed if (run.get("pace") or {}).get("stale") else "-")

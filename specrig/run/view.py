@@ -70,6 +70,17 @@ def rate_text(beat: dict) -> str:
     return ""
 
 
+def pace_texts(run: dict) -> tuple[str, str]:
+    """(speed, ETA) of a run, '' where there is none; once its samples stopped coming (the host's `pace` says
+    stale: remote/contract.py pace_now), how long since the last one instead, and no ETA."""
+    beat = run.get("heartbeat") or {}
+    pace = run.get("pace")
+    if pace and pace.get("stale"):
+        since = format_duration(pace["since_sample_s"])
+        return (f"no new sample for {since}" if pace.get("last_sample_at") else f"no sample yet, {since} in"), ""
+    return rate_text(beat), format_duration(beat["eta_s"]) if beat.get("eta_s") else ""
+
+
 #: Terminal width from which the runs table has room for an output column.
 WIDE_COLUMNS = 110
 
@@ -113,9 +124,9 @@ def show_run(run: dict, *, log_tail: str | None = None) -> None:
     grid.add_row("run", markup(run["run_id"]))
     grid.add_row("state", f"[{style}]{run['state']}[/]" if style else markup(run["state"]))
     beat = run.get("heartbeat") or {}
+    speed, eta = pace_texts(run)
     grid.add_row("phase", ", ".join(filter(None, (markup(beat.get("phase") or "-"), f"{samples(beat)} samples",
-                                                  rate_text(beat),
-                                                  f"ETA {format_duration(beat['eta_s'])}" if beat.get("eta_s") else ""))))
+                                                  speed, eta and f"ETA {eta}"))))
     if beat.get("server"):
         grid.add_row("server", f"vLLM server {markup(beat['server'])}")
     started = beat.get("startup") or {}

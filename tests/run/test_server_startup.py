@@ -307,7 +307,7 @@ def test_prepare_data_is_done_once_its_directory_is_whole_though_its_process_sti
     directory = tmp_path / "prepared"
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        step = warm_steps.PreparedStep([sleeper], str(directory))
+        step = warm_steps.PreparedStep(lambda: [sleeper], str(directory))
         assert step.poll() is None
         prepared_dir(directory)
         (directory / "dataset_info.json").write_text('{"features": {"input_ids"')  # being written
@@ -319,7 +319,7 @@ def test_prepare_data_is_done_once_its_directory_is_whole_though_its_process_sti
         sleeper.wait()
     failing = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
     failing.wait()
-    assert warm_steps.PreparedStep([failing], str(tmp_path / "nothing")).poll() == 3
+    assert warm_steps.PreparedStep(lambda: [failing], str(tmp_path / "nothing")).poll() == 3
 
 
 def test_the_sources_digest_follows_the_files_prepare_data_runs(tmp_path):

@@ -35,8 +35,10 @@ PREPARE, GENERATE = "prepare-data", "generate-offline-data"
 #: The job of prepare-data's process; generate-offline-data's are "client", "client-2", ... (client_job);
 #: the render server's, which prepare-data renders through while the model loads.
 PREPARE_JOB, CLIENT, RENDER_JOB = "prepare", "client", "render"
-#: Seconds between probes of the render server's /health.
+#: Seconds between probes of the render server's /health; once it answered, this many probes in a row without
+#: an answer (a render server that hangs: stopped, deadlocked) count it as gone.
 RENDER_PROBE_S = 0.5
+RENDER_SILENT_PROBES = 3
 WARM_START = os.path.join(os.path.dirname(os.path.abspath(__file__)), "warm_start.py")
 #: What the key job found (KeyJob.outcome).
 HIT, MISS, NO_KEY = "hit", "miss", "no-key"
@@ -49,13 +51,15 @@ def client_job(k):
 
 class ClientStep:
     """A client step's processes, followed as one: ended when all have ended, 0 when all exited 0, else the
-    first failure's status (its siblings are ended with it: they share the share and its log)."""
+    first failure's status (its siblings are ended with it: they share the share and its log). `processes`
+    is a function, asked at each poll: a process replaced meanwhile (prepare-data, when the render server it
+    rendered through died) is followed in its place."""
 
     def __init__(self, processes):
         self.processes = processes
 
     def poll(self):
-        statuses = [proc.poll() for proc in self.processes]
+        statuses = [proc.poll() for proc in self.processes()]
         failed = [status for status in statuses if status not in (None, 0)]
         if failed:
             return failed[0]
@@ -142,6 +146,10 @@ class StartUp:
         #: The render server's port while it runs and prepare-data may render through it, else None.
         self.render_port = None
         self.render_probed = 0.0
+        self.render_ready, self.render_silent = False, 0
+        #: Whether prepare-data's warm process was started to render through the render server: let go through
+        #: the model's server instead, it is given the model's endpoint.
+        self.prepare_via_render = False
         #: prepare-data's jobs once let go before the model's server answered (through the render server).
         self.prepare_jobs = None
 
@@ -200,7 +208,9 @@ class StartUp:
             found = self.start_prepare()
             if found:
                 return found
-        self.look_at_render()
+        found = self.look_at_render()
+        if found:
+            return found
         for name, (step, proc, _go) in self.waiting.items():
             status = proc.poll()
             if status is not None:
@@ -208,10 +218,12 @@ class StartUp:
                 return self.workload.step_failed(step, status if status != 0 else 1)
         return None
 
-    def start_prepare(self):
-        """prepare-data's warm process, and the render server it renders through when the plan has one."""
+    def start_prepare(self, through_render=True):
+        """prepare-data's warm process, and the render server it renders through when the plan has one (and
+        `through_render`: not once the render server it had is gone)."""
         argv = self.plan["prepare_argv"]
-        if self.plan.get("render_argv"):
+        self.prepare_via_render = False
+        if through_render and self.plan.get("render_argv"):
             port = render.free_port()
             try:
                 self.workload.jobs.start(RENDER_JOB, render.argv_on(self.plan["render_argv"], port),
@@ -220,32 +232,60 @@ class StartUp:
                 self.sup.log_marker("the render server could not be started (%s): prepare-data renders through "
                                     "the model's server" % exc)
             else:
-                self.render_port = port
+                self.render_port, self.render_ready, self.render_silent = port, False, 0
+                self.prepare_via_render = True
                 self.mark("render_started")
                 argv = render.with_endpoint(argv, client.endpoint(port))
         return self.start(PREPARE_JOB, PREPARE, argv)
 
     def look_at_render(self):
-        """While prepare-data waits for its go: let it go once the render server answers /health; forget the
-        render server if it exited (prepare-data then renders through the model's server at its /health)."""
-        if self.render_port is None or PREPARE_JOB not in self.waiting:
-            return
+        """While prepare-data waits for its go, or renders through the render server: let it go once the render
+        server answers /health; once the render server is gone (exited, or silent RENDER_SILENT_PROBES probes
+        in a row after it answered), end it, and a prepare-data that rendered through it is started again
+        through the model's server (a failure found when it cannot be, else None)."""
+        if self.render_port is None or (PREPARE_JOB not in self.waiting and self.prepare_jobs is None):
+            return None
         proc = self.workload.jobs.running.get(RENDER_JOB, (None,))[0]
         if proc is None or proc.poll() is not None:
-            self.sup.log_marker("the render server exited (status %s, render.log): prepare-data renders through "
-                                "the model's server" % (proc.poll() if proc else None))
-            self.end_render()
-            return
+            return self.render_gone("exited with status %s (render.log)" % (proc.poll() if proc else None))
         now = time.monotonic()
         if now - self.render_probed < RENDER_PROBE_S:
-            return
+            return None
         self.render_probed = now
-        if health.probe(self.render_port) == health.READY:
+        answer = health.probe(self.render_port, timeout=RENDER_PROBE_S * 2)
+        if self.render_ready:
+            self.render_silent = 0 if answer == health.READY else self.render_silent + 1
+            if self.render_silent >= RENDER_SILENT_PROBES:
+                return self.render_gone("did not answer /health %d times in a row" % self.render_silent)
+            return None
+        if answer == health.READY:
+            self.render_ready = True
             self.mark("render_ready")
             self.sup.log_marker("prepare-data: rendering through the render server (port %d) while the model "
                                 "loads" % self.render_port)
             self.mark("prepare_started", prepare="ran", render="render server")
             self.prepare_jobs = self.let_go(PREPARE)
+        return None
+
+    def render_gone(self, why):
+        """The render server is gone (`why`): end what is left of it; prepare-data, if it rendered through it,
+        is ended and started again, through the model's server: let go now when that server answers, else at
+        its /health. A failure found when it cannot be started, else None."""
+        rendering = self.prepare_jobs
+        self.sup.log_marker("the render server %s: prepare-data renders through the model's server%s"
+                            % (why, " (started again: it was rendering through the render server)" if rendering
+                               else ""))
+        self.end_render()
+        if not rendering:
+            return None
+        for job in rendering:
+            self.workload.jobs.end(job)
+        self.prepare_jobs = None
+        shutil.rmtree(self.plan["prepared"], ignore_errors=True)  # prepare-data would skip a part-written one
+        found = self.start_prepare(through_render=False)
+        if found is None and "health" in self.times:
+            self.prepare_jobs = self.let_go(PREPARE)
+        return found
 
     def end_render(self):
         self.render_port = None
@@ -304,9 +344,10 @@ class StartUp:
         jobs = self.prepare_jobs
         if jobs is None:  # the model's server answered first: prepare-data renders through it
             self.mark("prepare_started", prepare="ran", render="the model's server")
-            words = self.plan["prepare_argv"][3:] if self.render_port is not None else None
+            words = self.plan["prepare_argv"][3:] if self.prepare_via_render else None
             self.end_render()
             jobs = self.let_go(PREPARE, words)
+            self.prepare_jobs = jobs
         steps = []
         try:
             status, found = workload.client_step(PREPARE, jobs, lambda processes: steps.append(

@@ -49,7 +49,7 @@ from contract import (
     SERVER_DEFAULTS,
 )
 from run import budget, classify
-from run.attempt import POLL_S, NotStarted, Watch, child_env, found_failure, log_since, log_size
+from run.attempt import POLL_S, STALL_FLOOR_S, NotStarted, Watch, child_env, found_failure, log_since, log_size
 from run.server import client, health, outputs, prepared, warm_steps
 from run.server.arrivals import COUNT_EVERY_S, ArrivalCheck
 from run.server.health import ServerHealth
@@ -104,11 +104,15 @@ class Jobs:
         return proc
 
     def members(self):
-        pids = set()
+        return {m["pid"] for m in self.processes()}
+
+    def processes(self):
+        """The live processes of every job, each with its job's name ("job")."""
+        found = []
         for name, (_proc, job) in self.running.items():
-            pids.update(m["pid"] for m in job.members())
+            found += [dict(m, job=name) for m in job.members()]
             self.supervisor.status["jobs"][name]["seen"] = job.saved()
-        return pids
+        return found
 
     def end(self, name):
         """End one job and what it left (vLLM's workers outlive a killed parent); its cleanup record."""
@@ -275,7 +279,7 @@ class ServerExtraction:
         self.supervisor.log_marker("%s: %s (let go after its warm start%s)" % (
             name, " ".join(argv[1:4]), ", %d processes" % len(jobs) if len(jobs) > 1 else ""))
         try:
-            status, found = self.follow(name, step([self.jobs.running[job][0] for job in jobs]))
+            status, found = self.follow(name, step(lambda: [self.jobs.running[job][0] for job in jobs]))
         finally:
             for job in jobs:
                 self.jobs.end(job)
@@ -317,8 +321,11 @@ class ServerExtraction:
         when the server dies, is unhealthy or a stall comes; (None, None) on a stop."""
         sup = self.supervisor
         loading = step is None
-        limit = sup.options["load_timeout_s" if loading else "stall_timeout_s"]
-        clock = Watch(sup, self.server_log, self.offsets[self.server_log])
+        ceiling = sup.options["load_timeout_s" if loading else "stall_timeout_s"]
+        # Before its first file, a sample is late once the client would have given its request up.
+        first_file_s = (sup.record["driver_args"].get("request_timeout") or SERVER_DEFAULTS["request_timeout"]) \
+            + STALL_FLOOR_S
+        clock = Watch(sup, self.server_log, self.offsets[self.server_log], processes=self.jobs.processes)
         server_health = ServerHealth(self.plan["port"], sup.status["server_state"])
         started, done_at_start, wanted_total = time.monotonic(), self.heartbeat.beat["samples_done"], \
             self.heartbeat.beat["samples_total"]
@@ -348,10 +355,14 @@ class ServerExtraction:
                 counted = now
                 if label == GENERATE:
                     self.progress(started, done_at_start, wanted_total)
-            mark = (self.heartbeat.beat["samples_done"], log_size(self.client_log), log_size(self.server_log))
-            if mark != last_mark:
-                last_mark = mark
-                clock.progress()
+            if label == GENERATE:
+                clock.samples(self.heartbeat.beat["samples_done"])
+            else:
+                mark = (log_size(self.client_log), log_size(self.server_log))
+                if mark != last_mark:
+                    last_mark = mark
+                    clock.progress()
+            limit = clock.limit(ceiling, first_file_s)
             stall = clock.check(limit, label, dict(self.heartbeat.beat))
             # A server that never came up is not waited for beyond load_timeout_s, stall_restart or not.
             if stall and (sup.options["stall_restart"] or not stall["retryable"] or loading):
