@@ -13,6 +13,7 @@ and the layers. Then the trainer's code loads rows (a sample of them; every one 
 that fits is written beside the output (`specrig-train-command.sh`) and returned. Shares in several directories
 are linked into one (`specrig-train-merged-<digest>`, beside them): the trainer reads one.
 """
+import getpass
 import hashlib
 import json
 import os
@@ -129,6 +130,7 @@ def _shares(workdir, args):
             out = os.path.abspath(os.path.expanduser(out))
             if not os.path.isdir(out):
                 raise RemoteFailure("bad-argument", "--out %r is not a directory on this host" % out)
+            _listable(out, "--out %r" % out)
             run = _run_that_wrote(workdir, out)
             found.append(_share(run, out) if run else _share_of_directory(out))
         return found
@@ -140,8 +142,18 @@ def _shares(workdir, args):
         out = (run.record.get("server") or {}).get("out") or run.record.get("out")
         if not out or not os.path.isdir(out):
             raise RemoteFailure("bad-argument", "run %s: its output %r is not there" % (run.run_id, out))
+        _listable(out, "run %s: its output %r" % (run.run_id, out))
         found.append(_share(run, out))
     return found
+
+
+def _listable(out, named):
+    """Refuses an output directory this host's user cannot list (mode 000, another user's 0700): its files could
+    be neither counted nor read."""
+    if not os.access(out, os.R_OK | os.X_OK):
+        raise RemoteFailure("bad-argument", "%s cannot be listed by this host's user %s: give it read access (chmod "
+                                            "u+rx; a+rx for another user's) or verify as its owner"
+                            % (named, getpass.getuser()))
 
 
 def _run_that_wrote(workdir, out):
@@ -266,22 +278,33 @@ def _check_headers(share, file_format, bad, problems):
                       and index not in share["others"]]
     for name in share["extra"]:
         problems.append("%s: %s is no row of this output (extra)" % (out, name))
-    present = set(present)
     if share["storage_recorded"] is None:
         problems.append("%s: the storage type is recorded nowhere (run.json, %s): the command cannot say which "
                         "backend decodes the files" % (out, LAYERS_FILE))
     for row in rows:
-        path = os.path.join(out, _file(file_format, row))
-        if row not in present:
+        found, size = _file_status(os.path.join(out, _file(file_format, row)), file_format, plan)
+        if found["status"] == outputs.MISSING:
             bad[row] = "no file: %s is missing" % _file(file_format, row)
             continue
         share["held"].append(row)
-        share["bytes"] += os.path.getsize(path)
-        if file_format == command.SAFETENSORS:
-            found = outputs.check_file(path, n_layers=plan["slots"], hidden_size=plan["hidden_size"],
-                                       scan_values=False, storage=plan["storage"])
-            if found["status"] != outputs.OK:
-                bad[row] = "%s: %s" % (found["status"], found["detail"])
+        share["bytes"] += size
+        if found["status"] != outputs.OK:
+            bad[row] = outputs.reason(found)
+
+
+def _file_status(path, file_format, plan):
+    """(outputs' status of a row's file, its size): a safetensors header checked against the plan; of a data_{i}.pt,
+    whether this user can open it (torch reads it, in trainer_load.py). A file this user cannot read (mode 000,
+    another user's) is an unreadable row, never a traceback."""
+    try:
+        size = os.path.getsize(path)
+        if file_format == command.PT:
+            open(path, "rb").close()
+            return {"status": outputs.OK, "detail": ""}, size
+    except OSError as error:
+        return outputs.os_error_status(error), 0
+    return outputs.check_file(path, n_layers=plan["slots"], hidden_size=plan["hidden_size"], scan_values=False,
+                              storage=plan["storage"]), size
 
 
 def _whole(shares):

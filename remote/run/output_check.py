@@ -87,7 +87,7 @@ def _server_output(run):
         except (outputs.SafetensorsError, OSError, KeyError):
             continue
     return {"indices": present, "layers": len(server["layer_ids"]), "dtype": dtype,
-            "unloadable": [{"index": index, "reason": "%s: %s" % (found["status"], found["detail"])}
+            "unloadable": [{"index": index, "reason": outputs.reason(found)}
                            for index, found in sorted(report["files"].items())],
             # The samples the run covers: min(max_samples, N) as generate-offline-data counts them.
             "dataset_samples": None if total is None else min(total, server["max_samples"] or total),

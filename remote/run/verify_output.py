@@ -21,6 +21,7 @@ import sys
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from run.driver.output import SAMPLE_PREFIX, SAMPLE_SUFFIX, load_sample, sample_is_whole
+from run.server import outputs
 
 SAMPLE = re.compile(r"^%s(\d+)%s$" % (re.escape(SAMPLE_PREFIX), re.escape(SAMPLE_SUFFIX)))
 
@@ -41,6 +42,9 @@ def check(output_dir):
         path = os.path.join(output_dir, name)
         try:
             sample = load_sample(path)
+        except OSError as exc:  # removed, or this user cannot read it (mode 000, another user's): named as a check names it
+            unloadable.append({"index": index, "reason": outputs.reason(outputs.os_error_status(exc))})
+            continue
         except Exception as exc:  # any failure to load is the finding
             unloadable.append({"index": index, "reason": "%s: %s" % (type(exc).__name__, str(exc)[:200])})
             continue

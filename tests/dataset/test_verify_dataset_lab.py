@@ -177,6 +177,11 @@ def _lab_owned(path: Path) -> None:
     subprocess.run(["chown", "-R", "specrig:specrig", str(path)], check=True)
 
 
+#: What the lab user's verify-dataset says of a file it owns with mode 000 (root would read it: the test runs the
+#: check as that user, over SSH, as a real user's would).
+UNREADABLE = "unreadable: [Errno 13] Permission denied"
+
+
 # ---- server mode ---------------------------------------------------------------------------------------------
 
 def test_a_real_bf16_output_is_trainable_and_the_command_fits_it(server_runs):
@@ -230,8 +235,8 @@ def test_fp8_files_get_the_fp8_backend_and_a_bf16_command_or_other_layers_are_re
 
 
 def test_each_fault_planted_in_a_copy_is_named_with_its_row(server_runs, copies):
-    """A missing row, a truncated file, NaNs, token ids shifted by one, a layer missing: one copy, each fault at
-    its own row, every other row still good."""
+    """A missing row, a truncated file, NaNs, token ids shifted by one, a layer missing, a file the user cannot
+    read: one copy, each fault at its own row, every other row still good."""
     run = server_runs["bf16"]
     copy = copies(run["out"])
     with phase("plant"):
@@ -242,20 +247,23 @@ def test_each_fault_planted_in_a_copy_is_named_with_its_row(server_runs, copies)
         _shift_token_ids(copy / outputs.file_name(7))
         _drop_layer(copy / outputs.file_name(9), slot=1)
         _lab_owned(copy)
+        (copy / outputs.file_name(11)).chmod(0)
     code, result = _verify("lab-server", "--out", str(copy), "--data", run["record"]["server"]["prepared"], "--full")
     assert code == 1 and not result["trainable"], result
     reasons = _reasons(result)
-    assert sorted(reasons) == [1, 3, 5, 7, 9], reasons
+    assert sorted(reasons) == [1, 3, 5, 7, 9, 11], reasons
     assert reasons[1] == "no file: hs_1.safetensors is missing"
     assert reasons[3].startswith("truncated: "), reasons[3]
     assert reasons[5] == "1 NaN/Inf values in hidden_states, first at token 2", reasons[5]
     assert reasons[7].startswith("token ids differ from the row's input ids at "), reasons[7]
     assert reasons[9] == "bad-shape: 3 layers, expected 4", reasons[9]
-    assert result["counts"]["loaded"] == ROWS - 4 and result["command_line"], result
+    assert reasons[11] == UNREADABLE, reasons[11]
+    assert result["counts"]["loaded"] == ROWS - 5 and result["command_line"], result
     shown = inv("verify-dataset", "--host", "lab-server", "--out", str(copy), "--data",
                 run["record"]["server"]["prepared"], timeout=900)
     assert shown.returncode == 1 and shown.stdout.startswith("NOT trainable by speculators 0.9.0"), shown.stdout
-    assert "5 bad row(s)" in shown.stdout, shown.stdout
+    assert "6 bad row(s)" in shown.stdout and UNREADABLE in shown.stdout, shown.stdout
+    assert "Traceback" not in shown.stdout + shown.stderr, shown.stderr
 
 
 def test_fp8_files_claimed_as_bf16_are_named_row_by_row(server_runs, copies):
@@ -293,9 +301,15 @@ def test_two_shards_of_different_storage_name_the_rows_of_the_other(server_runs,
     assert any(line.startswith("the shards differ in storage type") for line in result["problems"]), result
 
 
-def test_bad_input_is_one_line_and_exit_2(server_runs):
+def test_bad_input_is_one_line_and_exit_2(server_runs, copies):
     missing = inv("verify-dataset", "--host", "lab-server", "--out", "/nonexistent/out")
     assert missing.returncode == 2 and "--out '/nonexistent/out' is not a directory" in missing.stderr, missing.stderr
+    closed = copies(server_runs["bf16"]["out"], rows=range(1))
+    closed.chmod(0)
+    shut = inv("verify-dataset", "--host", "lab-server", "--out", str(closed))
+    assert shut.returncode == 2 and shut.stderr.count("\n") == 1, shut.stderr
+    assert f"--out '{closed}' cannot be listed by this host's user specrig: give it read access" in shut.stderr, \
+        shut.stderr
     layers = inv("verify-dataset", "--host", "lab-server", "--run", server_runs["bf16"]["run_id"], "--target-layer-ids",
                  "two")
     assert layers.returncode == 2 and "--target-layer-ids 'two'" in layers.stderr, layers.stderr
@@ -321,11 +335,19 @@ def test_a_real_in_process_output_is_trainable_by_scripts_train_and_its_faults_a
     os.unlink(copy / "data_2.pt")
     victim = copy / "data_4.pt"
     os.truncate(victim, victim.stat().st_size // 2)
+    (copy / "data_6.pt").chmod(0)
     code, found = _verify("lab-cpu", "--out", str(copy))
     assert code == 1, found
     reasons = _reasons(found)
-    assert sorted(reasons) == [2, 4], reasons
+    assert sorted(reasons) == [2, 4, 6], reasons
     assert reasons[2] == "no file: data_2.pt is missing" and reasons[4].startswith("does not load: "), reasons
+    assert reasons[6] == UNREADABLE, reasons
+    with phase("inv gather's check of the same output, on the run's python"):
+        checked = as_lab_user(run["record"]["python"], str(REPO / "remote" / "run" / "verify_output.py"), str(copy))
+        gathered = json.loads(checked.stdout)
+        assert 2 not in gathered["indices"] and len(gathered["indices"]) == ROWS - 1, gathered
+        unloadable = {entry["index"]: entry["reason"] for entry in gathered["unloadable"]}
+        assert sorted(unloadable) == [4, 6] and unloadable[6] == UNREADABLE, unloadable
 
 
 def test_a_token_freq_pt_inside_a_0_3_data_path_is_refused(in_process_run, copies):

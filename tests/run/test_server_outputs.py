@@ -13,9 +13,12 @@ import array
 import json
 import math
 import os
+import pwd
+import shutil
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -246,6 +249,83 @@ def test_command_line(tmp_path):
     assert json.loads(done.stdout)["complete"] is True
     short = subprocess.run([sys.executable, str(script), str(tmp_path), "2"], capture_output=True, text=True)
     assert short.returncode == 1 and json.loads(short.stdout)["missing"] == [1]
+
+
+# -- a file this user cannot read ---------------------------------------------------------------------------------
+
+REMOTE = Path(outputs.__file__).parents[2]
+
+
+#: The host's own Python, which any user can run (the tests' may lie under root's home).
+SYSTEM_PYTHON = Path("/usr/bin/python3")
+
+
+@pytest.fixture
+def checker():
+    """(a directory of the user that checks, the command line that starts that user's Python, subprocess.run's
+    arguments): a user other than root, for whom mode 000 makes a file unreadable (root reads any file);
+    `nobody` when the tests run as root."""
+    if os.geteuid() != 0:
+        with tempfile.TemporaryDirectory() as directory:
+            yield Path(directory), [sys.executable], {}
+        return
+    if not SYSTEM_PYTHON.exists():
+        pytest.skip(f"run as root, the check runs as nobody with {SYSTEM_PYTHON}, which is not there")
+    user = pwd.getpwnam("nobody")
+    directory = Path(tempfile.mkdtemp(prefix="specrig-unreadable-"))  # not under tmp_path: root's own, mode 0700
+    os.chown(directory, user.pw_uid, user.pw_gid)
+    try:
+        yield directory, [str(SYSTEM_PYTHON)], {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
+    finally:
+        shutil.rmtree(directory)
+
+
+def test_a_file_this_user_cannot_read_is_unreadable_not_a_traceback(checker):
+    """The supervisor's check, `inv gather`'s and verify-dataset's (outputs.check_dataset): mode 000 on the
+    user's own file, another user's file of mode 0600, a directory of a sample's name: each a status with its
+    reason, beside the good ones."""
+    directory, python, as_checker = checker
+    for index in range(4):
+        hs_file(directory / outputs.file_name(index), layers=4, width=16)
+    own = directory / outputs.file_name(1)
+    os.chown(own, os.stat(directory).st_uid, os.stat(directory).st_gid)
+    own.chmod(0)
+    others = directory / outputs.file_name(2)
+    others.chmod(0o600)
+    if not as_checker:  # run as its owner, the file is another user's only for root: made mode 000 too
+        others.chmod(0)
+    (directory / outputs.file_name(4)).mkdir()
+    done = subprocess.run([*python, str(Path(outputs.__file__)), str(directory), "5", "4", "16"],
+                          capture_output=True, text=True, timeout=60, **as_checker)
+    assert done.returncode == 1 and done.stderr == "", done.stderr
+    report = json.loads(done.stdout)
+    assert report["by_status"] == {"unreadable": [1, 2, 4]} and report["counts"]["ok"] == 2, report
+    assert {index: found["detail"] for index, found in report["files"].items()} == {
+        "1": "[Errno 13] Permission denied", "2": "[Errno 13] Permission denied", "4": "[Errno 21] Is a directory"}
+    assert outputs.reason(report["files"]["1"]) == "unreadable: [Errno 13] Permission denied"
+
+
+GATHER_CHECK = r'''
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from run import output_check
+print(json.dumps(output_check.verify_output({"workdir": sys.argv[2], "run": "r1"})))
+'''
+
+
+def test_gathers_check_of_a_shard_names_its_unreadable_file(checker):
+    """`inv gather`'s check of a server-mode shard (runs.verify-output) as the run's user: the file is an
+    unloadable index with its reason, the call answers."""
+    directory, python, as_checker = checker
+    run, record = _shared_output_run(directory)
+    (run / "run.json").write_text(json.dumps(record))
+    (directory / "shared" / outputs.file_name(4)).chmod(0)
+    done = subprocess.run([*python, "-c", GATHER_CHECK, str(REMOTE), str(directory / "work")],
+                          capture_output=True, text=True, timeout=60, **as_checker)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    assert found["indices"] == list(range(7)), found
+    assert found["unloadable"] == [{"index": 4, "reason": "unreadable: [Errno 13] Permission denied"}], found
 
 
 # -- speed ------------------------------------------------------------------------------------------------------

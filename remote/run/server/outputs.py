@@ -21,8 +21,8 @@ without holes or overlaps, each is prod(shape) * itemsize bytes long, and the la
 end of the file. A file cut short (a copy interrupted between filesystems, a writer killed) has a
 buffer shorter than the header's largest end: that is `truncated` here.
 
-Statuses, per index: ok, missing, truncated, bad-header (unreadable or inconsistent header, trailing
-bytes), bad-shape (tensor names, dtypes or shapes not as expected), non-finite (NaN or Inf in the
+Statuses, per index: ok, missing, unreadable (this user cannot open or read it: mode 000, another user's, an
+I/O error), truncated, bad-header (undecodable or inconsistent header, trailing bytes), bad-shape (tensor names, dtypes or shapes not as expected), non-finite (NaN or Inf in the
 hidden states; under fp8, in the states after scaling).
 
 The NaN/Inf scan reads the hidden states once, in chunks, without converting a single value:
@@ -77,9 +77,9 @@ F32_MAX = 3.4028234663852886e38
 #: safetensors refuses headers larger than this (safetensors' MAX_HEADER_SIZE).
 MAX_HEADER_SIZE = 100000000
 
-OK, MISSING, TRUNCATED, BAD_HEADER, BAD_SHAPE, NON_FINITE = (
-    "ok", "missing", "truncated", "bad-header", "bad-shape", "non-finite")
-STATUSES = (OK, MISSING, TRUNCATED, BAD_HEADER, BAD_SHAPE, NON_FINITE)
+OK, MISSING, UNREADABLE, TRUNCATED, BAD_HEADER, BAD_SHAPE, NON_FINITE = (
+    "ok", "missing", "unreadable", "truncated", "bad-header", "bad-shape", "non-finite")
+STATUSES = (OK, MISSING, UNREADABLE, TRUNCATED, BAD_HEADER, BAD_SHAPE, NON_FINITE)
 
 FILE_PATTERN = re.compile(r"^hs_([0-9]+)\.safetensors$")
 CHUNK_BYTES = 8 << 20
@@ -263,10 +263,33 @@ def storage_of(tensors):
 
 # -- one file, a dataset -----------------------------------------------------------------------------
 
-def check_file(path, n_layers=None, hidden_size=None, num_tokens=None, scan_values=True,
-               allow_extra_tensors=False, chunk_bytes=CHUNK_BYTES, storage=contract.BF16):
-    """The status of one `hs_{i}.safetensors` file: {"status", "detail", "tokens", "layers",
-    "hidden", "dtype", "storage", "bytes"} (shape fields once the header could be read).
+def os_error_status(error):
+    """The status of a file whose opening or reading raised OSError `error`: missing once removed, else unreadable
+    with the reason, not the path (its row names it): "[Errno 13] Permission denied"."""
+    if isinstance(error, FileNotFoundError):
+        return {"status": MISSING, "detail": "no such file"}
+    return {"status": UNREADABLE, "detail": "[Errno %s] %s" % (error.errno, error.strerror) if error.strerror else str(error)}
+
+
+def reason(report):
+    """A file status (check_file's, os_error_status's) as one row's reason: "truncated: data region has ..."."""
+    return "%s: %s" % (report["status"], report["detail"])
+
+
+def check_file(path, **checks):
+    """The status of one `hs_{i}.safetensors` file, _file_status()'s; never raises for the file (a supervisor's
+    check, `inv gather`'s and verify-dataset's name it): removed is missing, a file this user cannot read
+    (mode 000, another user's) or an I/O error is unreadable."""
+    try:
+        return _file_status(path, **checks)
+    except OSError as error:
+        return os_error_status(error)
+
+
+def _file_status(path, n_layers=None, hidden_size=None, num_tokens=None, scan_values=True,
+                 allow_extra_tensors=False, chunk_bytes=CHUNK_BYTES, storage=contract.BF16):
+    """{"status", "detail", "tokens", "layers", "hidden", "dtype", "storage", "bytes"} (shape fields once the
+    header could be read); raises OSError.
 
     n_layers, hidden_size, num_tokens: expected sizes, checked when given. scan_values: read the
     hidden states and look for NaN/Inf (the only part that reads more than the header), and under fp8
@@ -275,9 +298,6 @@ def check_file(path, n_layers=None, hidden_size=None, num_tokens=None, scan_valu
     result = {"status": OK, "detail": ""}
     try:
         header = read_header(path)
-    except FileNotFoundError:
-        result.update(status=MISSING, detail="no such file")
-        return result
     except SafetensorsError as e:
         result.update(status=e.kind, detail=e.detail)
         return result
