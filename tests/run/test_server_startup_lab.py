@@ -9,7 +9,11 @@ without --render-server), generate-offline-data once the prepared data is whole.
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -111,6 +115,9 @@ def test_a_second_run_of_one_dataset_skips_prepare_data_through_the_cache_and_ma
         log = (RUNS / second / "driver.log").read_text()
         assert "prepare-data: not run, the prepared-data cache has key %s" % startup["key"] in log
         assert "-m speculators prepare-data" not in log
+        # Without --render-server (the default) no render server is planned or started.
+        assert json.loads((RUNS / second / "run.json").read_text())["server"]["render_argv"] is None
+        assert not (RUNS / second / "render.log").exists()
         print(f"second run: health to first file {again['health_to_first_file_s']} s; imports {again['imports_s']}")
         report = outputs.check_dataset(str(out), ROWS, n_layers=len(LAYERS), hidden_size=128)
         assert report["complete"] and not report["extra"], report
@@ -119,18 +126,47 @@ def test_a_second_run_of_one_dataset_skips_prepare_data_through_the_cache_and_ma
         states_against_transformers(out, files=ROWS)
 
 
-def test_no_prepared_cache_prepares_and_keeps_nothing(server_host, tmp_path):
-    """--no-prepared-cache: prepare-data runs (warm) and the cache gets no entry of its key; without
-    --render-server (the default) it renders through the model's server, let go at /health, and no render
-    server is started."""
+def _kill_render_server_once_started(timeout: float = 120) -> int:
+    """kill -9 of the run's render server as soon as it runs, long before it can answer (vLLM's imports take
+    seconds): as it died at import on vLLM 0.26.0 (issue 35). Its pid."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = subprocess.run(["pgrep", "-f", "vllm_serve.py launch render"], capture_output=True, text=True)
+        pids = [int(pid) for pid in found.stdout.split()]
+        if pids:
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+            return pids[0]
+        time.sleep(0.05)
+    raise AssertionError("no render server started within %d s" % timeout)
+
+
+def test_no_prepared_cache_prepares_and_keeps_nothing_and_a_dead_render_server_is_not_rendered_through(
+        server_host, tmp_path):
+    """--no-prepared-cache: prepare-data runs (warm) and the cache gets no entry of its key. The render server
+    is killed before it answers (issue 35: on vLLM 0.26.0 it died at import, and prepare-data, started for it,
+    was let go on its dead port): prepare-data renders through the model's server, let go at /health, and the
+    run succeeds."""
     inventory, _seed = _seeded(tmp_path)
     before = set(CACHE.iterdir()) if CACHE.exists() else set()
-    run_id = _extract(_out(), inventory, "--no-prepared-cache", "--max-samples", "8")
+    code, result = inv_json("extract", "--host", HOST, "--out", str(_out()), "--port", str(_free_port()),
+                            "--concurrency", "4", "--no-prepared-cache", "--render-server", "--max-samples", "8",
+                            "--detach", inventory=inventory, timeout=300)
+    assert code == 0 and result["launched"], result
+    run_id = result["run_id"]
+    try:
+        _kill_render_server_once_started()
+        _wait(run_id, lambda r: r["state"] == contract.SUCCEEDED, "success")
+    finally:
+        inv("stop", "--host", HOST, "--run", run_id, inventory=inventory, timeout=300)
     startup = _startup(run_id)
     assert startup["prepare"] == "ran" and "key" not in startup, startup
-    assert startup["render"] == "the model's server" and "render_started" not in startup, startup
-    assert not (RUNS / run_id / "render.log").exists()
+    assert startup["render"] == "the model's server" and "render_ready" not in startup, startup
     _go_order(run_id, startup, prepare_ran=True)
+    log = (RUNS / run_id / "driver.log").read_text()
+    assert "the render server exited with status -9" in log, log[-3000:]
+    assert "Connection refused" not in log, log[-3000:]
+    assert len(json.loads((RUNS / run_id / "status.json").read_text())["attempts"]) == 1
     assert (set(CACHE.iterdir()) if CACHE.exists() else set()) == before
     plan = json.loads((RUNS / run_id / "run.json").read_text())["server"]
-    assert plan["prepared_key"] is None and plan["render_argv"] is None
+    assert plan["prepared_key"] is None and plan["render_argv"]
