@@ -1,0 +1,1 @@
+"""The fault matrix: its cells as data (cells.py) and its tests (issue 35)."""

@@ -1,0 +1,460 @@
+"""The fault matrix's pieces on the lab (tests/faults/cells.py has the cells): a run as the harness sees
+it (its files, read directly: the lab host is this machine), its processes by role, the wait for a phase,
+the supervisor's reaction, and one injector per fault kind.
+
+An injector is a context manager: entering it injects the fault and gives a Fault (when, what, and how
+the reaction is seen); leaving it takes the cause away (SIGCONT, the port given back, the disk freed, the
+sshd started again, the file restored). tests/support/faults_run.py strings them into runs.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import procs
+from contract import FINAL_STATES, RESTARTING, RUNNING, STARTING
+from run.rundir import RunDir
+from specrig.lab import fleet as lab_fleet
+from support.lab import inv
+from support.patchenv import as_lab_user
+from support.runnable_env import HOME
+from support.server_lab import run_files
+
+#: How often a wait or a watch looks at the run's files.
+POLL_S = 0.1
+#: The heartbeat phases of each path that a cell's phase means.
+HEARTBEAT_PHASES = {"loading": {"loading"}, "prepare-data": {"preparing"}, "prepare-data-render": {"preparing"},
+                    "generating": {"generating", "extracting"}, "last-files": {"validating", "writing"}}
+#: Samples written since the previous cell before a `generating` cell is injected: the run is flowing.
+MORE_SAMPLES = 3
+#: The sample file a cell of the `ended` phase damages (an index every lab run writes).
+VICTIM = 3
+
+
+class PhaseMissed(Exception):
+    """The run went past the phase (ended, or not there within the wait) before the target could be hit."""
+
+
+@dataclass
+class LabRun:
+    """One run of the harness: the host it runs on, its inventory, its output, and once launched its id."""
+    host: str
+    path: str
+    inventory: Path
+    workdir: Path
+    out: Path
+    port: int | None
+    run_id: str | None = None
+    #: The attached `inv extract` (the live view), when launched attached.
+    attached: subprocess.Popen | None = None
+    #: The fleet host number of a host of the harness's own, else None.
+    own_host: int | None = None
+    #: Samples in the output when the previous cell was injected.
+    samples_mark: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def dir(self) -> Path:
+        return self.workdir / "runs" / self.run_id
+
+    def files(self) -> dict:
+        return run_files(self.dir)
+
+    def state(self) -> str:
+        """The state as `inv status` says it (a dead supervisor without an exit record is lost)."""
+        return RunDir(str(self.dir)).state()
+
+    def inv(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+        return inv(*args, inventory=self.inventory, timeout=timeout)
+
+    def samples(self) -> int:
+        pattern = "hs_*.safetensors" if self.path == "server" else "data_*.pt"
+        return len(list(self.out.glob(pattern)))
+
+
+# ---- processes ---------------------------------------------------------------------------------------------
+
+def descendants(root: int) -> list[int]:
+    """`root`'s live descendants (/proc), nearest first."""
+    children: dict[int, list[int]] = {}
+    for name in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            text = Path(f"/proc/{name}/stat").read_text()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2:].split()
+        if fields[0] != "Z":
+            children.setdefault(int(fields[1]), []).append(int(name))
+    found, pending = [], [root]
+    while pending:
+        for child in children.get(pending.pop(0), []):
+            found.append(child)
+            pending.append(child)
+    return found
+
+
+def engine_core(root: int | None) -> int | None:
+    """vLLM's EngineCore below `root` (the API server or the in-process driver): its process title is
+    `VLLM::EngineCore` (vllm/utils/system_utils.py set_process_title)."""
+    if not root:
+        return None
+    return next((pid for pid in descendants(root) if "EngineCore" in procs.cmdline(pid)), None)
+
+
+def target_pid(run: LabRun, target: str) -> int | None:
+    """The live process of the run that `target` names, or None while there is none."""
+    status = run.files()
+    jobs = status.get("jobs") or {}
+    pid = {"supervisor": status.get("supervisor_pid"), "driver": status.get("driver_pid"),
+           "api-server": (jobs.get("server") or {}).get("pid"), "client": (jobs.get("client") or {}).get("pid"),
+           "prepare": (jobs.get("prepare") or {}).get("pid"), "render": (jobs.get("render") or {}).get("pid"),
+           }.get(target)
+    if target == "engine-core":
+        pid = engine_core(status.get("driver_pid") or (jobs.get("server") or {}).get("pid"))
+    return pid if pid and procs.alive(pid) else None
+
+
+def run_processes(run: LabRun) -> dict[int, str]:
+    """{pid: command line} of every live process of the run: whatever names the run's id (its supervisor,
+    the programs of its code/), and every member of its sessions and jobs as status.json remembers them
+    (procs.Job: vLLM's EngineCore renames itself, and may leave its parent's session)."""
+    status = run.files()
+    ids = {status.get("supervisor_pid"), status.get("driver_pgid")}
+    seen: dict = dict(status.get("job_seen") or {})
+    for job in (status.get("jobs") or {}).values():
+        ids.add(job.get("pgid"))
+        seen.update(job.get("seen") or {})
+    found = {}
+    for job_id in filter(None, ids):
+        for member in procs.Job(job_id, seen).members():
+            found[member["pid"]] = member["cmdline"]
+    listing = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
+    for line in listing.splitlines():
+        pid, _, args = line.strip().partition(" ")
+        if run.run_id in args and int(pid) != os.getpid() and "ps -eo" not in args:
+            found[int(pid)] = args
+    return found
+
+
+def still_running(pids: dict[int, str], within_s: float = 30) -> dict[int, str]:
+    """Those of `pids` still alive after up to `within_s` (a supervisor ends an attempt's processes with a grace)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        left = {pid: args for pid, args in pids.items() if procs.alive(pid)}
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
+
+
+# ---- phases ------------------------------------------------------------------------------------------------
+
+def wait_for_phase(run: LabRun, phase: str, target: str | None, timeout: float = 900) -> int | None:
+    """Wait until the run is in `phase` with `target`'s process alive: its pid (None for a target that is no
+    process). PhaseMissed when the run ended first, or `timeout` passed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        status, state = run.files(), run.state()
+        if phase == "ended":
+            if state in FINAL_STATES:
+                return None
+        elif state in FINAL_STATES:
+            raise PhaseMissed(f"the run ended {state} before phase {phase}")
+        elif in_phase(run, status, state, phase):
+            pid = target_pid(run, target) if target in PROCESS_TARGETS else None
+            if pid or target not in PROCESS_TARGETS:
+                return pid
+        time.sleep(POLL_S / 2)
+    raise PhaseMissed(f"no phase {phase} with {target} within {timeout} s")
+
+
+def in_phase(run: LabRun, status: dict, state: str, phase: str) -> bool:
+    if phase == "backoff":
+        return state == RESTARTING
+    beat = status.get("heartbeat") or {}
+    if state != RUNNING or beat.get("phase") not in HEARTBEAT_PHASES[phase]:
+        return False
+    # In process the driver writes the heartbeat: a previous attempt's may still be there.
+    if run.path == "in-process" and beat.get("pid") != status.get("driver_pid"):
+        return False
+    if phase == "generating":
+        return run.samples() >= run.samples_mark + MORE_SAMPLES
+    return True
+
+
+PROCESS_TARGETS = {"supervisor", "driver", "engine-core", "api-server", "client", "prepare", "render"}
+
+
+# ---- reactions ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Reaction:
+    seconds: float
+    what: str
+    #: A laptop command's exit status, when the reaction is its answer.
+    exit_status: int | None = None
+
+
+def snapshot(run: LabRun) -> dict:
+    status = run.files()
+    return {"state": run.state(), "failures": failures(status), "log": log_size(run)}
+
+
+def failures(status: dict) -> int:
+    return sum(1 for attempt in status.get("attempts") or [] if attempt.get("failure")) + bool(
+        status.get("last_failure") and not (status.get("attempts") or []))
+
+
+def log_size(run: LabRun) -> int:
+    try:
+        return (run.dir / "driver.log").stat().st_size
+    except OSError:
+        return 0
+
+
+def supervisor_reaction(run: LabRun, before: dict, at: float, watch_s: float) -> Reaction | None:
+    """The supervisor's first reaction after a fault at `at` (time.time()): a failure recorded, or a state
+    other than the one before (stalled, restarting, failed, lost: `inv status`'s; not the next attempt's
+    start), with the log's newest supervisor marker; None when nothing within `watch_s`."""
+    while time.time() - at < watch_s:
+        status, state = run.files(), run.state()
+        if failures(status) > before["failures"] or state not in (before["state"], STARTING, RUNNING):
+            return Reaction(round(time.time() - at, 1), f"{state}: {last_marker(run, before['log'])}".strip())
+        time.sleep(POLL_S)
+    return None
+
+
+def last_marker(run: LabRun, offset: int) -> str:
+    """The newest `[specrig-supervisor …]` line of driver.log written since `offset`, without its stamp."""
+    try:
+        with open(run.dir / "driver.log", "rb") as log:
+            log.seek(offset)
+            text = log.read().decode(errors="replace")
+    except OSError:
+        return ""
+    markers = [line.split("] ", 1)[-1] for line in text.splitlines() if line.startswith("[specrig-supervisor ")]
+    return markers[-1] if markers else ""
+
+
+def command_reaction(argv: tuple[str, ...], run: LabRun, at: float) -> Reaction:
+    """A laptop command's answer as the reaction: its exit status and what it said, on one line (a table's
+    rows from `bad row(s)` on, where it has one: verify-dataset's)."""
+    done = run.inv(*argv)
+    said = " ".join((done.stdout + done.stderr).split())
+    said = said[said.find("bad row(s)") - 2:] if "bad row(s)" in said else said
+    return Reaction(round(time.time() - at, 1), f"exit {done.returncode}: {said[:300]}", done.returncode)
+
+
+# ---- the injectors -----------------------------------------------------------------------------------------
+
+@dataclass
+class Fault:
+    """An injected fault: when (time.time()), what was done, and how its reaction is seen (None: the
+    supervisor's, supervisor_reaction)."""
+    at: float
+    what: str
+    reaction: Callable[[LabRun, dict, float, float], Reaction | None] | None = None
+
+
+@contextlib.contextmanager
+def kill_9(run: LabRun, target: str, pid: int):
+    os.kill(pid, signal.SIGKILL)
+    yield Fault(time.time(), f"kill -9 {pid} ({target}: {procs.cmdline(pid)[:80] or 'gone'})")
+
+
+@contextlib.contextmanager
+def sigstop(run: LabRun, target: str, pid: int):
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield Fault(time.time(), f"kill -STOP {pid} ({target})")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
+@contextlib.contextmanager
+def reboot(run: LabRun, target: str, pid: int | None):
+    """Every process of the run killed at once, as a host's reboot ends them (the lab user's other
+    processes belong to other tests on this machine, so they are spared)."""
+    victims = run_processes(run)
+    for victim in victims:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)
+    yield Fault(time.time(), f"kill -9 of the run's {len(victims)} processes at once")
+
+
+@contextlib.contextmanager
+def ssh_drop(run: LabRun, target: str, pid: int | None):
+    """The attached `inv extract`'s SSH connection dropped: the sshd processes serving it killed. The
+    reaction is the live view's: it ends, saying the run goes on."""
+    client = run.attached
+    serving = sshd_serving(client.pid)
+    for victim in serving:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)
+
+    def live_view_ends(run: LabRun, before: dict, at: float, watch_s: float) -> Reaction | None:
+        try:
+            _, errors = client.communicate(timeout=watch_s)
+        except subprocess.TimeoutExpired:
+            return None
+        said = " ".join(errors.decode(errors="replace").split())
+        return Reaction(round(time.time() - at, 1), f"the live view exited {client.returncode}: {said[-400:]}")
+
+    try:
+        yield Fault(time.time(), f"killed the sshd processes {sorted(serving)} serving the live view",
+                    live_view_ends)
+    finally:
+        client.kill()
+        client.wait()
+
+
+@contextlib.contextmanager
+def sshd_killed(run: LabRun, target: str, pid: int | None):
+    """The host's sshd stopped (a host of the harness's own); `inv status` is the reaction. Started again."""
+    lab_fleet.stop_fleet_host(run.own_host, log=quiet)
+    try:
+        yield Fault(time.time(), f"stopped {lab_fleet.fleet_name(run.own_host)}'s sshd",
+                    lambda run, before, at, watch_s: command_reaction(
+                        ("status", "--host", run.host, "--run", run.run_id), run, at))
+    finally:
+        lab_fleet.start_fleet_host(run.own_host, log=quiet)
+
+
+@contextlib.contextmanager
+def disk_full(run: LabRun, target: str, pid: int | None):
+    """Another file takes the output's filesystem (a tmpfs) down to a MiB; removed afterwards."""
+    filler = run.out.parent / f"filler-{uuid.uuid4().hex[:6]}"
+    free_mib = shutil.disk_usage(run.out).free // 2 ** 20
+    as_lab_user("dd", "if=/dev/zero", f"of={filler}", "bs=1M", f"count={max(free_mib - 1, 0)}", "status=none",
+                check=False)
+    try:
+        yield Fault(time.time(), f"filled {run.out.parent} ({free_mib} MiB free) with {filler.name}")
+    finally:
+        as_lab_user("rm", "-f", str(filler))
+
+
+@contextlib.contextmanager
+def port_taken(run: LabRun, target: str, pid: int | None):
+    """The run's server port bound and listened on by another process (this one)."""
+    holder = socket.socket()
+    # As vLLM binds: the connections the killed server left in TIME_WAIT do not keep the port.
+    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    deadline = time.monotonic() + 10
+    while True:  # the attempt's server may take a moment more to let it go
+        try:
+            holder.bind(("127.0.0.1", run.port))
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+    holder.listen()
+    try:
+        yield Fault(time.time(), f"port {run.port} bound by another process")
+    finally:
+        holder.close()
+
+
+def sample_file(run: LabRun) -> Path:
+    return run.out / (f"hs_{VICTIM}.safetensors" if run.path == "server" else f"data_{VICTIM}.pt")
+
+
+def verify_dataset(run: LabRun, before: dict, at: float, watch_s: float) -> Reaction:
+    return command_reaction(("verify-dataset", "--host", run.host, "--run", run.run_id), run, at)
+
+
+@contextlib.contextmanager
+def damaged_file(run: LabRun, damage: tuple[str, ...], what: str):
+    """A sample file damaged by the lab user (`damage` + its path) after the run; restored afterwards."""
+    victim = sample_file(run)
+    kept, owner = victim.read_bytes(), victim.stat()
+    as_lab_user(*damage, str(victim))
+    try:
+        yield Fault(time.time(), f"{what} {victim.name}", verify_dataset)
+    finally:
+        victim.unlink(missing_ok=True)
+        victim.write_bytes(kept)
+        os.chown(victim, owner.st_uid, owner.st_gid)
+        os.chmod(victim, 0o600)
+
+
+def file_unreadable(run: LabRun, target: str, pid: int | None):
+    return damaged_file(run, ("chmod", "000"), "chmod 000")
+
+
+def file_truncated(run: LabRun, target: str, pid: int | None):
+    return damaged_file(run, ("truncate", "-s", str(sample_file(run).stat().st_size // 2)), "cut to half:")
+
+
+def file_removed(run: LabRun, target: str, pid: int | None):
+    return damaged_file(run, ("rm", "-f"), "removed")
+
+
+INJECTORS = {"kill-9": kill_9, "sigstop": sigstop, "reboot": reboot, "ssh-drop": ssh_drop,
+             "sshd-killed": sshd_killed, "disk-full": disk_full, "port-taken": port_taken,
+             "file-unreadable": file_unreadable, "file-truncated": file_truncated, "file-removed": file_removed}
+
+
+# ---- what the injectors need -------------------------------------------------------------------------------
+
+def quiet(line: str) -> None:
+    pass
+
+
+def sshd_serving(client_pid: int) -> set[int]:
+    """The sshd processes at the far end of `client_pid`'s SSH connections (any lab sshd, port
+    lab_fleet.FLEET_PORT: the lab's and every fleet host's)."""
+    sockets = []
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        sockets.append((int(fields[1].split(":")[1], 16), int(fields[2].split(":")[1], 16), fields[9]))
+    links = fd_links(client_pid)
+    client_ports = {local for local, remote, inode in sockets
+                    if remote == lab_fleet.FLEET_PORT and f"socket:[{inode}]" in links}
+    serving = {f"socket:[{inode}]" for local, remote, inode in sockets
+               if local == lab_fleet.FLEET_PORT and remote in client_ports}
+    return {int(pid) for pid in filter(str.isdigit, os.listdir("/proc"))
+            if int(pid) != client_pid and fd_links(int(pid)) & serving}
+
+
+def fd_links(pid: int) -> set[str]:
+    try:
+        return {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
+    except OSError:
+        return set()
+
+
+@contextlib.contextmanager
+def tmpfs_output(mib: int):
+    """A tmpfs of `mib` MiB the lab user owns, under its work directory; unmounted afterwards."""
+    mount = HOME / "specrig-work" / "out" / f"faults-{uuid.uuid4().hex[:8]}"
+    as_lab_user("mkdir", "-p", str(mount))
+    owner = subprocess.run(["id", "-u", "specrig"], capture_output=True, text=True).stdout.strip()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={mib}m,uid={owner},mode=700", "tmpfs", str(mount)],
+                   check=True)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+        mount.rmdir()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def json_line(text: str) -> dict:
+    """The last JSON object a command printed."""
+    return json.loads(text.strip().splitlines()[-1]) if text.strip() else {}
