@@ -267,8 +267,9 @@ class Fault:
 
 @contextlib.contextmanager
 def kill_9(run: LabRun, target: str, pid: int):
+    title = procs.cmdline(pid)[:80]
     os.kill(pid, signal.SIGKILL)
-    yield Fault(time.time(), f"kill -9 {pid} ({target}: {procs.cmdline(pid)[:80] or 'gone'})")
+    yield Fault(time.time(), f"kill -9 {pid} ({target}: {title})")
 
 
 @contextlib.contextmanager
