@@ -25,8 +25,14 @@ STOPPED = "stopped"          # a stop asked for it
 #: An active state whose supervisor is gone (host rebooted, killed): resumable. Never written: status
 #: derives it from a dead supervisor.
 LOST = "lost"
+#: An active state whose supervisor runs but does not answer: stopped (SIGSTOP, a debugger), or silent (its
+#: liveness beat, written by a thread of its own every SUPERVISOR_BEAT_S, older than SUPERVISOR_SILENT_S: it
+#: hangs). Never written: status derives it. `inv stop` ends it (SIGTERM, then SIGCONT), then `inv resume`.
+UNRESPONSIVE = "unresponsive"
+SUPERVISOR_BEAT_S = 2.0
+SUPERVISOR_SILENT_S = 30.0
 #: A supervisor is (or should be) working on the run.
-ACTIVE_STATES = (STARTING, RUNNING, RESTARTING, STALLED)
+ACTIVE_STATES = (STARTING, RUNNING, RESTARTING, STALLED, UNRESPONSIVE)
 #: The supervisor ended the run.
 FINAL_STATES = (SUCCEEDED, FAILED, STOPPED)
 

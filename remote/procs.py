@@ -110,6 +110,9 @@ class Job:
         """SIGTERM, `grace_s` to exit, then SIGKILL: {"pids": all, "killed": after the grace, "left": alive}."""
         before = [m["pid"] for m in self.members()]
         self.signal(signal.SIGTERM)
+        # A stopped process (SIGSTOP, a debugger: a fault the supervisor meets) takes its SIGTERM only once
+        # continued: without this it would wait out the grace for its SIGKILL, its handlers never run.
+        self.signal(signal.SIGCONT)
         left = self.wait_gone(grace_s, reap)
         killed = [m["pid"] for m in left]
         if left:
@@ -129,5 +132,10 @@ def terminate_job(job_id, grace_s, reap=None):
 
 def alive(pid):
     """True while `pid` runs (a zombie is dead)."""
+    return state(pid) not in (None, "Z")
+
+
+def state(pid):
+    """The state letter of `pid` in /proc (R, S, D, T stopped, Z ...), or None once it is gone."""
     stat = _stat(pid) if pid else None
-    return stat is not None and stat[3] != "Z"
+    return stat and stat[3]

@@ -42,6 +42,7 @@ SUCCEEDED: str = _contract.SUCCEEDED
 FAILED: str = _contract.FAILED
 STOPPED: str = _contract.STOPPED
 LOST: str = _contract.LOST
+UNRESPONSIVE: str = _contract.UNRESPONSIVE
 ACTIVE_STATES: tuple[str, ...] = _contract.ACTIVE_STATES
 FINAL_STATES: tuple[str, ...] = _contract.FINAL_STATES
 DRIVER_DEFAULTS: dict = _contract.DRIVER_DEFAULTS

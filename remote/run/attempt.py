@@ -91,7 +91,7 @@ class Pace:
         """The samples done now; True when one is new since the last look."""
         now = time.time()
         if self.count is None or done <= self.count:
-            self.count = done if self.count is None else max(self.count, done)
+            self.count = done  # the first look, or a count begun anew (a driver restarted in the phase)
             return False
         if self.last_sample_at is not None:
             self.spans.append(now - self.last_sample_at)

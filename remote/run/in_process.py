@@ -82,6 +82,7 @@ class InProcessDriver:
         """
         sup = self.supervisor
         clock = Watch(sup, self.log, self.log_offset, processes=self.job.members)
+        started_at = time.time()
         last_count, count_checked = None, 0.0
         while True:
             exit_status = self.driver.poll()
@@ -94,7 +95,7 @@ class InProcessDriver:
             if sup.stop_requested():
                 return None, None
             sup.look(pids)  # after the exit: a driver that finished is not ended for the room it left
-            beat = sup.run.heartbeat
+            beat = self.heartbeat(started_at)
             if beat:
                 clock.enter(beat.get("phase"))
             if beat and beat.get("phase") == PHASE_EXTRACTING:
@@ -112,6 +113,16 @@ class InProcessDriver:
             if stall and (sup.options["stall_restart"] or not stall["retryable"]):
                 return None, stall
             time.sleep(POLL_S)
+
+    def heartbeat(self, since):
+        """The driver's heartbeat, once this attempt's driver wrote it (written `since` then), else None: the one
+        before is the previous attempt's, its phase and count no longer true."""
+        run = self.supervisor.run
+        try:
+            fresh = os.path.getmtime(run.file("heartbeat.json")) >= since
+        except OSError:
+            return None
+        return run.heartbeat if fresh else None
 
     def end(self):
         return self.supervisor.end_job(self.driver, self.job)

@@ -44,7 +44,7 @@ import atomic
 import contract
 import hfcache
 import pkgmeta
-from contract import ACTIVE_STATES, FAILED, SUCCEEDED, SUPERVISOR_DEFAULTS
+from contract import ACTIVE_STATES, FAILED, SUCCEEDED, SUPERVISOR_DEFAULTS, UNRESPONSIVE
 from rpc import RemoteFailure
 from run import budget, processes, rundir
 from run.server import plan
@@ -203,6 +203,11 @@ def resume(args):
             # The whole sharded run resumed: a host whose shard is done or still going is left alone.
             return {"run_id": run.run_id, "path": run.path, "supervisor_pid": None, "resumed_from": state,
                     "skipped": True}
+        if state == UNRESPONSIVE:
+            raise RemoteFailure("run-active", "run %s is unresponsive: its supervisor (pid %s) is %s; `inv stop --run %s` "
+                                "ends it and its processes, then `inv resume`" % (
+                                    run.run_id, run.status.get("supervisor_pid"), run.supervisor_unanswering(),
+                                    run.run_id))
         if state in ACTIVE_STATES:
             raise RemoteFailure("run-active", "run %s is %s: nothing to resume" % (run.run_id, state))
         if state == SUCCEEDED:

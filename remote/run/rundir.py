@@ -28,11 +28,23 @@ import time
 
 import procs
 from atomic import read_json
-from contract import ACTIVE_STATES, FINAL_STATES, LOST, RESTARTING, STARTING, STOPPED, pace_now
+from contract import (
+    ACTIVE_STATES,
+    FINAL_STATES,
+    LOST,
+    RESTARTING,
+    STARTING,
+    STOPPED,
+    SUPERVISOR_SILENT_S,
+    UNRESPONSIVE,
+    pace_now,
+)
 from rpc import RemoteFailure
 from slurm import jobs
 
 RUNS = "runs"
+#: A run's supervisor's liveness: touched by a thread of its own every SUPERVISOR_BEAT_S (supervisor_loop.py).
+SUPERVISOR_BEAT = "supervisor.beat"
 #: Modes of what specrig writes in a workdir: directories and files its user's alone.
 PRIVATE_DIR = 0o700
 PRIVATE_FILE = 0o600
@@ -113,6 +125,20 @@ class RunDir:
         pid = self.status.get("supervisor_pid")
         return bool(pid) and procs.alive(pid) and self.run_id in procs.cmdline(pid)
 
+    def supervisor_unanswering(self):
+        """Why the run's live supervisor does not answer ('stopped', 'silent for N s'), or None when it does: a
+        Slurm job's runs on its node, whose process this host cannot see (None)."""
+        pid = self.status.get("supervisor_pid")
+        if self.slurm_job_id() or not pid:
+            return None
+        if procs.state(pid) in ("T", "t"):
+            return "stopped"
+        try:
+            silent = time.time() - os.path.getmtime(self.file(SUPERVISOR_BEAT))
+        except OSError:
+            return None  # a supervisor of an earlier specrig, which writes no beat
+        return "silent for %.0f s" % silent if silent > SUPERVISOR_SILENT_S else None
+
     def slurm_job_id(self):
         """The id of the run's Slurm job (its newest, once resumed), or None: not a Slurm run, or not
         submitted yet."""
@@ -138,6 +164,8 @@ class RunDir:
         state = self.status.get("state", STARTING)
         if state in ACTIVE_STATES and not self.supervisor_alive():
             return LOST
+        if state in ACTIVE_STATES and self.supervisor_unanswering():
+            return UNRESPONSIVE
         if state in FINAL_STATES and self.slurm_job_id() and self.supervisor_alive():
             return STARTING
         return state
@@ -154,6 +182,8 @@ class RunDir:
                       driver_args=record.get("driver_args"), options=record.get("options"))
         if self.slurm_job_id():
             status["slurm"] = dict(record["slurm"], job=self.slurm_job())
+        if status["state"] == UNRESPONSIVE:
+            status["supervisor_unanswering"] = self.supervisor_unanswering()
         # How long since the last sample, on this host's clock, while the run is active.
         status["pace"] = pace_now(status.get("pace"), time.time()) if status["state"] in ACTIVE_STATES else None
         return status

@@ -38,6 +38,7 @@ def stop(args):
     supervisor = status_now.get("supervisor_pid") if run.supervisor_alive() else None
     if supervisor:
         os.kill(supervisor, signal.SIGTERM)
+        os.kill(supervisor, signal.SIGCONT)  # a stopped supervisor (unresponsive) takes its SIGTERM once continued
         deadline = time.monotonic() + grace + 30
         while procs.alive(supervisor) and time.monotonic() < deadline:
             time.sleep(0.1)

@@ -50,6 +50,7 @@ and its StrategyExecutor (what to launch and recover, held by the loop).
 import errno
 import os
 import signal
+import threading
 import time
 
 import atomic
@@ -64,6 +65,7 @@ from contract import (
     STARTING,
     STOPPED,
     SUCCEEDED,
+    SUPERVISOR_BEAT_S,
 )
 from dataset import verify as dataset_verify
 from run import classify, disk_watch, rundir
@@ -189,6 +191,9 @@ class Supervisor:
         # while there is time, rather than die of Python's default for USR1 with the attempt still running.
         signal.signal(signal.SIGUSR1, self.on_signal)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the SSH session going away is no reason to stop
+        # Liveness apart from the loop, which may block for long (a job's grace, the GPUs' release): silent, this
+        # supervisor hangs (or is stopped), and status says so (rundir.supervisor_unanswering).
+        threading.Thread(target=self.beat, name="supervisor-beat", daemon=True).start()
         # Before the first record: the launch (or resume) that waits for it then sees the run failed, and
         # says so in one line (run/launching.py).
         outcome = self.refused()
@@ -196,6 +201,16 @@ class Supervisor:
             self.save()
             outcome = self.at_time_limit(self.role.open() or self.attempts())
         return self.conclude(outcome)
+
+    def beat(self):
+        path = self.run.file(rundir.SUPERVISOR_BEAT)
+        while True:
+            try:
+                with open(path, "a"):
+                    os.utime(path)
+            except OSError:
+                pass  # a disk that refuses even this is the disk watch's to name
+            time.sleep(SUPERVISOR_BEAT_S)
 
     def at_time_limit(self, outcome):
         """The outcome, or, when a Slurm job's time limit (USR1) stopped the run before this supervisor's

@@ -22,6 +22,7 @@ from specrig.contract import (
     STARTING,
     STOPPED,
     SUCCEEDED,
+    UNRESPONSIVE,
 )
 from specrig.dataset.view import run_end_text
 from specrig.exit_status import ExitStatus
@@ -41,7 +42,7 @@ from specrig.ui.task import TaskView
 from specrig.ui.terminal import markup, visible, visible_on, write_raw
 
 STATE_STYLE = {SUCCEEDED: "green", RUNNING: "cyan", STARTING: "cyan", RESTARTING: "yellow",
-               STALLED: "yellow", FAILED: "bold red", LOST: "bold red", STOPPED: "magenta"}
+               STALLED: "yellow", FAILED: "bold red", LOST: "bold red", UNRESPONSIVE: "bold red", STOPPED: "magenta"}
 
 
 def samples(beat: dict) -> str:
@@ -150,6 +151,9 @@ def show_run(run: dict, *, log_tail: str | None = None) -> None:
         grid.add_row("dataset", run_end_text(run["exit"]["dataset"]))
     if run.get("stalled"):
         grid.add_row("stalled", f"no progress for {run.get('seconds_since_progress')} s")
+    if run.get("supervisor_unanswering"):
+        grid.add_row("supervisor", f"pid {run.get('supervisor_pid')} {markup(run['supervisor_unanswering'])}: "
+                                   f"`inv stop --run {markup(run['run_id'])}` ends it, then `inv resume`")
     console.print(grid)
     show_gpus(run.get("gpus"), run.get("gpu_apps") or [])
     if log_tail:

@@ -199,6 +199,31 @@ def test_a_lost_run_whose_driver_outlived_its_supervisor_is_resumed_with_one_dri
     assert remote.call("runs.stop", {"workdir": host.workdir, "run": run_id}, timeout=120)["clean"]
 
 
+def test_a_stopped_supervisor_is_unresponsive_at_once_and_stop_then_resume_finish_the_run(local, tmp_path):
+    """SIGSTOP of the supervisor: alive, answering nothing. Status says so at once (no waiting for a stall),
+    resume refuses in one line naming the fix, stop ends it and its driver (nothing left), and the resume after
+    that finishes every sample."""
+    host, remote = local
+    run_id = launch(local, tmp_path, {"write_samples": True, "samples": 3, "children": 0})
+    run = wait_state(local, run_id, (RUNNING,))
+    supervisor = run["supervisor_pid"]
+    os.kill(supervisor, signal.SIGSTOP)
+    try:
+        run = wait_state(local, run_id, (contract.UNRESPONSIVE,), timeout=10)
+        assert run["supervisor_unanswering"] == "stopped"
+        with pytest.raises(Exception, match="unresponsive: its supervisor .* is stopped; `inv stop"):
+            remote.call("runs.resume", {"workdir": host.workdir, "run": run_id})
+        stopped = remote.call("runs.stop", {"workdir": host.workdir, "run": run_id}, timeout=120)
+    finally:
+        if procs.alive(supervisor):
+            os.kill(supervisor, signal.SIGCONT)
+    assert stopped["clean"] and stopped["state"] == STOPPED and not procs.alive(supervisor), stopped
+    remote.call("runs.resume", {"workdir": host.workdir, "run": run_id})
+    run = wait_state(local, run_id, (contract.SUCCEEDED,))
+    assert sorted(path.name for path in (tmp_path / "out").glob("data_*.pt")) == ["data_0.pt", "data_1.pt",
+                                                                                  "data_2.pt"]
+
+
 def test_a_driver_that_cannot_be_started_fails_the_run_with_the_reason(local, tmp_path):
     run_id = launch(local, tmp_path, {})
     host, remote = local
