@@ -25,9 +25,12 @@ cut short still brings back what it did):
                     prepares what it needs itself: the prompts come from a cache keyed by the data, the
                     tokenizer and prepare-data's arguments ($SG/prepared-cache), filled by the first arm that
                     prepares them
-    states[:WHICH]  the states of the files the latest arm named WHICH* (default specrig) kept (STATES_FILES,
-                    spread over its files) against transformers' forward: the tolerance from bf16's own error,
-                    the shifted control
+    fault:SIGNAL-PROCESS@SAMPLES[+...][:K=V,...]
+                    issue 35: one run with faults injected mid-run (SIGSTOP or SIGKILL of the EngineCore or the
+                    API server), the seconds to the supervisor's reaction, the recovery (fault_phase.py)
+    states[:WHICH]  the states of the files the latest arm or fault cell named WHICH* (default specrig) kept
+                    (STATES_FILES, spread over its files) against transformers' forward: the tolerance from
+                    bf16's own error, the shifted control
     smoke           inv smoke on a DeepSeek-V3-shaped config (MLA, MoE), shrunk, dummy weights
     train[:DIR]     issue 28: inv verify-dataset --full of an output (DIR, or a short extraction of N_TRAIN rows),
                     then a few steps of the training command it printed (train_step.py)
@@ -36,13 +39,16 @@ cut short still brings back what it did):
 
     issue26         a preset (arms.PRESETS): issue 26's measurement in one call within 600 s, N_MEASURE=512:
                     prep clean arm:specrig:default:patch=1,profile=1 states:specrig arm:bare:128 arm:hand:32
+    issue35         issue 35's GPU cells (arms.PRESETS): a fault run, its states, the render server's first run
+                    and bare prefill
 
 A phase is not begun with less of BUDGET_S left than it takes at best (arms.PHASE_MIN_S): it is skipped, and
 the results say so (`skipped`), rather than cut short at the call's end.
 
 Environment: SG (default /var/tmp/sg: model, data, outputs), OUT (what comes back), SHAPE, N_EXTRACT
 (256), N_MEASURE (768), N_DATA (1024), KILL_AT (samples done before the kill, 64), PORT (8000), RAM
-(/dev/shm/sg), STATES_FILES (64), BUDGET_S (device.sh's), PATCHSET (apply-patches --patchset).
+(/dev/shm/sg), STATES_FILES (64), BUDGET_S (device.sh's), PATCHSET (apply-patches --patchset), N_FAULT (256)
+and FAULT_WATCH_S (120: fault_phase.py).
 """
 import glob
 import importlib
@@ -61,6 +67,7 @@ import threading
 import time
 
 import arms
+import fault_phase
 import profiling
 import train_step
 
@@ -294,14 +301,15 @@ def run_state(run_path):
 
 
 def extract_args(out, n, concurrency=None, port=PORT, settings=None):
-    """`inv extract` on --host local; `settings`: more of its options, {"writer_threads": 16, ...}."""
+    """`inv extract` on --host local; `settings`: more of its options as a spec writes them, {"writer_threads":
+    "16", "render_server": "1", ...} (a flag of the task's as inv takes it: arms.inv_options)."""
     args = ["extract", "--host", "local", "--model", MODEL, "--data", DATA, "--out", out,
             "--max-len", "2048", "--max-samples", str(n), "--port", str(port), "--json"]
     if concurrency:
         args += ["--concurrency", str(concurrency)]
-    for key, value in (settings or {}).items():
-        args += ["--" + key.replace("_", "-"), str(value)]
-    return args
+    with open(os.path.join(TREE, "specrig", "cli", "tasks.py")) as f:
+        flags = arms.task_flags(f.read(), "extract")
+    return args + arms.inv_options(settings or {}, flags)
 
 
 def versions():
@@ -373,28 +381,12 @@ def phase_extract():
     run_path, run_id = info["path"], info["run_id"]
     entry.update(run_id=run_id, run_path=run_path)
     log("launched %s; waiting for %d samples before the kill" % (run_id, KILL_AT))
-    beat, status, reached = wait_run(run_path, lambda b, s: (b.get("samples_done") or 0) >= KILL_AT
-                                     or run_state(run_path) in FINAL, timeout=420)
-    capture("load")
-    record_server = status.get("jobs", {}).get("server") or {}
-    session = record_server.get("pgid")
-    cores = engine_cores(session) or engine_cores()
-    kept = {os.path.basename(p): (os.stat(p).st_ino, os.stat(p).st_mtime_ns) for p in hs_files(out)}
-    kill = {"samples_done_before": beat.get("samples_done"), "server_session": session, "engine_cores": cores,
-            "files_before": len(kept), "memory_before_mib": memory_used(),
-            # specrig's own telemetry of the run (the supervisor's status): which processes hold the GPU
-            "telemetry": {"gpus": status.get("gpus"), "gpu_apps": status.get("gpu_apps"),
-                          "processes": {str(pid): proc_table().get(pid, (None, None, None, ""))[3][:120]
-                                        for pid in [a.get("pid") for a in status.get("gpu_apps") or []]}}}
-    if reached and cores and run_state(run_path) not in FINAL:
-        kill["at"] = time.time()
-        for pid in cores:
-            os.kill(pid, signal.SIGKILL)
-        log("kill -9 EngineCore %s at %d samples" % (cores, beat.get("samples_done") or 0))
-    else:
-        kill["skipped"] = "no EngineCore found or the run ended first (state %s)" % run_state(run_path)
-        log(kill["skipped"])
+    kill, kept = fault_phase.inject(sys.modules[__name__], run_path, out,
+                                    {"signal": "kill", "process": "engine-core", "at": KILL_AT},
+                                    before=lambda: capture("load"))
     entry["kill"] = kill
+    if kill["at_epoch"]:
+        fault_phase.watch(sys.modules[__name__], run_path, kill)
     save()
     beat, status, done = wait_run(run_path, lambda b, s: run_state(run_path) in FINAL, timeout=900)
     ended_at = time.time()
@@ -402,23 +394,20 @@ def phase_extract():
     capture("after")
     final = inv("status", "--host", "local", "--run", run_id, "--json", timeout=120)
     files = hs_files(out)
-    survivors = {name: ident for name, ident in kept.items()
-                 if os.path.exists(os.path.join(out, name)) and
-                 (os.stat(os.path.join(out, name)).st_ino, os.stat(os.path.join(out, name)).st_mtime_ns) == ident}
     attempts = status.get("attempts") or []
     restart_at = None
     if len(attempts) > 1:
         restart_at = attempts[1].get("started_at")
     memory_back = None
-    if kill.get("at"):
+    if kill["at_epoch"]:
         for t, used, _pids in sampler.samples:
-            if t > kill["at"] and used is not None and idle and used <= idle[0] + 1024:
+            if t > kill["at_epoch"] and used is not None and idle and used <= idle[0] + 1024:
                 memory_back = t
                 break
     entry.update(
         state=run_state(run_path), wall_s=round(ended_at - started, 1), files=len(files),
         tokens=tokens_in(files), attempts=attempts, exit=read_json(os.path.join(run_path, "exit.json")),
-        status_task=final, files_before_kill_kept=len(survivors), files_before_kill=len(kept),
+        status_task=final, files_before_kill_kept=fault_phase.unchanged(out, kept), files_before_kill=len(kept),
         memory_back_to_idle_at=memory_back, restart_started_at=restart_at,
         memory_timeline=[s for s in sampler.samples][::2])
     record("extract", entry)
@@ -791,6 +780,13 @@ def arm_specrig(name, concurrency, settings, keep_for_states=0):
                prompts=output_prompts(files))
     if phases.get("generating") and phases.get("validating"):
         arm["generate_s"] = round(phases["validating"] - phases["generating"], 2)
+    # The supervisor's start-up marks (epoch seconds; which way prepare-data rendered, or its cache): issue 35's
+    # render server on a first run is judged by prepare-data's own time after /health.
+    startup = status.get("startup") or {}
+    arm["startup_s"] = {key: round(value - started, 2) if isinstance(value, float) else value
+                        for key, value in startup.items() if key != "health_to_first_file_s"}
+    if startup.get("health") and startup.get("prepare_ended"):
+        arm["prepare_after_health_s"] = round(max(0.0, startup["prepare_ended"] - startup["health"]), 2)
     plan = (read_json(os.path.join(info["path"], "run.json"), {}) or {}).get("server") or {}
     generate = plan.get("generate_argvs") or []
     given = [int(argv[argv.index("--concurrency") + 1]) for argv in generate if "--concurrency" in argv]
@@ -806,19 +802,25 @@ def arm_specrig(name, concurrency, settings, keep_for_states=0):
     if plan.get("prepared") and same_prepare(plan.get("prepare_argv")):
         arm["prepared_cached"] = cache_prepared(plan["prepared"], prepared_cache())
     if keep_for_states and files:
-        keep = os.path.join(SG, "states-input", name)
-        shutil.rmtree(keep, ignore_errors=True)
-        os.makedirs(keep)
-        chosen = arms.spread(files, keep_for_states)
-        for path in chosen:
-            try:
-                os.link(path, os.path.join(keep, os.path.basename(path)))
-            except OSError:  # another file system (out=ram): copied
-                shutil.copy(path, os.path.join(keep, os.path.basename(path)))
-        arm["states_subset"] = {"dir": keep, "files": len(chosen), "of": len(files),
-                                "how": "spread evenly over the arm's files in index order (arms.spread)"}
+        arm["states_subset"] = keep_states_subset(name, files, keep_for_states)
     shutil.rmtree(out, ignore_errors=True)
     return arm
+
+
+def keep_states_subset(name, files, count=None):
+    """`count` (STATES_FILES) of a run's files, spread over them, kept for a states phase later in the call:
+    {dir, files, of, how}."""
+    keep = os.path.join(SG, "states-input", name)
+    shutil.rmtree(keep, ignore_errors=True)
+    os.makedirs(keep)
+    chosen = arms.spread(files, count or STATES_FILES)
+    for path in chosen:
+        try:
+            os.link(path, os.path.join(keep, os.path.basename(path)))
+        except OSError:  # another file system (out=ram): copied
+            shutil.copy(path, os.path.join(keep, os.path.basename(path)))
+    return {"dir": keep, "files": len(chosen), "of": len(files),
+            "how": "spread evenly over the run's files in index order (arms.spread)"}
 
 
 def docs_server_argv(staging):
@@ -1104,14 +1106,16 @@ def phase_arm(spec, keep_for_states=0):
 
 
 def phase_states(spec="states"):
-    """states[:WHICH]: every stored layer of the files a measured arm kept (the latest arm whose name starts
-    with WHICH, default specrig) against transformers' forward (gpu_tools.py reference: the tolerance from
-    bf16's own error, the shifted control). The GPU must be free: run it after the arm, between arms."""
+    """states[:WHICH]: every stored layer of the files a measured arm or a fault cell kept (the latest whose name
+    starts with WHICH, default specrig; fault: the fault cell's, after its recovery) against transformers'
+    forward (gpu_tools.py reference: the tolerance from bf16's own error, the shifted control). The GPU must be
+    free: run it after the arm, between arms."""
     which = spec.split(":", 1)[1] if ":" in spec else "specrig"
-    kept = [(label, arm) for label, arm in (results.get("arms") or {}).items()
+    kept = [(label, arm) for group in ("arms", "faults") for label, arm in (results.get(group) or {}).items()
             if label.startswith(which) and arm.get("states_subset") and os.path.isdir(arm["states_subset"]["dir"])]
     if not kept:
-        record("states", {"error": "no arm named %s* kept files for a states check in this call" % which})
+        record("states", {"error": "no arm or fault cell named %s* kept files for a states check in this call"
+                                   % which})
         return
     label, arm = kept[-1]
     subset = arm["states_subset"]
@@ -1197,6 +1201,8 @@ def main(phases):
                 phase_warm(phase)
             elif phase.startswith("train"):
                 train_step.phase_train(phase, harness=sys.modules[__name__])
+            elif phase.startswith("fault"):  # issue 35's fault cells, in a module of their own
+                fault_phase.run(sys.modules[__name__], phase)
             elif phase.startswith("kimi"):  # issue 29's shrunk Kimi-K2.5, its steps in a module of their own
                 import kimi_phase
                 kimi_phase.run(sys.modules[__name__], phase)

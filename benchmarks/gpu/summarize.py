@@ -16,6 +16,8 @@ import json
 import os
 import sys
 
+import fault_phase
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ARM_ORDER = ("hand", "specrig", "bare")
 
@@ -67,10 +69,11 @@ def kill9(raw):
     final = extract.get("exit") or {}
     result = final.get("result") or {}
     return {
-        "ran": bool(kill.get("at")),
+        "ran": bool(kill.get("at_epoch")),
         "skipped": kill.get("skipped"),
-        "killed": {"engine_core_pids": kill.get("engine_cores"), "samples_done_before": kill.get("samples_done_before"),
+        "killed": {"engine_core_pids": kill.get("pids"), "samples_done_before": kill.get("samples_done_before"),
                    "memory_used_before_mib": kill.get("memory_before_mib")},
+        "reaction": kill.get("reaction"),  # the supervisor's markers and states, seconds from the kill (fault_phase)
         "attempts": [{"attempt": a.get("attempt"), "started_at": a.get("started_at"), "ended_at": a.get("ended_at"),
                       "failure": {k: (a.get("failure") or {}).get(k) for k in
                                   ("kind", "rule", "role", "retryable", "restarted", "explain", "evidence")}
@@ -79,8 +82,8 @@ def kill9(raw):
                      for a in attempts],
         "classified": first.get("kind"), "restarted": bool(first.get("restarted")) and len(attempts) > 1,
         "idle_memory_used_mib": (extract.get("idle_memory_used_mib") or [None])[0],
-        "memory_back_to_idle_s_after_kill": round(back - kill["at"], 2) if back and kill.get("at") else None,
-        "restart_s_after_kill": round(restart - kill["at"], 2) if restart and kill.get("at") else None,
+        "memory_back_to_idle_s_after_kill": round(back - kill["at_epoch"], 2) if back and kill.get("at_epoch") else None,
+        "restart_s_after_kill": round(restart - kill["at_epoch"], 2) if restart and kill.get("at_epoch") else None,
         "memory_idle_before_restart": bool(back and restart and back <= restart),
         "files_before_kill": extract.get("files_before_kill"),
         "files_before_kill_kept": extract.get("files_before_kill_kept"),
@@ -128,6 +131,7 @@ def table(raw):
                      "generate_s": arm.get("generate_s"), "tokens_per_s_generate": arm.get("tokens_per_s_generate"),
                      "steady_s": None, "steady_tokens_per_s": None, "steady_from": None,
                      "prefix_caching": arm.get("prefix_caching"), "prompts": arm.get("prompts"),
+                     "prepare_after_health_s": arm.get("prepare_after_health_s"), "startup_s": arm.get("startup_s"),
                      "state": arm.get("state"), "error": arm.get("error")})
         # The steady part: the rate once the client is up, without its start-up. Issue 26 on, every way alike
         # from the first file (the first answer, bare) to the last; runs 1-4 had no last-file time: from the
@@ -375,6 +379,7 @@ def markdown(summary):
         for role, main in (window.get("main_thread") or {}).items():
             lines.append("- %s main thread, by package: %s" % (role, ", ".join(
                 "%s %d %%" % (name, round(share * 100)) for name, share in main["packages"])))
+    lines += fault_phase.summary_lines(summary["issue35"])
     if summary.get("skipped"):
         lines += ["", "skipped for the call's budget: " + ", ".join(
             "%s (%s s left, needs %s)" % (entry["phase"], entry["left_s"], entry["needs_s"])
@@ -435,6 +440,7 @@ def build(raw, *, device_minutes, date, issue=26, not_run=(), notes=(), extras=N
         "goals_by_shape": {shape: {"goals": goals(rows, shape), "checks": checks(rows, shape)}
                            for shape in sorted({row["shape"] for row in rows})},
         "smoke_deepseek_v3": raw.get("smoke_deepseek_v3"), "profiles": profiles(raw, extras),
+        "issue35": fault_phase.summary(raw, rows),
         "nvidia_smi_fixtures": "tests/fixtures/nvidia-smi/h200-vllm",
         "phases": [name for name, _ in raw.get("phases_started") or []], "preset_env": raw.get("preset_env"),
         "skipped": raw.get("skipped", []),

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import signal
 import struct
 import sys
 
@@ -320,7 +322,7 @@ def test_a_phase_the_budget_cannot_hold_is_skipped_and_said(device_run, monkeypa
     device_run.main(["arm:bare:128", "states:specrig"])
     skipped = device_run.results["skipped"]
     assert [entry["phase"] for entry in skipped] == ["arm:bare:128"]
-    assert device_run.results["states"]["error"].startswith("no arm named specrig*")
+    assert device_run.results["states"]["error"].startswith("no arm or fault cell named specrig*")
     saved = json.loads(open(device_run.RESULTS).read())
     assert saved["skipped"] == skipped and saved["phases_started"][0][0] == "arm:bare:128"
 
@@ -506,3 +508,165 @@ def test_the_kimi_layers_are_speculators_choice_at_each_depth():
     import kimi_phase
     assert kimi_phase.default_layer_ids(61) == [2, 30, 58, 61]
     assert kimi_phase.default_layer_ids(8) == [2, 4, 5, 8]
+
+
+# -- issue 35: inv's flags, the fault cells (fault_phase.py) ---------------------------------------------
+
+def test_a_flag_that_is_off_by_default_is_spelled_as_inv_takes_it(device_run):
+    flags = arms.task_flags((REPO / "specrig" / "cli" / "tasks.py").read_text(), "extract")
+    assert flags["render_server"] is False and flags["enforce_eager"] is False and flags["prepared_cache"] is True
+    assert "writer_threads" not in flags and "concurrency" not in flags  # they take a value
+    args = device_run.extract_args("/out", 8, settings={"render_server": "1", "prepared_cache": "0",
+                                                         "enforce_eager": "0", "writer_threads": "16"})
+    tail = args[args.index("--json") + 1:]
+    assert tail == ["--render-server", "--no-prepared-cache", "--writer-threads", "16"]  # never --render-server 1
+    assert arms.inv_options({"prepared_cache": "1", "allow_skipped": "true"}, flags) == ["--allow-skipped"]
+    with pytest.raises(arms.SpecError, match="render_server is a flag of inv extract"):
+        arms.inv_options({"render_server": "maybe"}, flags)
+
+
+def test_a_fault_spec_gives_its_injections_options_and_name():
+    import fault_phase
+
+    spec = "fault:stop-engine-core@64+kill-api-server@160:enforce_eager=1,patch=1"
+    assert fault_phase.parse(spec) == ([{"signal": "stop", "process": "engine-core", "at": 64},
+                                        {"signal": "kill", "process": "api-server", "at": 160}],
+                                       {"enforce_eager": "1"}, "1")
+    assert fault_phase.label(spec) == "fault-stop-engine-core@64+kill-api-server@160-enforce_eager=1-patch=1"
+    for bad in ("fault", "fault:", "fault:hup-engine-core@3", "fault:kill-client@3", "fault:kill-api-server",
+                "fault:kill-api-server@9+stop-engine-core@9", "fault:kill-api-server@9:patch=2",
+                "fault:kill-api-server@9:novalue"):
+        with pytest.raises(arms.SpecError):
+            fault_phase.parse(bad)
+    phases, env = arms.expand(["issue35"], {})
+    assert env["N_FAULT"] == "256" and phases.index("states:fault") == phases.index(next(
+        p for p in phases if p.startswith("fault:"))) + 1
+    assert arms.phase_min_s(phases[2]) == arms.PHASE_MIN_S["fault"]
+    assert sum(arms.phase_min_s(p) for p in phases) < 570  # one call's budget, at best
+
+
+ENGINE_TREE = '''
+import subprocess, sys, time
+core = subprocess.Popen([sys.executable, "-c", "open('/proc/self/comm', 'w').write('VLLM::EngineCore')\\n"
+                         "import time\\ntime.sleep(60)"])
+time.sleep(60)
+'''
+
+
+@pytest.fixture
+def engine_tree(device_run):
+    """A server job whose child titles itself as vLLM's EngineCore (/proc/self/comm), as the API server's does."""
+    import subprocess
+    import time
+
+    job = subprocess.Popen([sys.executable, "-c", ENGINE_TREE])
+    deadline = time.time() + 20
+    while time.time() < deadline and not device_run.fault_phase.find(device_run.proc_table(), job.pid,
+                                                                     "engine-core"):
+        time.sleep(0.05)
+    yield job
+    for pid in device_run.fault_phase.descendants(device_run.proc_table(), job.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    job.kill()
+    job.wait()
+
+
+def state_of(pid):
+    """The process's state letter (/proc/PID/stat: T stopped, Z dead, not reaped), None once it is gone."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(") ", 1)[1][0]
+    except OSError:
+        return None
+
+
+def settled(pid, states, timeout=10):
+    """The process's state once it is one of `states` (a signal is delivered a moment after it is sent)."""
+    import time
+
+    deadline = time.time() + timeout
+    while state_of(pid) not in states and time.time() < deadline:
+        time.sleep(0.02)
+    return state_of(pid)
+
+
+def fake_run(path, attempts, state="running", phase="generating", samples=8):
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "heartbeat.json").write_text(json.dumps({"phase": phase, "samples_done": samples}))
+    (path / "status.json").write_text(json.dumps({"state": state, "attempts": attempts,
+                                                  "jobs": {"server": {"pid": attempts[-1].get("pid")}}}))
+
+
+def test_the_engine_core_is_the_titled_child_of_the_api_server(device_run, engine_tree):
+    found = device_run.fault_phase.find(device_run.proc_table(), engine_tree.pid, "engine-core")
+    assert len(found) == 1 and device_run.proc_table()[found[0]][0] == engine_tree.pid
+    assert device_run.fault_phase.find(device_run.proc_table(), engine_tree.pid, "api-server") == [engine_tree.pid]
+    assert device_run.fault_phase.find(device_run.proc_table(), 0, "engine-core") == []  # no such job
+
+
+def test_a_stopped_engine_core_is_timed_to_the_supervisors_reaction(device_run, engine_tree, tmp_path):
+    import threading
+    import time
+
+    run, out = tmp_path / "run", tmp_path / "out"
+    out.mkdir()
+    (out / "hs_0.safetensors").write_bytes(b"kept")
+    fake_run(run, [{"attempt": 1, "ended_at": None, "pid": engine_tree.pid}])
+    (run / "driver.log").write_text("before the fault\n")
+    fault_phase = device_run.fault_phase
+    record, kept = fault_phase.inject(device_run, str(run), str(out), {"signal": "stop", "process": "engine-core",
+                                                                       "at": 8}, timeout=5)
+    core = record["pids"][0]
+    assert record["at_epoch"] and settled(core, ("T",)) == "T"  # stopped
+    assert list(kept) == ["hs_0.safetensors"] and record["files_before"] == 1
+
+    def supervisor():
+        time.sleep(0.3)
+        with open(run / "driver.log", "a") as log:
+            log.write("\n[specrig-supervisor 2026-12-06T00:00:00+00:00] no progress for 1 s (generate): stalled\n")
+        fake_run(run, [{"attempt": 1, "ended_at": None, "pid": engine_tree.pid}], state="stalled")
+        time.sleep(0.3)
+        fake_run(run, [{"attempt": 1, "ended_at": "t", "pid": engine_tree.pid, "failure": {"kind": "stalled"}}],
+                 state="restarting")
+        time.sleep(0.3)
+        fake_run(run, [{"attempt": 1, "ended_at": "t"}, {"attempt": 2, "ended_at": None, "pid": engine_tree.pid}])
+
+    threading.Thread(target=supervisor, daemon=True).start()
+    reaction = fault_phase.watch(device_run, str(run), record, watch_s=10)
+    assert reaction["first_marker_s"] <= reaction["stalled_s"] < reaction["attempt_ended_s"] <= reaction["went_on_s"]
+    assert reaction["detected_s"] == reaction["stalled_s"] and reaction["failure"]["kind"] == "stalled"
+    assert reaction["markers"][0][1].endswith("stalled") and reaction.get("released_s") is None
+    assert [state for _, state in reaction["states"]] == ["running", "stalled", "restarting", "running"]
+    assert fault_phase.release() == [core]  # still stopped: let go at the phase's end
+    assert settled(core, (None, "Z")) in (None, "Z")  # dead (its parent, a sleeper, reaps nothing)
+    assert fault_phase.unchanged(str(out), kept) == 1
+
+
+def test_a_hang_nobody_calls_is_let_go_by_the_harness_and_said_so(device_run, engine_tree, tmp_path):
+    run = tmp_path / "run"
+    fake_run(run, [{"attempt": 1, "ended_at": None, "pid": engine_tree.pid}])
+    fault_phase = device_run.fault_phase
+    record, _ = fault_phase.inject(device_run, str(run), str(tmp_path), {"signal": "stop", "process": "engine-core",
+                                                                         "at": 8}, timeout=5)
+    reaction = fault_phase.watch(device_run, str(run), record, watch_s=0.5)
+    assert reaction["released_s"] >= 0.5 and reaction["released_pids"] == record["pids"]
+    assert reaction["detected_s"] is None and reaction.get("went_on_s") is None
+    assert fault_phase.STOPPED == {} and fault_phase.release() == []
+
+
+def test_the_render_servers_first_run_is_judged_against_bare_prefill():
+    import fault_phase
+
+    rows = [{"arm": "specrig-c32-prepared_cache=0-render_server=1-patched", "way_id": "specrig", "shape": "llama8b",
+             "settings_nondefault": {"render_server": "1", "prepared_cache": "0"}, "prompts": {"sha256": "d"},
+             "tokens_per_s_to_last_file": 45000.0, "health_to_last_file_s": 14.8, "prepare_after_health_s": 0.4},
+            {"arm": "specrig-c32-patched", "way_id": "specrig", "shape": "llama8b", "settings_nondefault": {},
+             "prompts": {"sha256": "d"}, "tokens_per_s_to_last_file": 30000.0},
+            {"arm": "bare-c128", "way_id": "bare", "shape": "llama8b", "prompts": {"sha256": "d"},
+             "tokens_per_s_to_last_file": 60000.0, "health_to_last_file_s": 11.1}]
+    found = fault_phase.summary({}, rows)["render_server_first_run"]
+    assert len(found) == 1 and found[0]["value"] == 0.75 and found[0]["verdict"] == "MISS"
+    assert found[0]["bare"] == "bare-c128" and found[0]["prepare_after_health_s"] == 0.4
