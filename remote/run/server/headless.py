@@ -6,7 +6,8 @@ import time
 from contract import PHASE_SERVING, PHASE_WAITING
 from run.attempt import POLL_S, NotStarted, log_size
 from run.server.health import SERVER_RUNNING
-from run.server.workload import SERVER, Heartbeat, Jobs, server_failure, server_status
+from run.server.jobs import SERVER, Heartbeat, Jobs, server_status
+from run.server.workload import server_failure
 
 
 class HeadlessServer:

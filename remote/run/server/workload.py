@@ -33,101 +33,32 @@ done of total, samples/s, ETA, the server's state.
 import os
 import re
 import shutil
-import subprocess
 import time
 
 import atomic
-import procs
 from contract import (
     DISK_LOW,
     DRIVER_DEFAULTS,
     PHASE_GENERATING,
     PHASE_LOADING,
     PHASE_PREPARING,
-    PHASE_STARTING,
     PHASE_VALIDATING,
     SERVER_DEFAULTS,
 )
 from run import budget, classify
-from run.attempt import POLL_S, STALL_FLOOR_S, NotStarted, Watch, child_env, found_failure, log_since, log_size
+from run.attempt import POLL_S, STALL_FLOOR_S, NotStarted, Watch, found_failure, log_since, log_size
 from run.server import client, health, outputs, prepared, warm_steps
 from run.server.arrivals import COUNT_EVERY_S, ArrivalCheck
 from run.server.health import ServerHealth
+from run.server.jobs import SERVER, Heartbeat, Jobs, server_status
 from run.server.server_preflight import STAGING_MARGIN
 from run.server.warm_steps import CLIENT, GENERATE, PREPARE, ClientStep, client_job  # noqa: F401 (this module's names)
 
-#: The attempt's jobs (status.json "jobs"): the server, then the client steps' processes (warm_steps.client_job).
-SERVER = "server"
 #: Written into the output: the stored layer ids and which activation each one is.
 LAYERS_FILE = "specrig-layers.json"
-
-
-def server_status(previous):
-    """What server mode adds to status.json; N, the prepared rows, survives a resume with the prepared
-    directory it was read from."""
-    return {"jobs": {}, "server_state": None, "result": previous.get("result"),
-            "samples_total": previous.get("samples_total")}
-
-
-class Heartbeat:
-    """heartbeat.json of a server-mode run, written by its supervisor."""
-
-    def __init__(self, path):
-        self.path = path
-        self.beat = {"phase": PHASE_STARTING, "samples_done": 0, "samples_total": None, "samples_per_s": None,
-                     "tokens_per_s": None, "eta_s": None, "server": None, "last_error": None, "pid": os.getpid()}
-
-    def update(self, **changes):
-        self.beat.update(changes)
-        atomic.write_json(self.path, self.beat)
-
-
-class Jobs:
-    """The attempt's jobs by name (SERVER, client_job), each a session of its own; status.json's "jobs" names them with the
-    processes seen in each, so that `inv stop` finds them too."""
-
-    def __init__(self, supervisor):
-        self.supervisor = supervisor
-        self.running = {}
-
-    def start(self, name, argv, log_path):
-        # speculators logs through rich, which wraps at 80 columns without a terminal (and pads every line
-        # to the width): wide enough for most records on one line; `skipped()` does not need the summary's.
-        env = child_env(COLUMNS="200")
-        # The client talks to 127.0.0.1: a proxy set on the host must not carry those requests.
-        env["NO_PROXY"] = env["no_proxy"] = ",".join(filter(None, [env.get("NO_PROXY"), "127.0.0.1", "localhost"]))
-        with open(log_path, "ab") as log:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    cwd=self.supervisor.run.path, env=env, start_new_session=True)
-        self.running[name] = (proc, procs.Job(proc.pid))
-        self.supervisor.status["jobs"][name] = {"pid": proc.pid, "pgid": proc.pid, "argv": argv, "seen": {}}
-        return proc
-
-    def members(self):
-        return {m["pid"] for m in self.processes()}
-
-    def processes(self):
-        """The live processes of every job, each with its job's name ("job")."""
-        found = []
-        for name, (_proc, job) in self.running.items():
-            found += [dict(m, job=name) for m in job.members()]
-            self.supervisor.status["jobs"][name]["seen"] = job.saved()
-        return found
-
-    def end(self, name):
-        """End one job and what it left (vLLM's workers outlive a killed parent); its cleanup record."""
-        proc, job = self.running.pop(name)
-        ended = self.supervisor.end_job(proc, job)
-        self.supervisor.status["jobs"].pop(name, None)
-        return ended
-
-    def end_all(self):
-        merged = {"orphans_ended": None, "left_behind": None, "gpu_memory": None}
-        for name in sorted(self.running, key=lambda n: n == SERVER):  # the clients first: they talk to the server
-            for key, value in self.end(name).items():
-                if value:
-                    merged[key] = (merged[key] or []) + value
-        return merged
+#: Times a client step killed by a signal is started again within one attempt, the server serving: a helper's
+#: death does not cost a model load (18 minutes for a 547 GB target); a third is the attempt's failure.
+STEP_REPLACEMENTS = 2
 
 
 def classify_server_log(supervisor, log_offset, exit_status):
@@ -202,6 +133,10 @@ class ServerExtraction:
     # -- one attempt ---------------------------------------------------------------------------------
 
     def prepare(self, entry):
+        from run.server import plan  # (server_preflight, imported above, imports it first)
+
+        # A port taken since, or at the last attempt's bind: this attempt's plan is on a free one (plan.py).
+        self.plan = plan.for_attempt(self.supervisor, entry)
         self.offsets = {path: log_size(path) for path in (self.client_log, self.server_log)}
         entry["outputs_checked"] = self.clean_outputs()
         total = self.supervisor.status.get("samples_total")
@@ -274,18 +209,48 @@ class ServerExtraction:
 
     def client_step(self, name, jobs, step=ClientStep):
         """Follow one of speculators' steps, its processes (`jobs`, started warm and just let go) writing into
-        the client's log, until they end (`step` of the processes says when); then end them."""
+        the client's log, until they end (`step` of the processes says when); then end them. A step killed by a
+        signal while the server serves is started again (replace_killed), at most STEP_REPLACEMENTS times."""
         argv = self.plan["prepare_argv"] if name == PREPARE else self.plan["generate_argvs"][0]
         self.supervisor.log_marker("%s: %s (let go after its warm start%s)" % (
             name, " ".join(argv[1:4]), ", %d processes" % len(jobs) if len(jobs) > 1 else ""))
+        replaced = 0
         try:
-            status, found = self.follow(name, step(lambda: [self.jobs.running[job][0] for job in jobs]))
+            while True:
+                status, found = self.follow(name, step(lambda: [self.jobs.running[job][0] for job in jobs]))
+                if not self.replaceable(status, found, replaced):
+                    break
+                replaced += 1
+                self.replace_killed(name, jobs, status, replaced)
         finally:
             for job in jobs:
                 self.jobs.end(job)
         if status not in (None, 0):
             found = self.step_failed(name, status)
         return status, found
+
+    def replaceable(self, status, found, replaced):
+        """Whether a step that ended with `status` is started again: killed by a signal (kill -9, the OOM killer:
+        no fault of its input, which an error exit may be), the server still running, replacements left."""
+        return (status is not None and status < 0 and found is None and replaced < STEP_REPLACEMENTS
+                and self.server.poll() is None and not self.supervisor.stop_requested())
+
+    def replace_killed(self, name, jobs, status, replaced):
+        """Start step `name`'s processes again, at once (the server serves), after what the killed one left: a
+        file it cut short in the output (generate-offline-data), or its part-written directory (prepare-data)."""
+        self.supervisor.log_marker("%s was killed (status %s) while the server served: started again (%d of %d), "
+                                   "without a new model load" % (name, status, replaced, STEP_REPLACEMENTS))
+        for job in jobs:
+            self.jobs.end(job)
+        if name == PREPARE:
+            shutil.rmtree(self.plan["prepared"], ignore_errors=True)  # prepare-data would skip a part-written one
+            argvs = [self.plan["prepare_argv"]]
+        else:
+            self.delete_unusable("left by the killed client")
+            argvs = self.plan["generate_argvs"]
+        for job, argv in zip(jobs, argvs):
+            self.jobs.start(job, argv, self.client_log)
+        self.startup.entry.setdefault("replaced", []).append({"step": name, "status": status, "at": time.time()})
 
     def step_failed(self, name, status):
         """The failure of step `name` whose process exited with `status`, classified from the attempt's log."""
