@@ -52,6 +52,8 @@ class CallUse:
     node: ast.Call
     #: A provider Ref (function, class), a BoundMethod, or an ExternalRef.
     target: Ref | BoundMethod
+    #: `functools.partial(target, ...)`: the arguments after the first are bound now, the rest at the call.
+    partial: bool = False
 
 
 @record
@@ -71,6 +73,8 @@ _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 _WALKED = _SCOPES + (ast.Call, ast.Attribute)
 _BINDERS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Import, ast.ImportFrom, ast.Assign,
             ast.NamedExpr, ast.Global, ast.Nonlocal)
+#: A call of it binds its first argument's callable to the arguments that follow (CallUse.partial).
+PARTIAL = ExternalRef("functools.partial")
 #: What an `except` clause catching these names also catches.
 BROADER_ERRORS = {"ModuleNotFoundError": ("ImportError",), "ImportError": (), "TypeError": (), "AttributeError": ()}
 
@@ -91,12 +95,15 @@ def _handles_import_error(handler):
 
 
 class ConsumerModule:
-    """One consumer module read against the provider."""
+    """One consumer module read against the provider; `through`: [(Index, names of its modules that import
+    the provider)] of the consumers it may reach the provider through (specrig's driver takes vLLM's
+    LoadConfig from speculators' module)."""
 
-    def __init__(self, module, consumer_index, provider_index):
+    def __init__(self, module, consumer_index, provider_index, through=()):
         self.module = module
         self.consumer_index = consumer_index
         self.provider = provider_index
+        self.through = through
         self.imports = []
         self.calls = []
         self.attributes = []
@@ -120,9 +127,15 @@ class ConsumerModule:
     # ---- imports ----------------------------------------------------------------------------
 
     def translate(self, ref):
-        """Map a consumer-side reference to a provider object into the provider's index."""
-        if isinstance(ref, ExternalRef) and self.provider.tree.owns(ref.dotted):
-            return self.provider.resolve_dotted(ref.dotted)
+        """Map a consumer-side reference to a provider object into the provider's index, also where a
+        consumer it goes through binds the name to one (a name of that consumer's own stays external)."""
+        if isinstance(ref, ExternalRef):
+            if self.provider.tree.owns(ref.dotted):
+                return self.provider.resolve_dotted(ref.dotted)
+            index = self._through(ref.dotted)
+            if index is not None:
+                found = index.resolve_dotted(ref.dotted)
+                return self.translate(found) if isinstance(found, ExternalRef) else ref
         return ref
 
     def provider_value(self, ref):
@@ -140,9 +153,17 @@ class ConsumerModule:
                 continue  # an expression: it holds no import
             if isinstance(child, ast.Try):
                 handles = any(_handles_import_error(h) for h in child.handlers)
+                before = len(self.imports)
                 for statement in child.body:
                     self._collect_imports_in(statement, guarded or handles)
-                for part in child.handlers + child.orelse + child.finalbody:
+                # Alternatives (`try: from a import x` / `except ImportError: from b import x`): a handler
+                # runs only where an import of the body fails, so when all of them resolve here, its own
+                # imports are not run on this provider; where one fails, they are what runs.
+                tried = self.imports[before:]
+                resolved = bool(tried) and all(use.ref.exists for use in tried)
+                for handler in child.handlers:
+                    self._collect_imports_in(handler, guarded or (resolved and _handles_import_error(handler)))
+                for part in child.orelse + child.finalbody:
                     self._collect_imports_in(part, guarded)
             elif isinstance(child, ast.If) and _is_type_checking(child.test):
                 for statement in child.body:
@@ -159,9 +180,13 @@ class ConsumerModule:
                     self.touches_provider = True
                     self.imports.append(ImportUse(node, alias.name, self.provider.resolve_module(alias.name),
                                                   guarded))
+                elif self._through(alias.name) is not None:
+                    self.touches_provider = True  # it may reach the provider through that consumer
         elif isinstance(node, ast.ImportFrom):
             source = absolute_module(self.module.package, node.level, node.module)
-            if self.provider.tree.owns(source):
+            if self._through(source) is not None:
+                self.touches_provider = True
+            elif self.provider.tree.owns(source):
                 self.touches_provider = True
                 module_ref = self.provider.resolve_module(source)
                 if not isinstance(module_ref, ModuleRef):
@@ -174,6 +199,13 @@ class ConsumerModule:
                     self.imports.append(ImportUse(node, source + "." + alias.name, ref, guarded))
         else:
             self._collect_imports(node, guarded)
+
+    def _through(self, dotted):
+        """The Index of the consumer one of whose modules importing the provider `dotted` is or is in, or None."""
+        for index, modules in self.through:
+            if any(dotted == module or dotted.startswith(module + ".") for module in modules):
+                return index
+        return None
 
     def _collect_hasattr(self):
         for node in self.nodes:
@@ -215,8 +247,11 @@ class ConsumerModule:
                 self._walk_scope(node, context, node)
             elif isinstance(node, ast.Call):
                 target = context.evaluate(node.func)
+                partial = target == PARTIAL and bool(node.args)
+                if partial:
+                    target = context.evaluate(node.args[0])
                 if target is not None:
-                    self.calls.append(CallUse(node, target))
+                    self.calls.append(CallUse(node, target, partial))
                 context.evaluate(node)
             elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
                 context.evaluate(node)
@@ -407,15 +442,14 @@ class Context:
         consumer = self.consumer
         if isinstance(node, ast.Import):
             dotted = alias.name if alias.asname else alias.name.partition(".")[0]
-            return consumer.translate(ExternalRef(dotted)) if consumer.provider.tree.owns(dotted) \
-                else ExternalRef(dotted)
+            return consumer.translate(ExternalRef(dotted))
         source = absolute_module(consumer.module.package, node.level, node.module)
         if consumer.provider.tree.owns(source):
             return consumer.provider.lookup(source, alias.name) \
                 if isinstance(consumer.provider.resolve_module(source), ModuleRef) else None
         if consumer.consumer_index.tree.owns(source):
             return consumer.provider_value(consumer.translate(consumer.consumer_index.lookup(source, alias.name)))
-        return ExternalRef(source + "." + alias.name)
+        return consumer.translate(ExternalRef(source + "." + alias.name))
 
     def evaluate(self, expr):
         key = id(expr)
@@ -436,7 +470,7 @@ class Context:
             if isinstance(base, SelfOf):
                 return consumer.self_attribute(base.node, expr.attr)
             if isinstance(base, ExternalRef):
-                return ExternalRef(base.dotted + "." + expr.attr)
+                return consumer.translate(ExternalRef(base.dotted + "." + expr.attr))
             if isinstance(base, (ModuleRef, ClassRef)):
                 ref = consumer.provider.attribute(base, expr.attr)
                 consumer.record_attribute(expr, base, ref)

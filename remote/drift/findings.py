@@ -101,12 +101,22 @@ class Finding:
 
 
 class MissingSymbol(Finding):
+    """A module or name the consumer imports or reads that the provider lacks; `provider`, where the module that
+    would define it begins (or the nearest module of the path there is), when it has source."""
+
     kind = "missing-symbol"
 
     def explain(self):
         module, _, name = self.callee.rpartition(".")
-        return "%s does not exist in the installed provider (no module or name %r in %s)." % (
-            self.callee, name, module or self.callee)
+        if self.provider is None:
+            return "%s does not exist in the installed provider (no module or name %r in %s)." % (
+                self.callee, name, module or self.callee)
+        found = self.provider.module
+        if found.name == module:
+            return "%s does not exist in the installed provider: %s (%s) has no module or name %r." % (
+                self.callee, found.relpath, module, name)
+        return "%s does not exist in the installed provider: there is no module %s (the nearest is %s, %s)." % (
+            self.callee, module, found.name, found.relpath)
 
 
 class MaybeSymbol(Finding):

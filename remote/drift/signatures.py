@@ -424,17 +424,19 @@ class Problem:
     parameter: Parameter | None = None
 
 
-def bind(signature, call):
-    """Problems binding `call`'s arguments to `signature` (empty when it fits or cannot be decided)."""
+def bind(signature, call, partial=False):
+    """Problems binding `call`'s arguments to `signature` (empty when it fits or cannot be decided);
+    `partial`: `call` is `functools.partial(callable, ...)`, whose missing arguments come later."""
     problems = []
     params = signature.parameters
     positional_params = [p for p in params if p.kind in (POSITIONAL_ONLY, POSITIONAL_OR_KEYWORD)]
     keyword_only = [p for p in params if p.kind == KEYWORD_ONLY]
     var_positional = any(p.kind == VAR_POSITIONAL for p in params)
     var_keyword = any(p.kind == VAR_KEYWORD for p in params)
-    starred = any(isinstance(a, ast.Starred) for a in call.args)
+    arguments = call.args[1:] if partial else call.args
+    starred = any(isinstance(a, ast.Starred) for a in arguments)
     double_starred = any(k.arg is None for k in call.keywords)
-    given = [a for a in call.args if not isinstance(a, ast.Starred)]
+    given = [a for a in arguments if not isinstance(a, ast.Starred)]
     if not starred and len(given) > len(positional_params) and not var_positional:
         extra = given[len(positional_params)]
         if keyword_only:
@@ -460,7 +462,7 @@ def bind(signature, call):
             filled.add(positional_only.name)
         else:
             problems.append(Problem("unexpected-keyword", keyword.arg, keyword))
-    if not double_starred:
+    if not double_starred and not partial:
         candidates = keyword_only if starred else positional_params + keyword_only
         for param in candidates:
             if param.required and param.name not in filled:

