@@ -162,7 +162,8 @@ def root_cause(log_text):
 
 def classify(log_text, exit_status, *, host="the host", subject="the driver", environment="python", rules=None):
     """{"kind", "rule", "retryable", "explain", "advice", "exit_status", "signal", "callee", "caller",
-    "evidence", "signature"}. `subject` is what failed, as the explanations name it (server mode: the
+    "evidence", "port", "signature"}; `port` is the port a rule's match names (its group `port`), else None.
+    `subject` is what failed, as the explanations name it (server mode: the
     vLLM server, or one of speculators' CLI steps), `environment` the hosts.yaml key of the
     interpreter it ran on (`python`, or the server's `server_python`)."""
     rules, fallback, caller_from = rules or load_rules()
@@ -201,6 +202,7 @@ def classify(log_text, exit_status, *, host="the host", subject="the driver", en
         "callee": groups.get("callee"),
         "evidence": _evidence(matched, matched_in, root, text),
         "caller": _caller(root, last_chain, caller_from),
+        "port": int(groups["port"]) if "port" in groups else None,
     }
     result["signature"] = signature(result)
     return result
@@ -208,9 +210,12 @@ def classify(log_text, exit_status, *, host="the host", subject="the driver", en
 
 def signature(failure):
     """What makes two failures the same one: kind, rule, callee and the evidence line, with what
-    differs between attempts of one failure (pids, addresses, times, bytes free) left out."""
+    differs between attempts of one failure (pids, addresses, times, bytes free) left out; and the port
+    a failure names (port-taken), which is no such detail: a port taken is a race when the next start's
+    port differs (vLLM picks its own anew), and held for good when the same one is taken again."""
     evidence = VARYING.sub("#", failure.get("evidence") or "")
-    return " | ".join(str(failure.get(key) or "-") for key in ("kind", "rule", "callee")) + " | " + evidence
+    port = " | port %d" % failure["port"] if failure.get("port") else ""
+    return " | ".join(str(failure.get(key) or "-") for key in ("kind", "rule", "callee")) + " | " + evidence + port
 
 
 def consumer_frame(traceback_texts, markers):

