@@ -10,7 +10,10 @@ and asks the others':
 - the head (Head; its workload server/workload.py ServerExtraction, as on one host) asks every worker
   every few seconds during an attempt and fails the attempt (`node-lost`, restarted under the usual rules)
   when a worker that served this attempt no longer does: its server exited, its run ended (then not
-  restarted), or its supervisor stopped answering;
+  restarted), or its supervisor stopped answering. An attempt that failed first (a killed worker makes the
+  head's server or client fail within a second, a traceback in its log, before the watch missed enough
+  answers) is judged only after a fresh look at the workers: one gone by then makes it `node-lost`, the
+  head's own failure kept as its evidence;
 - a worker (Worker; its workload HeadlessServer) runs its headless server once per head attempt: it starts
   it when the head's attempt n runs and ends it when that attempt ends (the head restarts: its new server
   waits for the workers' new ones). When its own server dies it says so and waits for the head's next
@@ -23,11 +26,14 @@ import threading
 import time
 
 from contract import FAILED, FINAL_STATES, RESTARTING, RUNNING, STALLED, STOPPED
+from run import classify
 from run.attempt import POLL_S, RETRY, AttemptEnds, found_failure
 from run.server import nodes as node_layout
 from run.server.health import SERVER_EXITED, SERVER_RUNNING
 from run.supervisor_loop import NodeRole
 
+#: The failure kind of a node gone during an attempt.
+NODE_LOST = "node-lost"
 #: Seconds between two looks at the other nodes.
 WATCH_EVERY_S = 2.0
 #: Looks in a row without an answer before a node that answered counts as gone.
@@ -185,38 +191,79 @@ class Head(NodeRole):
             return
         self.last_look = now
         attempt = len(self.supervisor.status["attempts"])
-        for rank, seen in self.workers.items():
-            answer = self.node.ask(rank)
-            if answer is None:
-                seen["misses"] += 1
-                if seen["served"] and seen["misses"] >= MISSES:
-                    raise AttemptEnds(self.node_lost(rank, "its supervisor stopped answering at %s:%d"
-                                                     % self.node.watch_address(rank), "no answer", retryable=True))
-                continue
-            seen["misses"] = 0
-            if answer.get("state") in FINAL_STATES:
-                raise AttemptEnds(self.node_lost(rank, "its run ended %s" % answer["state"], "run ended",
-                                                 retryable=False))
-            serving = answer.get("serving") == attempt
-            if serving and answer.get("server") == SERVER_RUNNING:
-                seen["served"] = True
-            elif serving and answer.get("server") == SERVER_EXITED:
-                failure = answer.get("failure") or {}
-                raise AttemptEnds(self.node_lost(rank, failure.get("explain") or "its vLLM server exited",
-                                                 failure.get("kind") or "server exited", retryable=True))
-            elif seen["served"]:
-                raise AttemptEnds(self.node_lost(rank, "it no longer serves this attempt", "not serving",
-                                                 retryable=True))
+        for rank in self.workers:
+            lost = self.worker_lost(rank, attempt)
+            if lost:
+                raise AttemptEnds(self.node_lost(rank, *lost, then="ending this attempt on the head"))
 
-    def node_lost(self, rank, why, evidence, *, retryable):
+    def worker_lost(self, rank, attempt):
+        """Worker `rank` asked once: (why, evidence, retryable) when it served this attempt and no longer does,
+        else None (it serves it, has not yet, or missed fewer than MISSES looks in a row)."""
+        seen = self.workers[rank]
+        answer = self.node.ask(rank)
+        if answer is None:
+            seen["misses"] += 1
+            if seen["served"] and seen["misses"] >= MISSES:
+                return ("its supervisor stopped answering at %s:%d" % self.node.watch_address(rank), "no answer",
+                        True)
+            return None
+        seen["misses"] = 0
+        if answer.get("state") in FINAL_STATES:
+            return "its run ended %s" % answer["state"], "run ended", False
+        serving = answer.get("serving") == attempt
+        if serving and answer.get("server") == SERVER_RUNNING:
+            seen["served"] = True
+        elif serving and answer.get("server") == SERVER_EXITED:
+            failure = answer.get("failure") or {}
+            return failure.get("explain") or "its vLLM server exited", failure.get("kind") or "server exited", True
+        elif seen["served"]:
+            return "it no longer serves this attempt", "not serving", True
+        return None
+
+    def judge(self, entry, exit_status, found):
+        """A failed attempt is node-lost when a worker that served it is gone by now, whatever the head's own
+        processes said: a worker's step killed makes the head's server or client fail within a second (a
+        traceback in its log), before the watch has missed MISSES answers. A failure that names a cause that
+        will not go away (not retryable: drift, a bad setting, a full disk) is the head's own and decides."""
+        sup = self.supervisor
+        if sup.stop_requested() or (exit_status == 0 and found is None) or (found or {}).get("kind") == NODE_LOST:
+            return None
+        cause = found or classify.classify(sup.workload.attempt_log(), exit_status, host=sup.host())
+        gone = self.gone_worker(len(sup.status["attempts"])) if cause["retryable"] else None
+        if gone is None:
+            return sup.judge(entry, exit_status, cause)
+        rank, (why, evidence, retryable) = gone
+        head_failure = {key: cause.get(key) for key in ("kind", "rule", "evidence")}
+        lost = self.node_lost(rank, why, "%s; the head's own failure: %s: %s" % (
+            evidence, cause["kind"], cause.get("evidence") or cause["explain"]), retryable,
+            then="the head's attempt failed with it (%s)" % cause["kind"], head_failure=head_failure)
+        return sup.judge(entry, exit_status, lost)
+
+    def gone_worker(self, attempt):
+        """(rank, worker_lost's answer) of a worker that served this attempt and is gone, looked at afresh;
+        one that does not answer is asked again every WATCH_EVERY_S until it answers or has missed MISSES
+        in a row (a bounded wait, a few seconds); None when every one that served it still serves it."""
+        waiting = [rank for rank, seen in self.workers.items() if seen["served"]]
+        while waiting:
+            for rank in list(waiting):
+                lost = self.worker_lost(rank, attempt)
+                if lost:
+                    return rank, lost
+                if self.workers[rank]["misses"] == 0:
+                    waiting.remove(rank)
+            if waiting:
+                time.sleep(WATCH_EVERY_S)
+        return None
+
+    def node_lost(self, rank, why, evidence, retryable, *, then, **fields):
         nodes = self.node.nodes
         found = found_failure(
-            "node-lost", "%s: %s" % (self.node.name(rank), why),
+            NODE_LOST, "%s: %s" % (self.node.name(rank), why),
             "`inv status --host %s --run %s` and `inv logs --server` there show why; the whole job restarts on "
             "every node%s" % (nodes["hosts"][rank], nodes["job_id"],
                               "" if retryable else " with `inv resume --host GROUP --run %s`" % nodes["job_id"]),
-            retryable, role="node %d" % rank, evidence="node %d: %s" % (rank, evidence))
-        self.supervisor.log_marker("%s; ending this attempt on the head" % found["explain"])
+            retryable, role="node %d" % rank, evidence="node %d: %s" % (rank, evidence), **fields)
+        self.supervisor.log_marker("%s; %s" % (found["explain"], then))
         return found
 
     def close(self, outcome):
@@ -323,7 +370,7 @@ class Worker(NodeRole):
     def head_gone(self, how):
         nodes = self.node.nodes
         failure = found_failure(
-            "node-lost", "%s %s at %s:%d" % ((self.node.name(0), how) + self.node.watch_address(0)),
+            NODE_LOST, "%s %s at %s:%d" % ((self.node.name(0), how) + self.node.watch_address(0)),
             "`inv status --host %s --run %s` shows the head's run; `inv resume --host GROUP --run %s` restarts the "
             "job on every node" % (nodes["hosts"][0], nodes["job_id"], nodes["job_id"]), False, role="head")
         self.supervisor.log_marker(failure["explain"])
