@@ -5,8 +5,8 @@ import time
 
 from contract import PHASE_SERVING, PHASE_WAITING
 from run.attempt import POLL_S, NotStarted, log_size
+from run.server.attempt_jobs import SERVER, Heartbeat, Jobs, server_status
 from run.server.health import SERVER_RUNNING
-from run.server.jobs import SERVER, Heartbeat, Jobs, server_status
 from run.server.workload import server_failure
 
 

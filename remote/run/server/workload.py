@@ -47,10 +47,10 @@ from contract import (
 )
 from run import budget, classify
 from run.attempt import POLL_S, STALL_FLOOR_S, NotStarted, Watch, found_failure, log_since, log_size
-from run.server import client, health, outputs, prepared, warm_steps
+from run.server import client, health, outputs, plan, prepared, warm_steps
 from run.server.arrivals import COUNT_EVERY_S, ArrivalCheck
+from run.server.attempt_jobs import SERVER, Heartbeat, Jobs, server_status
 from run.server.health import ServerHealth
-from run.server.jobs import SERVER, Heartbeat, Jobs, server_status
 from run.server.server_preflight import STAGING_MARGIN
 from run.server.warm_steps import CLIENT, GENERATE, PREPARE, ClientStep, client_job  # noqa: F401 (this module's names)
 
@@ -133,8 +133,6 @@ class ServerExtraction:
     # -- one attempt ---------------------------------------------------------------------------------
 
     def prepare(self, entry):
-        from run.server import plan  # (server_preflight, imported above, imports it first)
-
         # A port taken since, or at the last attempt's bind: this attempt's plan is on a free one (plan.py).
         self.plan = plan.for_attempt(self.supervisor, entry)
         self.offsets = {path: log_size(path) for path in (self.client_log, self.server_log)}
