@@ -77,9 +77,13 @@ def log_size(path):
 STALL_FLOOR_S = 30.0
 GAP_FACTOR = 10
 LONGEST_GAP_FACTOR = 3
+#: A process of the attempt found stopped (state T: SIGSTOP, Ctrl-Z, a debugger, a frozen cgroup) this long is a
+#: stall at once, in any phase, the model's load included: it does nothing until someone continues it.
+STOPPED_S = 10.0
 class Pace:
-    """When a phase's samples came: the quiet span before each new one (the first excepted: it waited on the
-    phase's start), so the stall bound follows the run's own pace."""
+    """When a phase's samples came: the gap before each new one (the first excepted: it waited on the phase's
+    start), so the stall bound follows the run's own pace. Arrival times are the files' own where the workload
+    reads them (exact, however seldom it looks), else the time of the look that found them."""
 
     def __init__(self):
         self.phase_started = time.time()
@@ -87,15 +91,20 @@ class Pace:
         self.last_sample_at = None
         self.spans = []
 
-    def saw(self, done):
-        """The samples done now; True when one is new since the last look."""
-        now = time.time()
+    def saw(self, done, times=None):
+        """The samples done now, and the arrival times of those new since the last look where known; True when
+        one is new. The first look only sets the count: what it finds came before the phase."""
         if self.count is None or done <= self.count:
             self.count = done  # the first look, or a count begun anew (a driver restarted in the phase)
             return False
-        if self.last_sample_at is not None:
-            self.spans.append(now - self.last_sample_at)
-        self.count, self.last_sample_at = done, now
+        new = done - self.count
+        times = sorted(times)[-new:] if times else [time.time()] * new
+        previous = self.last_sample_at
+        for at in times:
+            if previous is not None:
+                self.spans.append(max(0.0, at - previous))
+            previous = at
+        self.count, self.last_sample_at = done, max(previous, self.last_sample_at or 0.0)
         return True
 
     def median_span(self):
@@ -137,6 +146,8 @@ class Watch:
         self.last_saved = 0.0
         self.phase = self.pace = None
         self.bound_why = None
+        #: {pid: when first seen stopped}, looked at every second at most.
+        self.stopped_since, self.looked_at = {}, 0.0
 
     def progress(self):
         self.last_progress = time.monotonic()
@@ -147,11 +158,12 @@ class Watch:
             self.phase, self.pace = phase, None
             self.progress()
 
-    def samples(self, done):
-        """The phase makes samples, `done` of them now: a new one is progress."""
+    def samples(self, done, times=None):
+        """The phase makes samples, `done` of them now (the new ones' arrival `times` where known): a new one is
+        progress."""
         if self.pace is None:
             self.pace = Pace()
-        if self.pace.saw(done):
+        if self.pace.saw(done, times):
             self.progress()
 
     def limit(self, ceiling, first_sample_s=None):
@@ -164,14 +176,17 @@ class Watch:
         return seconds
 
     def check(self, limit, phase, heartbeat):
-        """The stall failure once nothing progressed for `limit` seconds (classified from the watched log:
-        a known cause that will not go away is not retryable), else None."""
+        """The stall failure once nothing progressed for `limit` seconds, or a process of the attempt has been
+        stopped for STOPPED_S (classified from the watched log: a known cause that will not go away is not
+        retryable), else None."""
         sup = self.supervisor
         now = time.monotonic()
         quiet = now - self.last_progress
-        stalled = quiet > limit
+        held = self.held(now)
+        stalled = quiet > limit or bool(held)
         if stalled and not sup.status["stalled"]:
-            sup.log_marker("no progress for %.0f s (%s; the bound: %.0f s%s): stalled"
+            sup.log_marker(("%s stopped for %.0f s or more (%s): stalled" % (held, STOPPED_S, phase)) if held else
+                           "no progress for %.0f s (%s; the bound: %.0f s%s): stalled"
                            % (quiet, phase, limit, ", " + self.bound_why if self.bound_why else ""))
         if stalled != sup.status["stalled"] or now - self.last_saved >= STATUS_EVERY_S:
             # status.json may sit on a network disk: rewritten on a change or every few seconds.
@@ -179,25 +194,35 @@ class Watch:
             sup.save(state=STALLED if stalled else RUNNING, stalled=stalled, heartbeat=heartbeat,
                      seconds_since_progress=round(quiet, 1), stall_bound_s=round(limit, 1),
                      pace=self.pace.fields() if self.pace else None)
-        return self.stall_failure(quiet, limit) if stalled else None
+        return self.stall_failure(quiet, limit, held) if stalled else None
 
-    def stall_failure(self, quiet, limit):
+    def stall_failure(self, quiet, limit, held):
         known = classify.classify(log_since(self.log_path, self.log_offset), 0, host=self.supervisor.host())
         if not known["retryable"]:
             known["explain"] += " (no progress for %.0f s)" % quiet
             return known
-        stopped = self.stopped()
-        return found_failure("stalled", "no new phase, sample or output file for %.0f s (the bound: %.0f s%s)%s"
-                             % (quiet, limit, ", " + self.bound_why if self.bound_why else "",
-                                "; stopped: " + stopped if stopped else ""),
-                             "see `inv logs`; a process stopped by a signal or a debugger hangs the run (SIGCONT); "
-                             "raise stall_timeout_s (or load_timeout_s while loading) in hosts.yaml's extract: if the "
-                             "run is merely slow", True, evidence=stopped or None)
+        if held:
+            return found_failure("stalled", "%s stopped for %.0f s or more: no progress while it is" % (held, STOPPED_S),
+                                 "a process stopped by a signal (SIGSTOP, Ctrl-Z) or held by a debugger does nothing "
+                                 "until it is continued (SIGCONT); find who stopped it", True, evidence=held)
+        return found_failure("stalled", "no new phase, sample or output file for %.0f s (the bound: %.0f s%s)"
+                             % (quiet, limit, ", " + self.bound_why if self.bound_why else ""),
+                             "see `inv logs` (a hung collective or engine looks alive); raise stall_timeout_s (or "
+                             "load_timeout_s while loading) in hosts.yaml's extract: if the run is merely slow", True)
 
-    def stopped(self):
-        """The attempt's processes in the stopped state (T: SIGSTOP, a debugger), named: '' when none."""
-        members = self.processes() if self.processes else []
-        return ", ".join("%s (pid %d)" % (_name(m), m["pid"]) for m in members if m["state"] in "Tt")
+    def held(self, now):
+        """The attempt's processes stopped (state T) for STOPPED_S or more, named: '' when none."""
+        if self.processes is None or now - self.looked_at < 1.0:
+            return self.held_names(now)
+        self.looked_at = now
+        stopped = {m["pid"]: m for m in self.processes() if m["state"] in "Tt"}
+        self.stopped_since = {pid: (self.stopped_since.get(pid, (now, None))[0], member)
+                              for pid, member in stopped.items()}
+        return self.held_names(now)
+
+    def held_names(self, now):
+        return ", ".join("%s (pid %d)" % (_name(member), pid) for pid, (since, member) in sorted(self.stopped_since.items())
+                         if now - since >= STOPPED_S)
 
 
 def _name(member):

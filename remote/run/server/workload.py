@@ -99,6 +99,8 @@ class ServerExtraction:
         # Where this attempt's part of each log starts (prepare() sets them): the whole log until then.
         self.offsets = {self.client_log: 0, self.server_log: 0}
         self.server = self.startup = None
+        #: The share's files at the last count (progress): those new at the next are its arrivals.
+        self.counted = set()
         # Kept over attempts: a restart's output check does not read again what an attempt found ok.
         self.checked = outputs.CheckedFiles()
 
@@ -314,12 +316,10 @@ class ServerExtraction:
             if loading and state == health.READY:
                 return health.READY, None
             now = time.monotonic()
-            if now - counted >= COUNT_EVERY_S:
-                counted = now
-                if label == GENERATE:
-                    self.progress(started, done_at_start, wanted_total)
             if label == GENERATE:
-                clock.samples(self.heartbeat.beat["samples_done"])
+                if now - counted >= COUNT_EVERY_S:
+                    counted = now
+                    clock.samples(*self.progress(started, done_at_start, wanted_total))
             else:
                 mark = (log_size(self.client_log), log_size(self.server_log))
                 if mark != last_mark:
@@ -337,13 +337,25 @@ class ServerExtraction:
                               ending_client=CLIENT in self.jobs.running)
 
     def progress(self, started, done_at_start, total):
-        done = self.count_done(set(self.share(self.supervisor.status["samples_total"])))
+        """The heartbeat's count, rate and ETA brought up to date: (samples done, the times the files new since
+        the last count were moved into the output, their ctimes)."""
+        out = self.plan["out"]
+        present = set(outputs.existing_indices(out)) & set(self.share(self.supervisor.status["samples_total"]))
+        done, new = len(present), present - self.counted
+        self.counted = present
+        times = []
+        for index in new:
+            try:
+                times.append(os.stat(os.path.join(out, outputs.file_name(index))).st_ctime)
+            except OSError:
+                pass  # deleted since (a file found bad): the next count has the truth
         elapsed = time.monotonic() - started
         made = done - done_at_start
         rate = made / elapsed if elapsed > 0 and made > 0 else None
         self.startup.arrived()
         self.heartbeat.update(samples_done=done, samples_per_s=round(rate, 2) if rate else None,
                               eta_s=round((total - done) / rate, 1) if rate and total is not None else None)
+        return done, times
 
     # -- the outputs ---------------------------------------------------------------------------------
 
