@@ -34,6 +34,9 @@ CHAIN_LINK = re.compile(r"^(?:The above exception was the direct cause of the fo
 #: vLLM's exceptions that only point at a traceback printed above by another process: "See stack trace
 #: for root cause", "See root cause above", "please check the stack trace above for the root cause".
 POINTS_AT_ROOT_CAUSE = re.compile(r"root cause", re.IGNORECASE)
+#: An exception's line at the start of a line: above a traceback that points at a root cause, it is that cause
+#: even where its own traceback's first line was cut off (a log's tail).
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception): ", re.MULTILINE)
 #: The driver's own last word on a failure (exit statuses 1-3 of extract_driver.py).
 DRIVER_STATEMENT = re.compile(r"^extract_driver: (?:refused|disk full): .*$", re.MULTILINE)
 #: What differs between two attempts failing the same way: addresses, pids, times, sizes, counts.
@@ -49,7 +52,8 @@ class _Defaults(dict):
 
 
 class Rule:
-    def __init__(self, *, id, kind, retryable, explain, advice, log=None, signal=None):  # the table's key
+    def __init__(self, *, id, kind, retryable, explain, advice, log=None, signal=None, only_root_cause=False):
+        # (the table's keys)
         if not isinstance(id, str) or not RULE_ID.match(id):
             raise ValueError("rule %r: id must be kebab-case, got %r" % (kind, id))
         if not isinstance(retryable, bool):
@@ -63,6 +67,9 @@ class Rule:
         self.advice = advice
         self.pattern = re.compile(log, re.MULTILINE) if log is not None else None
         self.signals = frozenset(signal or ())
+        #: Matched only in the root cause's text: a message that other processes' errors may precede (vLLM's
+        #: "Engine core initialization failed" follows an engine's own traceback, or none when it was killed).
+        self.only_root_cause = bool(only_root_cause)
 
     def match(self, text, signal_name):
         """The named groups of a match (a dict, maybe empty), or None."""
@@ -172,15 +179,18 @@ def classify(log_text, exit_status, *, host="the host", subject="the driver", en
     root, last_chain = root_cause(log_text)
     # A signal decides first: a killed process printed no traceback of its own death. Then the places
     # of the module's docstring, nearest to the cause first.
-    places = [("", sig)] if sig else []
-    places += [("\n".join(DRIVER_STATEMENT.findall(text)), None)] if DRIVER_STATEMENT.search(text) else []
-    places += [(root["text"], None)] if root else []
-    places += [(text[last_chain["start"]:], None)] if last_chain else []
-    places += [(text, None)]
+    places = [("", sig, False)] if sig else []
+    places += [("\n".join(DRIVER_STATEMENT.findall(text)), None, False)] if DRIVER_STATEMENT.search(text) else []
+    # A root cause that points at another above it, with an exception's line there, is not the root cause.
+    own_root = root is not None and not (POINTS_AT_ROOT_CAUSE.search(exception_line(root["text"]) or "")
+                                         and EXCEPTION_LINE.search(text[:root["start"]]))
+    places += [(root["text"], None, own_root)] if root else []
+    places += [(text[last_chain["start"]:], None, False)] if last_chain else []
+    places += [(text, None, False)]
     matched, groups, matched_in = None, {}, None
-    for place, sig_for_rule in places:
+    for place, sig_for_rule, is_root_cause in places:
         for rule in rules:
-            if (rule.pattern is None) != (sig_for_rule is not None):
+            if (rule.pattern is None) != (sig_for_rule is not None) or (rule.only_root_cause and not is_root_cause):
                 continue
             found = rule.match(place, sig_for_rule)
             if found is not None:
