@@ -2,7 +2,8 @@
 and cells that can share a run (and its model loads) are listed in the order they are injected into it.
 benchmarks/faults.py runs every run below and writes docs/faults.md; tests/faults/test_fault_cells_lab.py
 runs the runs marked `ci` (one cell of each fault kind); tests/faults/test_faults_doc.py checks that the
-doc and this data agree. tests/support/faults.py has one injector per fault kind, faults_run.py the
+doc and this data agree. A run's last files end it: its `last-files` cell comes after every other cell
+injected while it runs, then the `ended` cells; a `backoff` cell follows a cell that makes the run restart. tests/support/faults.py has one injector per fault kind, faults_run.py the
 runs, faults_doc.py the page.
 """
 from __future__ import annotations
@@ -29,7 +30,9 @@ PHASES = {
     "ended": "after the run ended: stop, resume, verify-dataset",
 }
 
-#: One injector each in tests/support/faults.py (INJECTORS).
+#: One injector each in tests/support/faults.py (INJECTORS). A process target is a role of the run, found from
+#: status.json (supervisor, driver, api-server, client, prepare, render) or below it by vLLM's process title
+#: (engine-core: the API server's EngineCore; worker: in process, the driver's Worker, where the model runs).
 FAULTS = {
     "kill-9": "kill -9 of the target process",
     "sigstop": "SIGSTOP of the target process: a hang, alive and without progress (SIGCONT after the watch)",
@@ -125,7 +128,7 @@ RUNS = (
         "ended file-unreadable sample",
         "ended file-truncated sample",
         "ended file-removed sample",
-    ), tmpfs_mib=96, attached=True, own_host=True, ci=True),
+    ), tmpfs_mib=160, attached=True, own_host=True, ci=True),
     Run("server-processes", "server", cells(
         "server",
         "loading kill-9 engine-core",
@@ -133,42 +136,61 @@ RUNS = (
         "prepare-data kill-9 prepare",
         "generating kill-9 api-server",
         "generating kill-9 client",
-        "last-files kill-9 api-server",
-        "generating kill-9 supervisor",
         "generating sigstop api-server",
         "generating sigstop client",
         "generating sigstop supervisor",
+        "generating kill-9 supervisor",
+        "last-files kill-9 api-server",
     ), flags=("--no-prepared-cache",), covered_by={
         "server/generating/kill-9/api-server": SERVER_RUNS_LAB, "server/generating/kill-9/client": SERVER_RUNS_LAB}),
     Run("server-hangs-before-files", "server", cells(
         "server",
         "loading sigstop engine-core",
         "prepare-data sigstop prepare",
+        "generating kill-9 client",
         "backoff kill-9 supervisor",
     ), flags=("--no-prepared-cache",)),
+    # prepare-data runs in an attempt only while the run's prepared data is not whole: once per run, unless
+    # it is killed (the next attempt prepares again).
     Run("server-render", "server", cells(
         "server",
-        "prepare-data-render kill-9 render",
-        "prepare-data-render sigstop render",
         "prepare-data-render kill-9 prepare",
-    ), flags=("--render-server", "--no-prepared-cache")),
+        "prepare-data-render kill-9 render",
+    ), flags=("--render-server", "--no-prepared-cache"), covered_by={
+        "server/prepare-data-render/kill-9/render": "tests/run/test_server_startup_lab.py::test_no_prepared_cache_"
+        "prepares_and_keeps_nothing_and_a_dead_render_server_is_not_rendered_through"}),
+    Run("server-render-hang", "server", cells("server", "prepare-data-render sigstop render"),
+        flags=("--render-server", "--no-prepared-cache")),
     Run("in-process", "in-process", cells(
         "in-process",
         "preflight wrong-dataset data",
-        "loading kill-9 engine-core",
+        "loading kill-9 worker",
         "generating kill-9 driver",
-        "generating kill-9 engine-core",
+        "generating kill-9 worker",
         "backoff kill-9 supervisor",
-        "generating sigstop engine-core",
+        "generating sigstop worker",
         "generating sigstop driver",
-        "last-files kill-9 driver",
         "generating reboot run-processes",
         "generating disk-full out",
+        "last-files kill-9 driver",
         "ended file-unreadable sample",
         "ended file-truncated sample",
         "ended file-removed sample",
-    ), tmpfs_mib=96, covered_by={"in-process/generating/kill-9/driver": RUNS_LAB}),
+    ), tmpfs_mib=192, covered_by={"in-process/generating/kill-9/driver": RUNS_LAB}),
 )
+
+
+#: Cells that only other lab tests inject so far (the harness does not launch Slurm jobs or multi-node jobs
+#: yet): the test that does, by cell.
+ELSEWHERE = {
+    Cell("slurm", "generating", "kill-9", "slurm-step"):
+        "tests/lab/test_lab_slurm_multinode.py::test_dp_over_two_slurm_nodes_survives_a_killed_worker_step_and_its_"
+        "states_equal_transformers",
+    Cell("multinode-dp", "generating", "kill-9", "worker-server"):
+        "tests/fleet/test_multinode_lab.py::test_a_killed_node_restarts_the_whole_job_and_stop_ends_every_node",
+    Cell("in-process", "generating", "ssh-drop", "live-view"):
+        "tests/run/test_runs_lab.py::test_dropping_the_ssh_connection_mid_run_does_not_stop_the_job",
+}
 
 
 def every_cell() -> dict[str, Cell]:

@@ -4,10 +4,12 @@ runs hold one cell of each fault kind."""
 from __future__ import annotations
 
 import re
+from itertools import pairwise
 
-from faults.cells import FAULTS, OUTCOMES, PATHS, PHASES, RUNS, WATCH_S, ci_runs, every_cell
+from faults.cells import ELSEWHERE, FAULTS, OUTCOMES, PATHS, PHASES, RUNS, WATCH_S, ci_runs, every_cell
 from support.faults import INJECTORS, PROCESS_TARGETS
 from support.faults_doc import DOC, NOT_RUN, recorded, recorded_runs, render
+from support.paths import REPO
 
 
 def test_every_cell_has_one_row_and_an_outcome_the_matrix_knows():
@@ -43,7 +45,28 @@ def test_ci_runs_one_cell_of_each_fault_kind():
     assert sorted(faults) == sorted(FAULTS), faults
 
 
-def test_covered_cells_are_cells_of_their_run():
+def test_covered_cells_are_cells_of_their_run_and_each_test_named_exists():
     for run in RUNS:
         assert set(run.covered_by) <= {cell.id for cell in run.cells}, run.name
         assert len({cell.id for cell in run.cells}) == len(run.cells), run.name
+    tests = [test for run in RUNS for test in run.covered_by.values()] + list(ELSEWHERE.values())
+    for test in tests:
+        path, name = test.split("::")
+        assert f"def {name}(" in (REPO / path).read_text(), test
+    assert not {cell.id for cell in ELSEWHERE} & set(every_cell())
+
+
+def test_a_run_reaches_its_last_files_after_every_other_cell_it_runs():
+    """The run ends after its last files: a cell while it runs that came later would never be reached."""
+    order = ["preflight", "loading|prepare-data|prepare-data-render|generating|backoff", "last-files", "ended"]
+    for run in RUNS:
+        stages = [next(i for i, names in enumerate(order) if cell.phase in names.split("|")) for cell in run.cells]
+        assert stages == sorted(stages), run.name
+
+
+def test_a_backoff_cell_follows_a_kill_that_restarts_the_run():
+    """Between attempts only after a failure that is restarted: the process killed during an attempt."""
+    for run in RUNS:
+        for before, cell in pairwise(run.cells):
+            if cell.phase == "backoff":
+                assert before.fault == "kill-9" and before.phase in ("loading", "generating"), (run.name, cell)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -33,7 +34,9 @@ from support.server_lab import run_files
 #: How often a wait or a watch looks at the run's files.
 POLL_S = 0.1
 #: The heartbeat phases of each path that a cell's phase means.
-HEARTBEAT_PHASES = {"loading": {"loading"}, "prepare-data": {"preparing"}, "prepare-data-render": {"preparing"},
+HEARTBEAT_PHASES = {"loading": {"loading"}, "prepare-data": {"preparing"},
+                    # With a render server prepare-data runs while the model loads.
+                    "prepare-data-render": {"loading", "preparing"},
                     "generating": {"generating", "extracting"}, "last-files": {"validating", "writing"}}
 #: Samples written since the previous cell before a `generating` cell is injected: the run is flowing.
 MORE_SAMPLES = 3
@@ -59,6 +62,8 @@ class LabRun:
     attached: subprocess.Popen | None = None
     #: The fleet host number of a host of the harness's own, else None.
     own_host: int | None = None
+    #: The dataset, when not the host's own (`extract.data`).
+    data: Path | None = None
     #: Samples in the output when the previous cell was injected.
     samples_mark: int = 0
     notes: list[str] = field(default_factory=list)
@@ -103,12 +108,12 @@ def descendants(root: int) -> list[int]:
     return found
 
 
-def engine_core(root: int | None) -> int | None:
-    """vLLM's EngineCore below `root` (the API server or the in-process driver): its process title is
-    `VLLM::EngineCore` (vllm/utils/system_utils.py set_process_title)."""
+def vllm_process(root: int | None, title: str) -> int | None:
+    """vLLM's process titled `VLLM::<title>` below `root` (vllm/utils/system_utils.py set_process_title):
+    the EngineCore below the API server; in process the Worker below the driver, which runs the engine."""
     if not root:
         return None
-    return next((pid for pid in descendants(root) if "EngineCore" in procs.cmdline(pid)), None)
+    return next((pid for pid in descendants(root) if f"VLLM::{title}" in procs.cmdline(pid)), None)
 
 
 def target_pid(run: LabRun, target: str) -> int | None:
@@ -119,8 +124,8 @@ def target_pid(run: LabRun, target: str) -> int | None:
            "api-server": (jobs.get("server") or {}).get("pid"), "client": (jobs.get("client") or {}).get("pid"),
            "prepare": (jobs.get("prepare") or {}).get("pid"), "render": (jobs.get("render") or {}).get("pid"),
            }.get(target)
-    if target == "engine-core":
-        pid = engine_core(status.get("driver_pid") or (jobs.get("server") or {}).get("pid"))
+    if target in VLLM_TITLES:
+        pid = vllm_process(status.get("driver_pid") or (jobs.get("server") or {}).get("pid"), VLLM_TITLES[target])
     return pid if pid and procs.alive(pid) else None
 
 
@@ -188,10 +193,15 @@ def in_phase(run: LabRun, status: dict, state: str, phase: str) -> bool:
         return False
     if phase == "generating":
         return run.samples() >= run.samples_mark + MORE_SAMPLES
+    if phase.startswith("prepare-data"):  # let go after its warm start, and not done
+        startup = beat.get("startup") or {}
+        return "prepare_started" in startup and "prepare_ended" not in startup
     return True
 
 
-PROCESS_TARGETS = {"supervisor", "driver", "engine-core", "api-server", "client", "prepare", "render"}
+#: Targets that are vLLM's own processes, by their titles.
+VLLM_TITLES = {"engine-core": "EngineCore", "worker": "Worker"}
+PROCESS_TARGETS = {"supervisor", "driver", "api-server", "client", "prepare", "render", *VLLM_TITLES}
 
 
 # ---- reactions ---------------------------------------------------------------------------------------------
@@ -221,28 +231,36 @@ def log_size(run: LabRun) -> int:
         return 0
 
 
+#: The supervisor's markers of a run going as it should (an attempt's start and end, a step let go, the server
+#: ready, the files checked): no reaction to a fault.
+ROUTINE = re.compile(r"attempt \d+: (checking the outputs|starting the driver|the extraction finished|the driver "
+                     r"finished)|the vLLM server is ready|^(prepare-data|generate-offline-data): |^every file of ")
+
+
 def supervisor_reaction(run: LabRun, before: dict, at: float, watch_s: float) -> Reaction | None:
-    """The supervisor's first reaction after a fault at `at` (time.time()): a failure recorded, or a state
-    other than the one before (stalled, restarting, failed, lost: `inv status`'s; not the next attempt's
-    start), with the log's newest supervisor marker; None when nothing within `watch_s`."""
+    """The supervisor's first reaction after a fault at `at` (time.time()): a failure recorded, a state other
+    than the one before (stalled, restarting, failed, lost: `inv status`'s; not the next attempt's start), or
+    a marker in driver.log that is no routine one (a step started again within the attempt); None when
+    nothing within `watch_s`."""
     while time.time() - at < watch_s:
         status, state = run.files(), run.state()
-        if failures(status) > before["failures"] or state not in (before["state"], STARTING, RUNNING):
-            return Reaction(round(time.time() - at, 1), f"{state}: {last_marker(run, before['log'])}".strip())
+        markers = markers_since(run, before["log"])
+        unusual = [marker for marker in markers if not ROUTINE.search(marker)]
+        if failures(status) > before["failures"] or state not in (before["state"], STARTING, RUNNING) or unusual:
+            return Reaction(round(time.time() - at, 1), f"{state}: {(unusual or markers or [''])[-1]}".strip())
         time.sleep(POLL_S)
     return None
 
 
-def last_marker(run: LabRun, offset: int) -> str:
-    """The newest `[specrig-supervisor …]` line of driver.log written since `offset`, without its stamp."""
+def markers_since(run: LabRun, offset: int) -> list[str]:
+    """The `[specrig-supervisor …]` lines of driver.log written since `offset`, without their stamps."""
     try:
         with open(run.dir / "driver.log", "rb") as log:
             log.seek(offset)
             text = log.read().decode(errors="replace")
     except OSError:
-        return ""
-    markers = [line.split("] ", 1)[-1] for line in text.splitlines() if line.startswith("[specrig-supervisor ")]
-    return markers[-1] if markers else ""
+        return []
+    return [line.split("] ", 1)[-1] for line in text.splitlines() if line.startswith("[specrig-supervisor ")]
 
 
 def command_reaction(argv: tuple[str, ...], run: LabRun, at: float) -> Reaction:

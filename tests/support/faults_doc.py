@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from faults.cells import FAULTS, OUTCOMES, PATHS, PHASES, RUNS, WATCH_S, every_cell
+from faults.cells import ELSEWHERE, FAULTS, OUTCOMES, PATHS, PHASES, RUNS, WATCH_S, every_cell
 from support.paths import REPO
 
 DOC = REPO / "docs" / "faults.md"
@@ -83,8 +83,11 @@ def render(rows: dict[str, dict], runs: dict[str, dict], commit: str) -> str:
         lines.append(f"| {run.name} | {run.path} | {len(run.cells)} | {'yes' if run.ci else 'no'} | "
                      f"{measured.get('seconds', '—')} | {measured.get('commit', '—')} |")
     if covered:
-        lines += ["", "Cells that other lab tests inject too (CI runs them there):", ""]
+        lines += ["", "Cells that other lab tests inject too (CI runs them there, not here):", ""]
         lines += [f"- `{cell_id}`: {test}" for cell_id, test in covered.items()]
+    lines += ["", "Cells that only other lab tests inject so far (the harness launches no Slurm or multi-node job "
+              "yet):", ""]
+    lines += [f"- `{cell.id}`: {test}" for cell, test in ELSEWHERE.items()]
     return "\n".join(lines) + "\n"
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -54,6 +55,9 @@ SHIPPED = {"server": "lab-server", "in-process": "lab-cpu"}
 #: Words of `inv extract` by path: server mode one request at a time, in process one sample a batch, so
 #: that samples flow for long enough to be hit (tests/run/test_runs_lab.py's settings).
 LAUNCH = {"server": ("--concurrency", "1"), "in-process": ("--batch-size", "1", "--max-len", "512")}
+#: The tiny dataset's 96 conversations (189 rows in server mode) take seconds once loaded: this many copies of
+#: it keep samples flowing through every cell of a run (tests/run/test_runs_lab.py repeats it too).
+COPIES = {"server": 3, "in-process": 6}
 #: In process: bf16 through the tiny model's 8 layers, vLLM's kernels against transformers' (as
 #: tests/run/test_extraction_driver.py bounds it).
 IN_PROCESS_TOLERANCE = 2e-2
@@ -89,11 +93,20 @@ def lab_run(spec: Run, directory: Path) -> Iterator[LabRun]:
             root = stack.enter_context(tmpfs_output(spec.tmpfs_mib))
         else:
             root = HOME / "specrig-work" / "out" / f"faults-{uuid.uuid4().hex[:8]}"
+            as_lab_user("mkdir", "-p", str(root))
             stack.callback(as_lab_user, "rm", "-rf", str(root))
         run = LabRun(host=host, path=spec.path, inventory=inventory, workdir=workdir, out=root / "out",
-                     port=free_port() if spec.path == "server" else None, own_host=number)
+                     port=free_port() if spec.path == "server" else None, own_host=number,
+                     data=repeated_dataset(root, COPIES[spec.path]))
         stack.callback(end_run, run)
         yield run
+
+
+def repeated_dataset(root: Path, copies: int) -> Path:
+    """The tiny chat dataset `copies` times over, written by the lab user beside the output."""
+    path = root / f"chat-x{copies}.jsonl"
+    as_lab_user("tee", str(path), input=(HOME / "data" / "tiny-chat.jsonl").read_text() * copies)
+    return path
 
 
 def end_run(run: LabRun) -> None:
@@ -105,7 +118,8 @@ def end_run(run: LabRun) -> None:
 
 
 def launch_words(run: LabRun, spec: Run, **changes: str) -> tuple[str, ...]:
-    words = {"--out": str(run.out), **({"--port": str(run.port)} if run.port else {}), **changes}
+    words = {"--out": str(run.out), **({"--port": str(run.port)} if run.port else {}),
+             **({"--data": str(run.data)} if run.data else {}), **changes}
     return ("extract", "--host", run.host, *[w for pair in words.items() for w in pair], *LAUNCH[run.path],
             *spec.flags)
 
@@ -298,7 +312,8 @@ def data_check(run: LabRun, status: dict) -> str:
         return f"{rows} files once, states within bf16 of transformers' (max diff {measured['max_abs_diff']['input']})"
     total = (status.get("heartbeat") or {}).get("samples_total")
     names = sorted(path.name for path in run.out.iterdir())
-    assert sorted(n for n in names if n.startswith("data_")) == sorted(f"data_{i}.pt" for i in range(total)), names
+    samples = sorted(name for name in names if re.fullmatch(r"data_\d+\.pt", name))
+    assert samples == sorted(f"data_{i}.pt" for i in range(total)), f"{len(samples)} of {total}: {names[:20]}"
     assert not [n for n in names if ".tmp." in n], names
     reference = subprocess.run([str(HOME / "venv-cpu" / "bin" / "python"), str(PROGRAMS / "hidden_states_reference.py"),
                                 str(run.out), str(HOME / "models" / "tiny-llama")],
