@@ -3,7 +3,8 @@ and cells that can share a run (and its model loads) are listed in the order the
 benchmarks/faults.py runs every run below and writes docs/faults.md; tests/faults/test_fault_cells_lab.py
 runs the runs marked `ci` (one cell of each fault kind); tests/faults/test_faults_doc.py checks that the
 doc and this data agree. A run's last files end it: its `last-files` cell comes after every other cell
-injected while it runs, then the `ended` cells; a `backoff` cell follows a cell that makes the run restart. tests/support/faults.py has one injector per fault kind, faults_run.py the
+injected while it runs, then the `ended` cells; a `backoff` cell follows a cell that makes the run restart (a dead server or driver: a client step or
+prepare-data killed is started again within its attempt). tests/support/faults.py has one injector per fault kind, faults_run.py the
 runs, faults_doc.py the page.
 """
 from __future__ import annotations
@@ -147,7 +148,7 @@ RUNS = (
         "server",
         "loading sigstop engine-core",
         "prepare-data sigstop prepare",
-        "generating kill-9 client",
+        "generating kill-9 api-server",
         "backoff kill-9 supervisor",
     ), flags=("--no-prepared-cache",)),
     # prepare-data runs in an attempt only while the run's prepared data is not whole: once per run, unless

@@ -216,7 +216,8 @@ class Reaction:
 
 def snapshot(run: LabRun) -> dict:
     status = run.files()
-    return {"state": run.state(), "failures": failures(status), "log": log_size(run)}
+    return {"state": run.state(), "failures": failures(status), "attempts": len(status.get("attempts") or []),
+            "log": log_size(run)}
 
 
 def failures(status: dict) -> int:

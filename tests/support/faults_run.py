@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from contract import FAILED, FINAL_STATES, LOST, RESTARTING, STOPPED, SUCCEEDED
+from contract import FAILED, FINAL_STATES, LOST, RUNNING, STALLED, STOPPED, SUCCEEDED
 from faults.cells import OUTCOMES, WATCH_S, Cell, Run
 from run.server import outputs
 from specrig.exit_status import ExitStatus
@@ -33,6 +33,7 @@ from support.faults import (
     PhaseMissed,
     Reaction,
     command_reaction,
+    failures,
     free_port,
     json_line,
     run_processes,
@@ -62,6 +63,9 @@ COPIES = {"server": 3, "in-process": 6}
 #: tests/run/test_extraction_driver.py bounds it).
 IN_PROCESS_TOLERANCE = 2e-2
 RUN_END_TIMEOUT_S = 900
+#: Seconds the supervisor has to finish a reaction (judge a failure, start the next attempt) before the
+#: harness takes the run as having gone on.
+SETTLE_S = 20
 RANK = {"recovered": 0, "failed-named": 1}
 #: The exit statuses that refuse with a named cause (specrig/exit_status.py); REMOTE_ERROR is a host-side
 #: exception, a traceback's.
@@ -224,12 +228,7 @@ def inject(run: LabRun, cell: Cell, log: Callable[[str], None]) -> dict:
 def settle(run: LabRun, cell: Cell, reaction: Reaction, before: dict, processes: dict[int, str]) -> dict:
     """Where the run went after the reaction: on (restarting, or untouched), or ended (failed, stopped,
     lost), then resumed; the attempt's processes gone either way."""
-    status = run.files()
-    failed_anew = len([a for a in status.get("attempts") or [] if a.get("failure")]) > before["failures"]
-    deadline = time.monotonic() + 30
-    while failed_anew and run.state() not in (RESTARTING, LOST, *FINAL_STATES) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    state, status = run.state(), run.files()
+    state, status, failed_anew = settled(run, before, laptop_side=cell.fault in ("ssh-drop", "sshd-killed"))
     failure = ({"kind": "lost", "explain": "the supervisor is gone without an exit record",
                 "advice": "inv resume"} if state == LOST else status.get("last_failure") or {})
     kind = failure.get("kind")
@@ -249,6 +248,22 @@ def settle(run: LabRun, cell: Cell, reaction: Reaction, before: dict, processes:
         return result(cell, "unnamed", said, reaction, kind=kind)
     outcome = "failed-named" if state in (FAILED, STOPPED, LOST) else "recovered"
     return result(cell, outcome, said, reaction, kind=kind)
+
+
+def settled(run: LabRun, before: dict, laptop_side: bool) -> tuple[str, dict, bool]:
+    """The run once the supervisor is done reacting (state, status, whether a failure was recorded): a
+    failure recorded and judged (restarting, or the next attempt up), the run ended or lost, or SETTLE_S
+    without either (the run went on: a step started again within its attempt, a port moved). A fault only
+    the laptop's commands meet leaves the run as it was: looked at once."""
+    deadline = time.monotonic() + (0 if laptop_side else SETTLE_S)
+    while True:
+        status, state = run.files(), run.state()
+        failed_anew = failures(status) > before["failures"]
+        attempts = len(status.get("attempts") or [])
+        judged = failed_anew and (state not in (RUNNING, STALLED) or attempts > before["attempts"])
+        if judged or state in (LOST, *FINAL_STATES) or time.monotonic() > deadline:
+            return state, status, failed_anew
+        time.sleep(0.2)
 
 
 def leftovers(run: LabRun, processes: dict[int, str]) -> dict[int, str]:
