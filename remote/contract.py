@@ -117,10 +117,10 @@ SERVER_DEFAULTS = {
     # hashes and the settings it depends on: a later run of the same key skips it (server/prepared_cache.py)
     "prepared_cache": True,
     # prepare-data renders through a GPU-less `vllm launch render` server started with the model's server, so
-    # that it runs while the model loads (server/render.py); off: through the model's server at /health. Off by
-    # default: on the lab it took a first run's /health to first file from 3.3 s to 0.7 s, but its one try on
-    # the H200 (docs/gpu.md, the sixth run) did not finish and brought no logs back
-    "render_server": False,
+    # that it runs while the model loads (server/render.py); off: through the model's server at /health. On by
+    # default since it won on an H100 (docs/gpu.md, issue 35): a first run's tokens/s from /health to the last
+    # file went from 0.46 to 0.83-0.89 of bare prefill's at 512 samples of an 8B model
+    "render_server": True,
 }
 
 # -- how server mode stores the hidden states (docs/server-mode.md, "fp8 storage") ------------------

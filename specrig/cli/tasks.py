@@ -121,7 +121,7 @@ NODE_OPTIONS = {
 def extract(c, host, model=None, data=None, out=None, tp=None, layers=None, batch_size=None, max_len=None,
             max_samples=None, port=None, concurrency=None, clients=None, allow_skipped=False, staging=None,
             writer_threads=None, max_num_batched_tokens=None, enforce_eager=False, storage=None, prepared_cache=True,
-            render_server=False, nodes=None, pp=None,
+            render_server=True, nodes=None, pp=None,
             dp_local=None, rendezvous_port=None, watch_port=None, shared_out=False, array=None, skip_preflight=False,
             detach=False, dry_run=False, json=False):
     """Preflight, launch the supervised extraction on a host, and show it live (Ctrl-C detaches; the run goes on).
@@ -150,7 +150,8 @@ def extract(c, host, model=None, data=None, out=None, tp=None, layers=None, batc
              "enforce_eager": enforce_eager or None, "storage": storage,
              # --no-prepared-cache turns it off; without it, hosts.yaml's extract.prepared_cache decides.
              "prepared_cache": None if prepared_cache else False,
-             "render_server": True if render_server else None}
+             # --no-render-server turns it off; without it, hosts.yaml's extract.render_server decides.
+             "render_server": None if render_server else False}
     sizes = {"pp": whole_number(pp, option="--pp", default=None),
              "dp_local": whole_number(dp_local, option="--dp-local", default=None),
              "rendezvous_port": whole_number(rendezvous_port, option="--rendezvous-port", default=None),

@@ -514,12 +514,13 @@ def test_the_kimi_layers_are_speculators_choice_at_each_depth():
 
 def test_a_flag_that_is_off_by_default_is_spelled_as_inv_takes_it(device_run):
     flags = arms.task_flags((REPO / "specrig" / "cli" / "tasks.py").read_text(), "extract")
-    assert flags["render_server"] is False and flags["enforce_eager"] is False and flags["prepared_cache"] is True
+    assert flags["enforce_eager"] is False and flags["render_server"] is True and flags["prepared_cache"] is True
     assert "writer_threads" not in flags and "concurrency" not in flags  # they take a value
-    args = device_run.extract_args("/out", 8, settings={"render_server": "1", "prepared_cache": "0",
-                                                         "enforce_eager": "0", "writer_threads": "16"})
+    args = device_run.extract_args("/out", 8, settings={"enforce_eager": "1", "render_server": "1",
+                                                         "prepared_cache": "0", "writer_threads": "16"})
     tail = args[args.index("--json") + 1:]
-    assert tail == ["--render-server", "--no-prepared-cache", "--writer-threads", "16"]  # never --render-server 1
+    assert tail == ["--enforce-eager", "--no-prepared-cache", "--writer-threads", "16"]  # never --enforce-eager 1
+    assert arms.inv_options({"render_server": "0"}, flags) == ["--no-render-server"]
     assert arms.inv_options({"prepared_cache": "1", "allow_skipped": "true"}, flags) == ["--allow-skipped"]
     with pytest.raises(arms.SpecError, match="render_server is a flag of inv extract"):
         arms.inv_options({"render_server": "maybe"}, flags)

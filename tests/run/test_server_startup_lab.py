@@ -4,7 +4,7 @@ server and keeps it in the workdir's prepared-data cache; the second finds the k
 prepare-data, and its states still equal transformers'. In both, the client steps start warm while the
 server loads (remote/run/server/warm_steps.py) and are let go in order: prepare-data once the render server
 it renders through answers (render.py; or at the model's server's /health, should that answer first, or
-without --render-server), generate-offline-data once the prepared data is whole. The runs' "startup" times say how long it took from
+with --no-render-server), generate-offline-data once the prepared data is whole. The runs' "startup" times say how long it took from
 /health to the first file (printed)."""
 from __future__ import annotations
 
@@ -107,7 +107,7 @@ def test_a_second_run_of_one_dataset_skips_prepare_data_through_the_cache_and_ma
 
     with phase("the second run takes the cached data"):
         out = _out()
-        second = _extract(out, inventory)
+        second = _extract(out, inventory, "--no-render-server")
         again = _startup(second)
         assert again["prepare"] == "cached" and again["key"] == startup["key"], again
         assert "prepare_started" not in again and set(again["imports_s"]) == {"client"}, again
@@ -115,7 +115,7 @@ def test_a_second_run_of_one_dataset_skips_prepare_data_through_the_cache_and_ma
         log = (RUNS / second / "driver.log").read_text()
         assert "prepare-data: not run, the prepared-data cache has key %s" % startup["key"] in log
         assert "-m speculators prepare-data" not in log
-        # Without --render-server (the default) no render server is planned or started.
+        # --no-render-server: no render server is planned or started.
         assert json.loads((RUNS / second / "run.json").read_text())["server"]["render_argv"] is None
         assert not (RUNS / second / "render.log").exists()
         print(f"second run: health to first file {again['health_to_first_file_s']} s; imports {again['imports_s']}")
