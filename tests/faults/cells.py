@@ -4,7 +4,8 @@ benchmarks/faults.py runs every run below and writes docs/faults.md; tests/fault
 runs the runs marked `ci` (one cell of each fault kind); tests/faults/test_faults_doc.py checks that the
 doc and this data agree. A run's last files end it: its `last-files` cell comes after every other cell
 injected while it runs, then the `ended` cells; a `backoff` cell follows a cell that makes the run restart (a dead server or driver: a client step or
-prepare-data killed is started again within its attempt). tests/support/faults.py has one injector per fault kind, faults_run.py the
+prepare-data killed is started again within its attempt). prepare-data runs until the run's prepared data
+is whole: its cells come before any that lets it finish. tests/support/faults.py has one injector per fault kind, faults_run.py the
 runs, faults_doc.py the page.
 """
 from __future__ import annotations
@@ -37,6 +38,8 @@ PHASES = {
 FAULTS = {
     "kill-9": "kill -9 of the target process",
     "sigstop": "SIGSTOP of the target process: a hang, alive and without progress (SIGCONT after the watch)",
+    "freeze": "the target process frozen by the cgroup freezer: a hang that no stopped state shows (alive, state D, "
+              "no progress), as an NCCL collective that never completes; thawed after the watch",
     "ssh-drop": "the laptop's SSH connection of the attached `inv extract` dropped (the sshd serving it killed)",
     "sshd-killed": "the host's sshd killed (started again after the watch)",
     "disk-full": "the output's filesystem (a tmpfs) filled by another file, freed after the watch",
@@ -123,6 +126,7 @@ RUNS = (
         "generating kill-9 engine-core",
         "backoff port-taken server-port",
         "generating sigstop engine-core",
+        "generating freeze engine-core",
         "generating sshd-killed host-sshd",
         "generating disk-full out",
         "generating reboot run-processes",
@@ -132,14 +136,15 @@ RUNS = (
     ), tmpfs_mib=160, attached=True, own_host=True, ci=True),
     Run("server-processes", "server", cells(
         "server",
+        "prepare-data kill-9 prepare",
         "loading kill-9 engine-core",
         "loading kill-9 api-server",
-        "prepare-data kill-9 prepare",
         "generating kill-9 api-server",
         "generating kill-9 client",
         "generating sigstop api-server",
         "generating sigstop client",
         "generating sigstop supervisor",
+        "generating freeze client",
         "generating kill-9 supervisor",
         "last-files kill-9 api-server",
     ), flags=("--no-prepared-cache",), covered_by={
@@ -147,7 +152,9 @@ RUNS = (
     Run("server-hangs-before-files", "server", cells(
         "server",
         "loading sigstop engine-core",
+        "loading freeze engine-core",
         "prepare-data sigstop prepare",
+        "prepare-data freeze prepare",
         "generating kill-9 api-server",
         "backoff kill-9 supervisor",
     ), flags=("--no-prepared-cache",)),
@@ -171,6 +178,7 @@ RUNS = (
         "backoff kill-9 supervisor",
         "generating sigstop worker",
         "generating sigstop driver",
+        "generating freeze worker",
         "generating reboot run-processes",
         "generating disk-full out",
         "last-files kill-9 driver",

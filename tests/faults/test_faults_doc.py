@@ -7,8 +7,9 @@ import re
 from itertools import pairwise
 
 from faults.cells import ELSEWHERE, FAULTS, OUTCOMES, PATHS, PHASES, RUNS, WATCH_S, ci_runs, every_cell
-from support.faults import INJECTORS, PROCESS_TARGETS
+from support.faults import PROCESS_TARGETS
 from support.faults_doc import DOC, NOT_RUN, recorded, recorded_runs, render
+from support.faults_inject import INJECTORS
 from support.paths import REPO
 
 
@@ -34,7 +35,7 @@ def test_each_cell_names_a_known_path_phase_fault_and_target():
     for cell in every_cell().values():
         assert cell.path in PATHS and cell.phase in PHASES and cell.fault in FAULTS, cell
         assert cell.fault in INJECTORS or cell.phase == "preflight", cell
-        if cell.fault in ("kill-9", "sigstop"):
+        if cell.fault in ("kill-9", "sigstop", "freeze"):
             assert cell.target in PROCESS_TARGETS, cell
     assert set(WATCH_S) == set(PHASES)
     assert set(INJECTORS) | {"wrong-hosts", "wrong-dataset"} == set(FAULTS)

@@ -1,10 +1,7 @@
 """The fault matrix's pieces on the lab (tests/faults/cells.py has the cells): a run as the harness sees
 it (its files, read directly: the lab host is this machine), its processes by role, the wait for a phase,
-the supervisor's reaction, and one injector per fault kind.
-
-An injector is a context manager: entering it injects the fault and gives a Fault (when, what, and how
-the reaction is seen); leaving it takes the cause away (SIGCONT, the port given back, the disk freed, the
-sshd started again, the file restored). tests/support/faults_run.py strings them into runs.
+and the supervisor's reaction. tests/support/faults_inject.py has one injector per fault kind,
+tests/support/faults_run.py strings them into runs.
 """
 from __future__ import annotations
 
@@ -12,20 +9,16 @@ import contextlib
 import json
 import os
 import re
-import shutil
-import signal
 import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import procs
 from contract import FINAL_STATES, RESTARTING, RUNNING, STARTING
 from run.rundir import RunDir
-from specrig.lab import fleet as lab_fleet
 from support.lab import inv
 from support.patchenv import as_lab_user
 from support.runnable_env import HOME
@@ -38,6 +31,8 @@ HEARTBEAT_PHASES = {"loading": {"loading"}, "prepare-data": {"preparing"},
                     # With a render server prepare-data runs while the model loads.
                     "prepare-data-render": {"loading", "preparing"},
                     "generating": {"generating", "extracting"}, "last-files": {"validating", "writing"}}
+#: Heartbeat phases after which a run never comes back to the cell's phase: its prepared data is whole.
+PAST = {"prepare-data": {"generating", "validating"}, "prepare-data-render": {"generating", "validating"}}
 #: Samples written since the previous cell before a `generating` cell is injected: the run is flowing.
 MORE_SAMPLES = 3
 #: The sample file a cell of the `ended` phase damages (an index every lab run writes).
@@ -165,7 +160,7 @@ def still_running(pids: dict[int, str], within_s: float = 30) -> dict[int, str]:
 
 def wait_for_phase(run: LabRun, phase: str, target: str | None, timeout: float = 900) -> int | None:
     """Wait until the run is in `phase` with `target`'s process alive: its pid (None for a target that is no
-    process). PhaseMissed when the run ended first, or `timeout` passed."""
+    process). PhaseMissed when the run ended or went past the phase for good first, or `timeout` passed."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         status, state = run.files(), run.state()
@@ -174,6 +169,8 @@ def wait_for_phase(run: LabRun, phase: str, target: str | None, timeout: float =
                 return None
         elif state in FINAL_STATES:
             raise PhaseMissed(f"the run ended {state} before phase {phase}")
+        elif (status.get("heartbeat") or {}).get("phase") in PAST.get(phase, ()):
+            raise PhaseMissed(f"the run went past phase {phase}: {status['heartbeat']['phase']}")
         elif in_phase(run, status, state, phase):
             pid = target_pid(run, target) if target in PROCESS_TARGETS else None
             if pid or target not in PROCESS_TARGETS:
@@ -273,186 +270,7 @@ def command_reaction(argv: tuple[str, ...], run: LabRun, at: float) -> Reaction:
     return Reaction(round(time.time() - at, 1), f"exit {done.returncode}: {said[:300]}", done.returncode)
 
 
-# ---- the injectors -----------------------------------------------------------------------------------------
-
-@dataclass
-class Fault:
-    """An injected fault: when (time.time()), what was done, and how its reaction is seen (None: the
-    supervisor's, supervisor_reaction)."""
-    at: float
-    what: str
-    reaction: Callable[[LabRun, dict, float, float], Reaction | None] | None = None
-
-
-@contextlib.contextmanager
-def kill_9(run: LabRun, target: str, pid: int):
-    title = procs.cmdline(pid)[:80]
-    os.kill(pid, signal.SIGKILL)
-    yield Fault(time.time(), f"kill -9 {pid} ({target}: {title})")
-
-
-@contextlib.contextmanager
-def sigstop(run: LabRun, target: str, pid: int):
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        yield Fault(time.time(), f"kill -STOP {pid} ({target})")
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)
-
-
-@contextlib.contextmanager
-def reboot(run: LabRun, target: str, pid: int | None):
-    """Every process of the run killed at once, as a host's reboot ends them (the lab user's other
-    processes belong to other tests on this machine, so they are spared)."""
-    victims = run_processes(run)
-    for victim in victims:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(victim, signal.SIGKILL)
-    yield Fault(time.time(), f"kill -9 of the run's {len(victims)} processes at once")
-
-
-@contextlib.contextmanager
-def ssh_drop(run: LabRun, target: str, pid: int | None):
-    """The attached `inv extract`'s SSH connection dropped: the sshd processes serving it killed. The
-    reaction is the live view's: it ends, saying the run goes on."""
-    client = run.attached
-    serving = sshd_serving(client.pid)
-    for victim in serving:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(victim, signal.SIGKILL)
-
-    def live_view_ends(run: LabRun, before: dict, at: float, watch_s: float) -> Reaction | None:
-        try:
-            _, errors = client.communicate(timeout=watch_s)
-        except subprocess.TimeoutExpired:
-            return None
-        said = " ".join(errors.decode(errors="replace").split())
-        return Reaction(round(time.time() - at, 1), f"the live view exited {client.returncode}: {said[-400:]}")
-
-    try:
-        yield Fault(time.time(), f"killed the sshd processes {sorted(serving)} serving the live view",
-                    live_view_ends)
-    finally:
-        client.kill()
-        client.wait()
-
-
-@contextlib.contextmanager
-def sshd_killed(run: LabRun, target: str, pid: int | None):
-    """The host's sshd stopped (a host of the harness's own); `inv status` is the reaction. Started again."""
-    lab_fleet.stop_fleet_host(run.own_host, log=quiet)
-    try:
-        yield Fault(time.time(), f"stopped {lab_fleet.fleet_name(run.own_host)}'s sshd",
-                    lambda run, before, at, watch_s: command_reaction(
-                        ("status", "--host", run.host, "--run", run.run_id), run, at))
-    finally:
-        lab_fleet.start_fleet_host(run.own_host, log=quiet)
-
-
-@contextlib.contextmanager
-def disk_full(run: LabRun, target: str, pid: int | None):
-    """Another file takes the output's filesystem (a tmpfs) down to a MiB; removed afterwards."""
-    filler = run.out.parent / f"filler-{uuid.uuid4().hex[:6]}"
-    free_mib = shutil.disk_usage(run.out).free // 2 ** 20
-    as_lab_user("dd", "if=/dev/zero", f"of={filler}", "bs=1M", f"count={max(free_mib - 1, 0)}", "status=none",
-                check=False)
-    try:
-        yield Fault(time.time(), f"filled {run.out.parent} ({free_mib} MiB free) with {filler.name}")
-    finally:
-        as_lab_user("rm", "-f", str(filler))
-
-
-@contextlib.contextmanager
-def port_taken(run: LabRun, target: str, pid: int | None):
-    """The run's server port bound and listened on by another process (this one)."""
-    holder = socket.socket()
-    # As vLLM binds: the connections the killed server left in TIME_WAIT do not keep the port.
-    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    deadline = time.monotonic() + 10
-    while True:  # the attempt's server may take a moment more to let it go
-        try:
-            holder.bind(("127.0.0.1", run.port))
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
-    holder.listen()
-    try:
-        yield Fault(time.time(), f"port {run.port} bound by another process")
-    finally:
-        holder.close()
-
-
-def sample_file(run: LabRun) -> Path:
-    return run.out / (f"hs_{VICTIM}.safetensors" if run.path == "server" else f"data_{VICTIM}.pt")
-
-
-def verify_dataset(run: LabRun, before: dict, at: float, watch_s: float) -> Reaction:
-    return command_reaction(("verify-dataset", "--host", run.host, "--run", run.run_id), run, at)
-
-
-@contextlib.contextmanager
-def damaged_file(run: LabRun, damage: tuple[str, ...], what: str):
-    """A sample file damaged by the lab user (`damage` + its path) after the run; restored afterwards."""
-    victim = sample_file(run)
-    kept, owner = victim.read_bytes(), victim.stat()
-    as_lab_user(*damage, str(victim))
-    try:
-        yield Fault(time.time(), f"{what} {victim.name}", verify_dataset)
-    finally:
-        victim.unlink(missing_ok=True)
-        victim.write_bytes(kept)
-        os.chown(victim, owner.st_uid, owner.st_gid)
-        os.chmod(victim, 0o600)
-
-
-def file_unreadable(run: LabRun, target: str, pid: int | None):
-    return damaged_file(run, ("chmod", "000"), "chmod 000")
-
-
-def file_truncated(run: LabRun, target: str, pid: int | None):
-    return damaged_file(run, ("truncate", "-s", str(sample_file(run).stat().st_size // 2)), "cut to half:")
-
-
-def file_removed(run: LabRun, target: str, pid: int | None):
-    return damaged_file(run, ("rm", "-f"), "removed")
-
-
-INJECTORS = {"kill-9": kill_9, "sigstop": sigstop, "reboot": reboot, "ssh-drop": ssh_drop,
-             "sshd-killed": sshd_killed, "disk-full": disk_full, "port-taken": port_taken,
-             "file-unreadable": file_unreadable, "file-truncated": file_truncated, "file-removed": file_removed}
-
-
-# ---- what the injectors need -------------------------------------------------------------------------------
-
-def quiet(line: str) -> None:
-    pass
-
-
-def sshd_serving(client_pid: int) -> set[int]:
-    """The sshd processes at the far end of `client_pid`'s SSH connections (any lab sshd, port
-    lab_fleet.FLEET_PORT: the lab's and every fleet host's)."""
-    sockets = []
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        sockets.append((int(fields[1].split(":")[1], 16), int(fields[2].split(":")[1], 16), fields[9]))
-    links = fd_links(client_pid)
-    client_ports = {local for local, remote, inode in sockets
-                    if remote == lab_fleet.FLEET_PORT and f"socket:[{inode}]" in links}
-    serving = {f"socket:[{inode}]" for local, remote, inode in sockets
-               if local == lab_fleet.FLEET_PORT and remote in client_ports}
-    return {int(pid) for pid in filter(str.isdigit, os.listdir("/proc"))
-            if int(pid) != client_pid and fd_links(int(pid)) & serving}
-
-
-def fd_links(pid: int) -> set[str]:
-    try:
-        return {os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
-    except OSError:
-        return set()
-
+# ---- what the runs need ------------------------------------------------------------------------------------
 
 @contextlib.contextmanager
 def tmpfs_output(mib: int):

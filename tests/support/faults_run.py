@@ -27,7 +27,6 @@ from run.server import outputs
 from specrig.exit_status import ExitStatus
 from specrig.lab import fleet as lab_fleet
 from support.faults import (
-    INJECTORS,
     VICTIM,
     LabRun,
     PhaseMissed,
@@ -37,13 +36,13 @@ from support.faults import (
     free_port,
     json_line,
     run_processes,
-    sample_file,
     snapshot,
     still_running,
     supervisor_reaction,
     tmpfs_output,
     wait_for_phase,
 )
+from support.faults_inject import INJECTORS, sample_file
 from support.lab import host_of_its_own, inv, known_hosts_line
 from support.patchenv import as_lab_user
 from support.paths import PROGRAMS, REPO
