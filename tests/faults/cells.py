@@ -4,8 +4,9 @@ benchmarks/faults.py runs every run below and writes docs/faults.md; tests/fault
 runs the runs marked `ci` (one cell of each fault kind); tests/faults/test_faults_doc.py checks that the
 doc and this data agree. A run's last files end it: its `last-files` cell comes after every other cell
 injected while it runs, then the `ended` cells; a `backoff` cell follows a cell that makes the run restart (a dead server or driver: a client step or
-prepare-data killed is started again within its attempt). prepare-data runs until the run's prepared data
-is whole: its cells come before any that lets it finish. tests/support/faults.py has one injector per fault kind, faults_run.py the
+prepare-data killed is started again within its attempt). prepare-data runs in each attempt until the run's
+prepared data is whole (without a render server, once the model is loaded): its cells come before any that
+lets it finish, after those that end an attempt in its load. tests/support/faults.py has one injector per fault kind, faults_run.py the
 runs, faults_doc.py the page.
 """
 from __future__ import annotations
@@ -92,7 +93,8 @@ class Run:
     name: str
     path: str
     cells: tuple[Cell, ...]
-    #: More `inv extract` words (server mode: --render-server, --no-prepared-cache).
+    #: More `inv extract` words (server mode: --[no-]render-server, --no-prepared-cache; prepare-data renders
+    #: through the render server by default, while the model loads).
     flags: tuple[str, ...] = ()
     #: The output on a tmpfs of this many MiB (for disk-full), else on the host's disk.
     tmpfs_mib: int | None = None
@@ -100,6 +102,8 @@ class Run:
     attached: bool = False
     #: On a fleet host of the harness's own (for sshd-killed), else the shipped host.
     own_host: bool = False
+    #: Copies of the lab's tiny dataset the run extracts: enough that samples flow through all of its cells.
+    copies: int = 3
     ci: bool = False
     #: Existing tests that already inject some of these cells (the doc names them).
     covered_by: dict[str, str] = field(default_factory=dict)
@@ -136,9 +140,9 @@ RUNS = (
     ), tmpfs_mib=160, attached=True, own_host=True, ci=True),
     Run("server-processes", "server", cells(
         "server",
-        "prepare-data kill-9 prepare",
         "loading kill-9 engine-core",
         "loading kill-9 api-server",
+        "prepare-data kill-9 prepare",
         "generating kill-9 api-server",
         "generating kill-9 client",
         "generating sigstop api-server",
@@ -147,7 +151,7 @@ RUNS = (
         "generating freeze client",
         "generating kill-9 supervisor",
         "last-files kill-9 api-server",
-    ), flags=("--no-prepared-cache",), covered_by={
+    ), flags=("--no-prepared-cache", "--no-render-server"), copies=10, covered_by={
         "server/generating/kill-9/api-server": SERVER_RUNS_LAB, "server/generating/kill-9/client": SERVER_RUNS_LAB}),
     Run("server-hangs-before-files", "server", cells(
         "server",
@@ -157,7 +161,7 @@ RUNS = (
         "prepare-data freeze prepare",
         "generating kill-9 api-server",
         "backoff kill-9 supervisor",
-    ), flags=("--no-prepared-cache",)),
+    ), flags=("--no-prepared-cache", "--no-render-server")),
     # prepare-data runs in an attempt only while the run's prepared data is not whole: once per run, unless
     # it is killed (the next attempt prepares again).
     Run("server-render", "server", cells(
@@ -185,7 +189,7 @@ RUNS = (
         "ended file-unreadable sample",
         "ended file-truncated sample",
         "ended file-removed sample",
-    ), tmpfs_mib=192, covered_by={"in-process/generating/kill-9/driver": RUNS_LAB}),
+    ), copies=6, tmpfs_mib=192, covered_by={"in-process/generating/kill-9/driver": RUNS_LAB}),
 )
 
 

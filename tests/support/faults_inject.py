@@ -73,7 +73,15 @@ def freeze(run: LabRun, target: str, pid: int):
         (group / ("freezer.state" if v1 else "cgroup.freeze")).write_text("THAWED\n" if v1 else "0\n")
         with contextlib.suppress(OSError):  # gone meanwhile: the supervisor ended it
             home.write_text(f"{pid}\n")
-        group.rmdir()
+        deadline = time.monotonic() + 10
+        while True:  # a process ended while frozen leaves the group as it exits, once thawed
+            try:
+                group.rmdir()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
 
 
 @contextlib.contextmanager

@@ -55,9 +55,6 @@ SHIPPED = {"server": "lab-server", "in-process": "lab-cpu"}
 #: Words of `inv extract` by path: server mode one request at a time, in process one sample a batch, so
 #: that samples flow for long enough to be hit (tests/run/test_runs_lab.py's settings).
 LAUNCH = {"server": ("--concurrency", "1"), "in-process": ("--batch-size", "1", "--max-len", "512")}
-#: The tiny dataset's 96 conversations (189 rows in server mode) take seconds once loaded: this many copies of
-#: it keep samples flowing through every cell of a run (tests/run/test_runs_lab.py repeats it too).
-COPIES = {"server": 3, "in-process": 6}
 #: In process: bf16 through the tiny model's 8 layers, vLLM's kernels against transformers' (as
 #: tests/run/test_extraction_driver.py bounds it).
 IN_PROCESS_TOLERANCE = 2e-2
@@ -100,13 +97,15 @@ def lab_run(spec: Run, directory: Path) -> Iterator[LabRun]:
             stack.callback(as_lab_user, "rm", "-rf", str(root))
         run = LabRun(host=host, path=spec.path, inventory=inventory, workdir=workdir, out=root / "out",
                      port=free_port() if spec.path == "server" else None, own_host=number,
-                     data=repeated_dataset(root, COPIES[spec.path]))
+                     data=repeated_dataset(root, spec.copies))
         stack.callback(end_run, run)
         yield run
 
 
 def repeated_dataset(root: Path, copies: int) -> Path:
-    """The tiny chat dataset `copies` times over, written by the lab user beside the output."""
+    """The tiny chat dataset `copies` times over, written by the lab user beside the output: its 96
+    conversations (189 rows in server mode) take seconds once the model is loaded (tests/run/test_runs_lab.py
+    repeats it too)."""
     path = root / f"chat-x{copies}.jsonl"
     as_lab_user("tee", str(path), input=(HOME / "data" / "tiny-chat.jsonl").read_text() * copies)
     return path
