@@ -80,6 +80,8 @@ LONGEST_GAP_FACTOR = 3
 #: A process of the attempt found stopped (state T: SIGSTOP, Ctrl-Z, a debugger, a frozen cgroup) this long is a
 #: stall at once, in any phase, the model's load included: it does nothing until someone continues it.
 STOPPED_S = 10.0
+
+
 class Pace:
     """When a phase's samples came: the gap before each new one (the first excepted: it waited on the phase's
     start), so the stall bound follows the run's own pace. Arrival times are the files' own where the workload
@@ -146,7 +148,7 @@ class Watch:
         self.last_saved = 0.0
         self.phase = self.pace = None
         self.bound_why = None
-        #: {pid: when first seen stopped}, looked at every second at most.
+        #: {pid: (when first seen stopped, the process)}, looked at every second at most.
         self.stopped_since, self.looked_at = {}, 0.0
 
     def progress(self):
@@ -186,8 +188,7 @@ class Watch:
         stalled = quiet > limit or bool(held)
         if stalled and not sup.status["stalled"]:
             sup.log_marker(("%s stopped for %.0f s or more (%s): stalled" % (held, STOPPED_S, phase)) if held else
-                           "no progress for %.0f s (%s; the bound: %.0f s%s): stalled"
-                           % (quiet, phase, limit, ", " + self.bound_why if self.bound_why else ""))
+                           "no progress for %.0f s (%s; %s): stalled" % (quiet, phase, self.bound_text(limit)))
         if stalled != sup.status["stalled"] or now - self.last_saved >= STATUS_EVERY_S:
             # status.json may sit on a network disk: rewritten on a change or every few seconds.
             self.last_saved = now
@@ -205,10 +206,14 @@ class Watch:
             return found_failure("stalled", "%s stopped for %.0f s or more: no progress while it is" % (held, STOPPED_S),
                                  "a process stopped by a signal (SIGSTOP, Ctrl-Z) or held by a debugger does nothing "
                                  "until it is continued (SIGCONT); find who stopped it", True, evidence=held)
-        return found_failure("stalled", "no new phase, sample or output file for %.0f s (the bound: %.0f s%s)"
-                             % (quiet, limit, ", " + self.bound_why if self.bound_why else ""),
+        return found_failure("stalled", "no new phase, sample or output file for %.0f s (%s)"
+                             % (quiet, self.bound_text(limit)),
                              "see `inv logs` (a hung collective or engine looks alive); raise stall_timeout_s (or "
                              "load_timeout_s while loading) in hosts.yaml's extract: if the run is merely slow", True)
+
+    def bound_text(self, limit):
+        """The bound in force, in words: 'the bound: 30 s, 10x the median gap ...'."""
+        return "the bound: %.0f s%s" % (limit, ", " + self.bound_why if self.bound_why else "")
 
     def held(self, now):
         """The attempt's processes stopped (state T) for STOPPED_S or more, named: '' when none."""

@@ -39,20 +39,23 @@ UNHEALTHY_PROBES = 3
 
 
 class ServerHealth:
-    """The server's /health, asked every second while it loads and every 5 s once it serves."""
+    """A server's /health, asked every `every_loading_s` while it loads and every `every_s` once it serves (the
+    model's server: 1 s and 5 s; the render server, which prepare-data waits on, more often), each probe given
+    `timeout` seconds."""
 
-    def __init__(self, port, state):
+    def __init__(self, port, state, *, every_loading_s=HEALTH_EVERY_LOADING_S, every_s=HEALTH_EVERY_S, timeout=2.0):
         self.port, self.state = port, state
+        self.every_loading_s, self.every_s, self.timeout = every_loading_s, every_s, timeout
         self.last_probe, self.unhealthy, self.answer = 0.0, 0, None
 
     def look(self):
         """The server's state: LOADING until it first answers 200, then READY, UNHEALTHY once
         UNHEALTHY_PROBES probes in a row found it otherwise (`answer` the last one)."""
         now = time.monotonic()
-        if now - self.last_probe < (HEALTH_EVERY_LOADING_S if self.state == LOADING else HEALTH_EVERY_S):
+        if now - self.last_probe < (self.every_loading_s if self.state == LOADING else self.every_s):
             return self.state
         self.last_probe = now
-        self.answer = probe(self.port)
+        self.answer = probe(self.port, timeout=self.timeout)
         if self.state == LOADING:
             self.state = READY if self.answer == READY else LOADING
             return self.state

@@ -35,10 +35,10 @@ PREPARE, GENERATE = "prepare-data", "generate-offline-data"
 #: The job of prepare-data's process; generate-offline-data's are "client", "client-2", ... (client_job);
 #: the render server's, which prepare-data renders through while the model loads.
 PREPARE_JOB, CLIENT, RENDER_JOB = "prepare", "client", "render"
-#: Seconds between probes of the render server's /health; once it answered, this many probes in a row without
-#: an answer (a render server that hangs: stopped, deadlocked) count it as gone.
+#: Seconds between probes of the render server's /health (each given twice that to answer); once it answered,
+#: health.UNHEALTHY_PROBES probes in a row without an answer (a render server that hangs: stopped, deadlocked)
+#: count it as gone.
 RENDER_PROBE_S = 0.5
-RENDER_SILENT_PROBES = 3
 WARM_START = os.path.join(os.path.dirname(os.path.abspath(__file__)), "warm_start.py")
 #: What the key job found (KeyJob.outcome).
 HIT, MISS, NO_KEY = "hit", "miss", "no-key"
@@ -143,10 +143,8 @@ class StartUp:
         self.key_job = None
         self.prepare_started = False
         self.present_at_go = None
-        #: The render server's port while it runs and prepare-data may render through it, else None.
-        self.render_port = None
-        self.render_probed = 0.0
-        self.render_ready, self.render_silent = False, 0
+        #: The render server's port while it runs and prepare-data may render through it, else None; its /health.
+        self.render_port = self.render_health = None
         #: Whether prepare-data's warm process was started to render through the render server: let go through
         #: the model's server instead, it is given the model's endpoint.
         self.prepare_via_render = False
@@ -232,7 +230,9 @@ class StartUp:
                 self.sup.log_marker("the render server could not be started (%s): prepare-data renders through "
                                     "the model's server" % exc)
             else:
-                self.render_port, self.render_ready, self.render_silent = port, False, 0
+                self.render_port = port
+                self.render_health = health.ServerHealth(port, health.LOADING, every_loading_s=RENDER_PROBE_S,
+                                                         every_s=RENDER_PROBE_S, timeout=RENDER_PROBE_S * 2)
                 self.prepare_via_render = True
                 self.mark("render_started")
                 argv = render.with_endpoint(argv, client.endpoint(port))
@@ -248,18 +248,11 @@ class StartUp:
         proc = self.workload.jobs.running.get(RENDER_JOB, (None,))[0]
         if proc is None or proc.poll() is not None:
             return self.render_gone("exited with status %s (render.log)" % (proc.poll() if proc else None))
-        now = time.monotonic()
-        if now - self.render_probed < RENDER_PROBE_S:
-            return None
-        self.render_probed = now
-        answer = health.probe(self.render_port, timeout=RENDER_PROBE_S * 2)
-        if self.render_ready:
-            self.render_silent = 0 if answer == health.READY else self.render_silent + 1
-            if self.render_silent >= RENDER_SILENT_PROBES:
-                return self.render_gone("did not answer /health %d times in a row" % self.render_silent)
-            return None
-        if answer == health.READY:
-            self.render_ready = True
+        was = self.render_health.state
+        state = self.render_health.look()
+        if state == health.UNHEALTHY:
+            return self.render_gone("did not answer /health %d times in a row" % self.render_health.unhealthy)
+        if was == health.LOADING and state == health.READY:
             self.mark("render_ready")
             self.sup.log_marker("prepare-data: rendering through the render server (port %d) while the model "
                                 "loads" % self.render_port)
