@@ -11,9 +11,13 @@ import os
 import signal
 import time
 
+#: /proc's unit of CPU time.
+CLOCK_TICKS_PER_S = os.sysconf("SC_CLK_TCK")
+
 
 def _stat(pid):
-    """(ppid, pgid, sid, state, starttime) of a process, or None once it is gone."""
+    """(ppid, pgid, sid, state, starttime, CPU ticks used: user and system) of a process, or None once it is
+    gone."""
     try:
         with open("/proc/%d/stat" % pid, "rb") as handle:
             text = handle.read().decode(errors="replace")
@@ -21,7 +25,7 @@ def _stat(pid):
         return None
     # The command name (field 2) is in parentheses and may hold spaces or ')'.
     fields = text[text.rindex(")") + 2:].split()
-    return int(fields[1]), int(fields[2]), int(fields[3]), fields[0], int(fields[19])
+    return int(fields[1]), int(fields[2]), int(fields[3]), fields[0], int(fields[19]), int(fields[11]) + int(fields[12])
 
 
 def cmdline(pid):
@@ -61,7 +65,8 @@ class Job:
         return {str(pid): start for pid, start in self.seen.items()}
 
     def members(self):
-        """[{pid, ppid, pgid, sid, state, cmdline}] of the job's live processes."""
+        """[{pid, ppid, pgid, sid, state, cpu_s, cmdline}] of the job's live processes (cpu_s: the CPU time each
+        has used, user and system, in seconds)."""
         table = _live_table()
         inside = {pid for pid, stat in table.items() if self.job_id in (stat[1], stat[2])}
         inside |= {pid for pid, start in self.seen.items() if pid in table and table[pid][4] == start}
@@ -76,7 +81,8 @@ class Job:
                     pending.append(child)
         self.seen.update((pid, table[pid][4]) for pid in inside)
         return [{"pid": pid, "ppid": table[pid][0], "pgid": table[pid][1], "sid": table[pid][2],
-                 "state": table[pid][3], "cmdline": cmdline(pid)[:200]} for pid in sorted(inside)]
+                 "state": table[pid][3], "cpu_s": table[pid][5] / CLOCK_TICKS_PER_S, "cmdline": cmdline(pid)[:200]}
+                for pid in sorted(inside)]
 
     def signal(self, signum):
         """The signal to the job's group and to each member (those in other groups or sessions too)."""

@@ -77,9 +77,17 @@ def log_size(path):
 STALL_FLOOR_S = 30.0
 GAP_FACTOR = 10
 LONGEST_GAP_FACTOR = 3
-#: A process of the attempt found stopped (state T: SIGSTOP, Ctrl-Z, a debugger, a frozen cgroup) this long is a
-#: stall at once, in any phase, the model's load included: it does nothing until someone continues it.
+#: A process of the attempt found stopped (state T: SIGSTOP, Ctrl-Z, a debugger) this long is a stall at once,
+#: in any phase, the model's load included: it does nothing until someone continues it.
 STOPPED_S = 10.0
+#: The attempt's processes together using under IDLE_CPU_S of CPU time in IDLE_S, while nothing progressed, is
+#: a hang that shows no stopped state: a frozen cgroup (`docker pause`, `systemctl freeze`), a deadlock, a wait
+#: on something outside the run. It is called in any phase, the model's load included, where the phase's own
+#: bound may be an hour: a model loading, data being prepared and an engine at work each keep a core busy. A hang
+#: that spins (an NCCL collective polling) uses CPU and is left to the phase's bound. Not in a multi-node job,
+#: whose node may wait, idle, while a slower peer loads.
+IDLE_S = 60.0
+IDLE_CPU_S = 0.5
 
 
 class Pace:
@@ -138,7 +146,7 @@ class Watch:
     counts them alone, through `samples()`: its limit then follows their pace (Pace.bound), and log lines
     are no progress (a client retrying a request the engine will never answer logs one each time). It keeps
     status.json current meanwhile. `processes` (a function: the attempt's live processes, procs.Job.members'
-    shape) names those stopped, when a stall comes."""
+    shape) tells a hang before the bound: a process stopped (STOPPED_S), or all of them idle (IDLE_S)."""
 
     def __init__(self, supervisor, log_path, log_offset, processes=None):
         self.supervisor = supervisor
@@ -150,6 +158,7 @@ class Watch:
         self.bound_why = None
         #: {pid: (when first seen stopped, the process)}, looked at every second at most.
         self.stopped_since, self.looked_at = {}, 0.0
+        self.cpu = CpuUse() if processes is not None and not supervisor.record.get("nodes") else None
 
     def progress(self):
         self.last_progress = time.monotonic()
@@ -185,9 +194,11 @@ class Watch:
         now = time.monotonic()
         quiet = now - self.last_progress
         held = self.held(now)
-        stalled = quiet > limit or bool(held)
+        idle = self.cpu.idle(now, quiet) if self.cpu else None
+        stalled = quiet > limit or bool(held) or idle is not None
         if stalled and not sup.status["stalled"]:
             sup.log_marker(("%s stopped for %.0f s or more (%s): stalled" % (held, STOPPED_S, phase)) if held else
+                           "%s (%s): stalled" % (idle_text(idle), phase) if idle is not None else
                            "no progress for %.0f s (%s; %s): stalled" % (quiet, phase, self.bound_text(limit)))
         if stalled != sup.status["stalled"] or now - self.last_saved >= STATUS_EVERY_S:
             # status.json may sit on a network disk: rewritten on a change or every few seconds.
@@ -195,9 +206,9 @@ class Watch:
             sup.save(state=STALLED if stalled else RUNNING, stalled=stalled, heartbeat=heartbeat,
                      seconds_since_progress=round(quiet, 1), stall_bound_s=round(limit, 1),
                      pace=self.pace.fields() if self.pace else None)
-        return self.stall_failure(quiet, limit, held) if stalled else None
+        return self.stall_failure(quiet, limit, held, idle) if stalled else None
 
-    def stall_failure(self, quiet, limit, held):
+    def stall_failure(self, quiet, limit, held, idle):
         known = classify.classify(log_since(self.log_path, self.log_offset), 0, host=self.supervisor.host())
         if not known["retryable"]:
             known["explain"] += " (no progress for %.0f s)" % quiet
@@ -206,6 +217,11 @@ class Watch:
             return found_failure("stalled", "%s stopped for %.0f s or more: no progress while it is" % (held, STOPPED_S),
                                  "a process stopped by a signal (SIGSTOP, Ctrl-Z) or held by a debugger does nothing "
                                  "until it is continued (SIGCONT); find who stopped it", True, evidence=held)
+        if idle is not None:
+            return found_failure("stalled", idle_text(idle) + ": hung without spinning",
+                                 "a frozen cgroup (`docker pause`, `systemctl freeze`) does nothing until thawed; "
+                                 "else a process waits on a lock, a peer or a network filesystem: `py-spy dump "
+                                 "--pid N` on the run's processes (`inv logs` names them) shows where", True)
         return found_failure("stalled", "no new phase, sample or output file for %.0f s (%s)"
                              % (quiet, self.bound_text(limit)),
                              "see `inv logs` (a hung collective or engine looks alive); raise stall_timeout_s (or "
@@ -220,7 +236,10 @@ class Watch:
         if self.processes is None or now - self.looked_at < 1.0:
             return self.held_names(now)
         self.looked_at = now
-        stopped = {m["pid"]: m for m in self.processes() if m["state"] in "Tt"}
+        members = self.processes()
+        if self.cpu:
+            self.cpu.look(now, members)
+        stopped = {m["pid"]: m for m in members if m["state"] in "Tt"}
         self.stopped_since = {pid: (self.stopped_since.get(pid, (now, None))[0], member)
                               for pid, member in stopped.items()}
         return self.held_names(now)
@@ -228,6 +247,38 @@ class Watch:
     def held_names(self, now):
         return ", ".join("%s (pid %d)" % (_name(member), pid) for pid, (since, member) in sorted(self.stopped_since.items())
                          if now - since >= STOPPED_S)
+
+
+class CpuUse:
+    """The CPU time the attempt's processes used, summed over the looks (a process new since the last look
+    counts all it used; one gone since, nothing more), so that Watch can tell a hang that shows no stopped
+    state: too little CPU in IDLE_S."""
+
+    def __init__(self):
+        self.used_by = {}
+        self.used = 0.0
+        #: (when, the sum until then) of the looks in the last IDLE_S and the one just before.
+        self.marks = []
+
+    def look(self, now, members):
+        used_by = {m["pid"]: m["cpu_s"] for m in members}
+        self.used += sum(max(0.0, cpu - self.used_by.get(pid, 0.0)) for pid, cpu in used_by.items())
+        self.used_by = used_by
+        self.marks.append((now, self.used))
+        while len(self.marks) > 1 and self.marks[1][0] <= now - IDLE_S:
+            self.marks.pop(0)
+
+    def idle(self, now, quiet):
+        """The CPU seconds the attempt used in the last IDLE_S, when under IDLE_CPU_S with nothing progressed
+        that long and a process there to hang; else None."""
+        if quiet < IDLE_S or not self.used_by or not self.marks or self.marks[0][0] > now - IDLE_S:
+            return None
+        used = self.used - self.marks[0][1]
+        return used if used < IDLE_CPU_S else None
+
+
+def idle_text(used):
+    return "the run's processes used %.2f s of CPU in %.0f s, with no progress" % (used, IDLE_S)
 
 
 def _name(member):

@@ -17,7 +17,7 @@ import pytest
 import contract
 import procs
 from contract import DISK_LOW, FAILED, LOST, OUTPUT_UNWRITABLE, RUNNING, STALLED, STOPPED, TIME_LIMIT_TOO_SHORT
-from run import disk_watch
+from run import attempt, disk_watch
 from specrig.errors import UsageError
 from specrig.inventory import Host
 from specrig.transport import connect
@@ -102,6 +102,35 @@ def test_a_stopped_driver_is_stalled_in_seconds_and_named(local, tmp_path):
     failure = run["last_failure"]
     assert failure["kind"] == "stalled" and "job_tree.py (pid %d) stopped for" % driver in failure["explain"], failure
     assert run["attempts"][0]["left_behind"] is None and not procs.alive(driver)
+
+
+def test_a_driver_hung_without_using_the_cpu_is_stalled_at_the_idle_bound_not_at_the_timeouts(local, tmp_path):
+    """Alive, not stopped, its heartbeat rewritten, and idle (a frozen cgroup, a deadlock): with both timeouts at
+    ten minutes, the stall is called once the job's processes used almost no CPU for attempt.IDLE_S."""
+    run_id = launch(local, tmp_path, {"stall_after": 0}, stall_timeout_s=600, load_timeout_s=600, max_restarts=0)
+    run = wait_state(local, run_id, (FAILED,), timeout=300)
+    failure = run["last_failure"]
+    assert failure["kind"] == "stalled" and "of CPU in %.0f s, with no progress" % attempt.IDLE_S in failure["explain"]
+    assert "frozen cgroup" in failure["advice"], failure
+    assert run["attempts"][0]["left_behind"] is None
+
+
+def test_idle_is_the_cpu_the_attempts_processes_used_in_the_window_whatever_came_and_went():
+    """attempt.CpuUse sums each process's own CPU time over the looks: a process new since the last look counts
+    all it used, one gone counts nothing more, so a worker replaced mid-window neither hides nor fakes use."""
+    use, idle_s = attempt.CpuUse(), attempt.IDLE_S
+    use.look(0.0, [{"pid": 1, "cpu_s": 50.0}])
+    use.look(idle_s / 2, [{"pid": 1, "cpu_s": 50.1}])
+    assert use.idle(idle_s / 2, quiet=idle_s / 2) is None  # not quiet for long enough yet
+    use.look(idle_s + 1, [{"pid": 1, "cpu_s": 50.2}])
+    assert use.idle(idle_s + 1, quiet=idle_s + 1) == pytest.approx(0.2)
+    assert use.idle(idle_s + 1, quiet=idle_s / 2) is None  # progress came within the window
+    use.look(idle_s + 2, [{"pid": 2, "cpu_s": 3.0}])  # pid 1 gone, pid 2 new with 3 s of its own
+    assert use.idle(idle_s + 2, quiet=idle_s + 2) is None
+    use.look(3 * idle_s, [{"pid": 2, "cpu_s": 3.0}])
+    assert use.idle(3 * idle_s, quiet=3 * idle_s) == pytest.approx(0.0)
+    use.look(3 * idle_s + 1, [])
+    assert use.idle(3 * idle_s + 1, quiet=3 * idle_s) is None  # no process left to hang: its exit decides
 
 
 def test_a_stalled_run_is_only_marked_when_restarts_are_not_configured(local, tmp_path):
