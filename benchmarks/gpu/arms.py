@@ -95,8 +95,9 @@ def task_flags(tasks_source, task):
 
 def inv_options(settings, flags):
     """inv's words for `settings` (KEY=VALUE, values as written in a spec): --key VALUE for an option that takes a
-    value; for a flag (`flags`: task_flags), --key to turn on one that is off by default, --no-key to turn off
-    one that is on, and nothing where the value is its default (inv refuses --render-server 1)."""
+    value; a flag (`flags`: task_flags) takes no value (inv refuses --render-server 1): 1 is --key, whatever its
+    default, so that the arm asks for what it names; 0 is --no-key where the flag is on by default, and nothing
+    where it is off (invoke gives a flag that is off by default no --no- form)."""
     words = []
     for key, value in settings.items():
         option = "--" + key.replace("_", "-")
@@ -106,8 +107,10 @@ def inv_options(settings, flags):
         wanted = FLAG_VALUES.get(str(value).lower())
         if wanted is None:
             raise SpecError("%s=%s: %s is a flag of inv extract: give 1 or 0" % (key, value, key))
-        if wanted != flags[key]:
-            words.append(option if wanted else "--no-" + key.replace("_", "-"))
+        if wanted:
+            words.append(option)
+        elif flags[key]:
+            words.append("--no-" + key.replace("_", "-"))
     return words
 
 

@@ -519,9 +519,12 @@ def test_a_flag_that_is_off_by_default_is_spelled_as_inv_takes_it(device_run):
     args = device_run.extract_args("/out", 8, settings={"enforce_eager": "1", "render_server": "1",
                                                          "prepared_cache": "0", "writer_threads": "16"})
     tail = args[args.index("--json") + 1:]
-    assert tail == ["--enforce-eager", "--no-prepared-cache", "--writer-threads", "16"]  # never --enforce-eager 1
+    # never --enforce-eager 1; a flag on by default is still named where the arm asks for it
+    assert tail == ["--enforce-eager", "--render-server", "--no-prepared-cache", "--writer-threads", "16"]
     assert arms.inv_options({"render_server": "0"}, flags) == ["--no-render-server"]
-    assert arms.inv_options({"prepared_cache": "1", "allow_skipped": "true"}, flags) == ["--allow-skipped"]
+    assert arms.inv_options({"enforce_eager": "0"}, flags) == []  # off by default: inv has no --no-enforce-eager
+    assert arms.inv_options({"prepared_cache": "1", "allow_skipped": "true"}, flags) == ["--prepared-cache",
+                                                                                        "--allow-skipped"]
     with pytest.raises(arms.SpecError, match="render_server is a flag of inv extract"):
         arms.inv_options({"render_server": "maybe"}, flags)
 
