@@ -599,10 +599,14 @@ def settled(pid, states, timeout=10):
 
 
 def fake_run(path, attempts, state="running", phase="generating", samples=8):
+    """A run's heartbeat and status, each replaced whole as the supervisor does (remote/run/rundir.py): written
+    in place, a watch polling beside it could read a file half written and see a state of None."""
     path.mkdir(parents=True, exist_ok=True)
-    (path / "heartbeat.json").write_text(json.dumps({"phase": phase, "samples_done": samples}))
-    (path / "status.json").write_text(json.dumps({"state": state, "attempts": attempts,
-                                                  "jobs": {"server": {"pid": attempts[-1].get("pid")}}}))
+    for name, content in (("heartbeat.json", {"phase": phase, "samples_done": samples}),
+                          ("status.json", {"state": state, "attempts": attempts,
+                                           "jobs": {"server": {"pid": attempts[-1].get("pid")}}})):
+        (path / (name + ".tmp")).write_text(json.dumps(content))
+        os.replace(path / (name + ".tmp"), path / name)
 
 
 def test_the_engine_core_is_the_titled_child_of_the_api_server(gpu_harness, engine_tree):
