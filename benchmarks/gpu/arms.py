@@ -1,10 +1,11 @@
 """What an arm of the GPU measurement is, in plain data (standard library only, no GPU): its spec, its name,
 the state of speculators' client code it ran, the prompts it sent, the prepared-data cache key, the
-prefix-caching setting of its server, the call presets and what each phase needs of a call's budget.
+prefix-caching setting of its server, its figures, the call presets and what each phase needs of a call's
+budget, and the one wait for a server's /health (the harness's and gpu_tools.py bare-client's).
 
-device_run.py runs the arms; summarize.py and the tests read what this module names. Issue 26 (point 5):
-every arm stands alone and names what it varies, so that two arms with different client code or settings
-never share a name.
+arm_phase.py and arm_runs.py run the arms; summarize.py and the tests read what this module names. Issue 26
+(point 5): every arm stands alone and names what it varies, so that two arms with different client code or
+settings never share a name.
 
     arm:WAY[:C[:KEY=VALUE,...]]     WAY: specrig, hand or bare; C: requests in flight (empty or "default":
                                     specrig's own default, none passed); KEY=VALUE: more of inv extract's
@@ -95,8 +96,9 @@ def task_flags(tasks_source, task):
 
 def inv_options(settings, flags):
     """inv's words for `settings` (KEY=VALUE, values as written in a spec): --key VALUE for an option that takes a
-    value; for a flag (`flags`: task_flags), --key to turn on one that is off by default, --no-key to turn off
-    one that is on, and nothing where the value is its default (inv refuses --render-server 1)."""
+    value; a flag (`flags`: task_flags) takes no value (inv refuses --render-server 1): 1 is --key, whatever its
+    default, so that the arm asks for what it names; 0 is --no-key where the flag is on by default, and nothing
+    where it is off (invoke gives a flag that is off by default no --no- form)."""
     words = []
     for key, value in settings.items():
         option = "--" + key.replace("_", "-")
@@ -106,8 +108,10 @@ def inv_options(settings, flags):
         wanted = FLAG_VALUES.get(str(value).lower())
         if wanted is None:
             raise SpecError("%s=%s: %s is a flag of inv extract: give 1 or 0" % (key, value, key))
-        if wanted != flags[key]:
-            words.append(option if wanted else "--no-" + key.replace("_", "-"))
+        if wanted:
+            words.append(option)
+        elif flags[key]:
+            words.append("--no-" + key.replace("_", "-"))
     return words
 
 
@@ -296,6 +300,30 @@ def prefix_caching_in_log(text):
     """What the server ran with, from vLLM's engine config line (`enable_prefix_caching=True`), or None."""
     found = re.findall(r"enable_prefix_caching=(True|False)", text or "")
     return {"True": True, "False": False}[found[-1]] if found else None
+
+
+# -- an arm's figures, from its times ------------------------------------------------------------------
+
+def figures(arm):
+    """The figures summarize.py reports, from an arm's times (seconds from the arm's start): tokens/s over
+    its wall, after the load (to its end, the server's stop included: runs 1-4's figure), from the server's
+    health to the last file (issue 26's "after the load"), and the health to the first file."""
+    for key, value in (("tokens_per_s", "tokens"), ("samples_per_s", "samples")):
+        if arm.get(value) and arm.get("wall_s"):
+            arm[key] = round(arm[value] / arm["wall_s"], 2)
+    if arm.get("generate_s") and arm.get("tokens"):
+        arm["tokens_per_s_generate"] = round(arm["tokens"] / arm["generate_s"], 1)
+    ready = arm.get("server_ready_s")
+    if ready and arm.get("wall_s") and arm.get("tokens"):
+        after = arm["wall_s"] - ready
+        arm["after_load_s"] = round(after, 2)
+        arm["tokens_per_s_after_load"] = round(arm["tokens"] / after, 1)
+    if ready and arm.get("first_sample_s"):
+        arm["health_to_first_file_s"] = round(arm["first_sample_s"] - ready, 2)
+    if ready and arm.get("last_sample_s") and arm.get("tokens"):
+        arm["health_to_last_file_s"] = round(arm["last_sample_s"] - ready, 2)
+        arm["tokens_per_s_to_last_file"] = round(arm["tokens"] / arm["health_to_last_file_s"], 1)
+    return arm
 
 
 # -- the calls: presets, and what a phase needs of the budget -----------------------------------------

@@ -1,7 +1,7 @@
 """Issue 35's cells that only a GPU shows (point 5): a fault injected into a process of a supervised run in the
 middle of its samples, what specrig's supervisor made of it, timed from the fault, and the run's recovery: its
 files and (states:fault) their states. device_run.py hands any phase named fault:... here (`run(harness,
-phase)`, harness: device_run's module: its inv, record, wait_run, ...); its extract phase injects its kill -9
+phase)`, harness: harness.py, its inv, record, wait_run, ...); the extract phase (extract_phase.py) injects its kill -9
 of the EngineCore with `inject` too.
 
     fault:INJECTION[+INJECTION...][:KEY=VALUE,...]
@@ -105,7 +105,7 @@ def titled_engine_core(comm, cmd):
 
 def find(table, server_job, process):
     """The pids of `process` (engine-core or api-server) under the run's server job (its pid), from `table`
-    (device_run.proc_table): the EngineCores by their title; the API server is their parent (the job's
+    (harness.proc_table): the EngineCores by their title; the API server is their parent (the job's
     process itself where vLLM runs no wrapper), the job's process where no EngineCore is found."""
     if server_job not in table:
         return []

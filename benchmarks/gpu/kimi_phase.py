@@ -1,6 +1,6 @@
 """Issue 29's phases of the GPU run: the shrunk Kimi-K2.5 (shrunk_kimi.py) through specrig's own tasks on the
 device, vLLM 0.26.0 + speculators 0.9.0, `inv ... --host local` as a user runs them. device_run.py hands any
-phase named kimi:STEP here (`run(harness, phase)`, harness: device_run's module: its inv, run, record, ...).
+phase named kimi:STEP here (`run(harness, phase)`, harness: harness.py, its inv, run, record, ...).
 
     kimi:build    shrunk_kimi.py build: $SG/models/kimi/{kimi-k25, kimi-k2-text, reference-bf16} and
                   N_KIMI_DATA conversations; the model checks (remote/model_support.py) on both directories
@@ -20,7 +20,7 @@ phase named kimi:STEP here (`run(harness, phase)`, harness: device_run's module:
                   that run fails otherwise than by the connector's refusal of MLA; files kept for kimi:states
     kimi:smoke    inv smoke --model the stand-in (the driver on its config shrunk again, dummy weights)
 
-Environment: as device_run.py's; N_KIMI_DATA (256 conversations), N_KIMI_FORWARD (16 chats).
+Environment: as harness.py reads it; N_KIMI_DATA (256 conversations), N_KIMI_FORWARD (16 chats).
 """
 import json
 import os

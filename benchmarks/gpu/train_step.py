@@ -40,7 +40,7 @@ LOSS = re.compile(r"\b(?:train|val)/loss(?:_\d+)?(?:_epoch)?=([-+]?(?:\d+\.?\d*(
 
 
 def phase_train(spec, *, harness):
-    """The phase; `harness` holds device_run.py's helpers: inv, log, record, extract_args, wait_run, run_state,
+    """The phase; `harness` is harness.py: inv, log, record, extract_args, wait_run, run_state,
     FINAL, SG, EXTRAS."""
     entry = {"steps": TRAIN_STEPS}
     harness.record("train", entry)

@@ -1,4 +1,5 @@
-"""The GPU harness's own logic (benchmarks/gpu/: arms.py, device_run.py's helpers, summarize.py), without a GPU.
+"""The GPU harness's own logic (benchmarks/gpu/: arms.py, the phases' modules and harness.py, summarize.py), without
+a GPU.
 
 Issue 26 (point 5): every arm stands alone and names what it varies. Two specrig arms with different client
 code must never share a name; a by-hand arm runs speculators as shipped; the bare arm prepares its prompts
@@ -22,6 +23,7 @@ GPU = REPO / "benchmarks" / "gpu"
 sys.path.insert(0, str(GPU))
 
 import arms
+import fault_phase
 import summarize
 
 #: The call of speculators 0.8/0.9's generate_hidden_states_async as shipped, and the patch
@@ -176,21 +178,32 @@ def test_the_issue26_preset_is_one_call_whose_environment_the_caller_overrides()
     assert sum(arms.phase_min_s(p) for p in phases) < 600
 
 
-# -- device_run.py's helpers --------------------------------------------------------------------------
+# -- the harness's modules: harness.py's tools, the phases ----------------------------------------------
+
+#: The modules that read harness.py's settings at import (its own, and those above it).
+HARNESS_MODULES = ("harness", "arm_inputs", "arm_runs", "arm_phase", "warm_phase", "states_phase", "prep_phase",
+                   "extract_phase", "device_run")
+
 
 @pytest.fixture
-def device_run(tmp_path, monkeypatch):
-    """device_run imported on a scratch SG, nothing on a GPU or a port; its results start empty."""
+def gpu_harness(tmp_path, monkeypatch):
+    """The harness's modules imported on a scratch SG (gpu_harness, which imports every phase), nothing on a GPU
+    or a port; its results start empty. Each module is an attribute: gpu_harness.harness, .arm_phase, ..."""
+    import types
+
     monkeypatch.setenv("SG", str(tmp_path / "sg"))
     monkeypatch.setenv("OUT", str(tmp_path / "out"))
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.delenv("BUDGET_S", raising=False)
-    sys.modules.pop("device_run", None)
-    module = importlib.import_module("device_run")
-    monkeypatch.setattr(module, "wait_idle", lambda timeout=60: 0)
-    monkeypatch.setattr(module, "wait_port_free", lambda port=None, timeout=60: 0)
-    yield module
-    sys.modules.pop("device_run", None)
+    for name in HARNESS_MODULES:
+        sys.modules.pop(name, None)
+    importlib.import_module("device_run")
+    modules = types.SimpleNamespace(**{name: sys.modules[name] for name in HARNESS_MODULES})
+    monkeypatch.setattr(modules.harness, "wait_idle", lambda timeout=60: 0)
+    monkeypatch.setattr(modules.harness, "wait_port_free", lambda port=None, timeout=60: 0)
+    yield modules
+    for name in HARNESS_MODULES:
+        sys.modules.pop(name, None)
 
 
 def prepared_dir(path, rows=b"x"):
@@ -200,68 +213,68 @@ def prepared_dir(path, rows=b"x"):
     return path
 
 
-def test_the_prepared_prompts_are_cached_once_by_what_they_depend_on(device_run, tmp_path, monkeypatch):
+def test_the_prepared_prompts_are_cached_once_by_what_they_depend_on(gpu_harness, tmp_path, monkeypatch):
     model, data = tmp_path / "model", tmp_path / "chat.jsonl"
     model.mkdir()
     (model / "tokenizer.json").write_text("{}")
     (model / "config.json").write_text("{}")
     (model / "model.safetensors").write_bytes(b"weights are not part of the key")
     data.write_text('{"conversations": []}\n')
-    monkeypatch.setattr(device_run, "MODEL", str(model))
-    monkeypatch.setattr(device_run, "DATA", str(data))
-    cache = device_run.prepared_cache()
+    monkeypatch.setattr(gpu_harness.harness, "MODEL", str(model))
+    monkeypatch.setattr(gpu_harness.harness, "DATA", str(data))
+    cache = gpu_harness.arm_inputs.prepared_cache()
     assert cache["hit"] is False and set(cache["inputs"]["tokenizer_sha256"]) == {"tokenizer.json", "config.json"}
-    assert device_run.cache_prepared(str(tmp_path / "missing"), cache) is False  # nothing whole to cache
-    assert device_run.cache_prepared(str(prepared_dir(tmp_path / "hand" / "prepared")), cache) is True
-    again = device_run.prepared_cache()
+    assert gpu_harness.arm_inputs.cache_prepared(str(tmp_path / "missing"), cache) is False  # nothing whole to cache
+    assert gpu_harness.arm_inputs.cache_prepared(str(prepared_dir(tmp_path / "hand" / "prepared")), cache) is True
+    again = gpu_harness.arm_inputs.prepared_cache()
     assert again["hit"] is True and again["key"] == cache["key"]
-    assert device_run.cache_prepared(str(prepared_dir(tmp_path / "other", b"y")), again) is False  # once
+    assert gpu_harness.arm_inputs.cache_prepared(str(prepared_dir(tmp_path / "other", b"y")), again) is False  # once
     (model / "tokenizer.json").write_text('{"changed": 1}')
-    assert device_run.prepared_cache()["key"] != cache["key"]
-    monkeypatch.setattr(device_run, "N_MEASURE", 1024)
-    assert device_run.prepared_cache()["key"] != cache["key"]
+    assert gpu_harness.arm_inputs.prepared_cache()["key"] != cache["key"]
+    monkeypatch.setattr(gpu_harness.harness, "N_MEASURE", 1024)
+    assert gpu_harness.arm_inputs.prepared_cache()["key"] != cache["key"]
 
 
-def test_specrigs_prepared_data_fills_the_cache_only_when_rendered_the_same_way(device_run):
+def test_specrigs_prepared_data_fills_the_cache_only_when_rendered_the_same_way(gpu_harness):
     sys.path.append(str(REPO / "remote"))
     client = importlib.import_module("run.server.client")
-    same = client.prepare_argv("py", model=device_run.MODEL, dataset=device_run.DATA, output="/x", port=8000,
-                               seq_length=2048, max_samples=device_run.N_MEASURE)
-    assert device_run.same_prepare(same)
-    assert device_run.same_prepare(same + ["--seed", "0"])
-    assert not device_run.same_prepare(same + ["--seed", "3"])
-    assert not device_run.same_prepare(client.prepare_argv("py", model=device_run.MODEL, dataset=device_run.DATA,
+    same = client.prepare_argv("py", model=gpu_harness.harness.MODEL, dataset=gpu_harness.harness.DATA, output="/x", port=8000,
+                               seq_length=2048, max_samples=gpu_harness.harness.N_MEASURE)
+    assert gpu_harness.arm_inputs.same_prepare(same)
+    assert gpu_harness.arm_inputs.same_prepare(same + ["--seed", "0"])
+    assert not gpu_harness.arm_inputs.same_prepare(same + ["--seed", "3"])
+    assert not gpu_harness.arm_inputs.same_prepare(client.prepare_argv("py", model=gpu_harness.harness.MODEL, dataset=gpu_harness.harness.DATA,
                                                            output="/x", port=8000, seq_length=4096,
-                                                           max_samples=device_run.N_MEASURE))
-    assert not device_run.same_prepare(None)
+                                                           max_samples=gpu_harness.harness.N_MEASURE))
+    assert not gpu_harness.arm_inputs.same_prepare(None)
 
 
-def test_the_client_state_is_read_where_the_arms_import_speculators(device_run, tmp_path, monkeypatch):
+def test_the_client_state_is_read_where_the_arms_import_speculators(gpu_harness, tmp_path, monkeypatch):
     package = tmp_path / "site" / "speculators"
     (package / "data_generation").mkdir(parents=True)
     (package / "__init__.py").write_text("raise SystemExit('not imported to be read')\n")
     (package / "data_generation" / "vllm_client.py").write_text(client_source(True))
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     importlib.invalidate_caches()
-    found = device_run.client_state()
+    found = gpu_harness.harness.client_state()
     assert found["state"] == "patched" and found["path"].endswith("data_generation/vllm_client.py") and found["sha256"]
 
 
-def test_the_bare_arm_takes_the_prefix_caching_of_specrigs_plan(device_run, tmp_path):
+def test_the_bare_arm_takes_the_prefix_caching_of_specrigs_plan(gpu_harness, tmp_path):
     run = tmp_path / "home" / "specrig" / "runs" / "r1"
     run.mkdir(parents=True)
     (run / "run.json").write_text(json.dumps({"server": {"server_argv": [
-        "python", "-m", "vllm.entrypoints.openai.api_server", "--model", device_run.MODEL,
+        "python", "-m", "vllm.entrypoints.openai.api_server", "--model", gpu_harness.harness.MODEL,
         "--no-enable-prefix-caching"]}}))
-    decided = device_run.prefix_caching_decision()
+    decided = gpu_harness.arm_inputs.prefix_caching_decision()
     assert decided["flag"] == "--no-enable-prefix-caching" and decided["setting"] == "off" and "r1" in decided["from"]
     (run / "run.json").write_text(json.dumps({"server": {"server_argv": ["python", "--model", "/another/model"]}}))
-    decided = device_run.prefix_caching_decision()  # no plan for this model: specrig's launch settings, else vLLM's
+    decided = gpu_harness.arm_inputs.prefix_caching_decision()  # no plan for this model: specrig's launch settings, else vLLM's
     assert decided["setting"] in ("vLLM's default", "on", "off") and decided["from"]
 
 
-def test_a_file_watch_sees_the_first_and_the_last_file(device_run, tmp_path):
-    watch = device_run.FileWatch(str(tmp_path))
+def test_a_file_watch_sees_the_first_and_the_last_file(gpu_harness, tmp_path):
+    watch = gpu_harness.arm_runs.FileWatch(str(tmp_path))
     watch.poll()
     assert watch.first is None
     (tmp_path / "hs_0.safetensors").write_bytes(b"")
@@ -273,57 +286,57 @@ def test_a_file_watch_sees_the_first_and_the_last_file(device_run, tmp_path):
     assert watch.count == 2 and watch.first == first <= watch.last
 
 
-def test_the_figures_of_an_arm(device_run):
-    arm = device_run.figures({"tokens": 1000, "samples": 10, "wall_s": 100.0, "server_ready_s": 60.0,
-                              "first_sample_s": 65.0, "last_sample_s": 80.0, "generate_s": 25.0})
+def test_the_figures_of_an_arm():
+    arm = arms.figures({"tokens": 1000, "samples": 10, "wall_s": 100.0, "server_ready_s": 60.0,
+                        "first_sample_s": 65.0, "last_sample_s": 80.0, "generate_s": 25.0})
     assert arm["after_load_s"] == 40.0 and arm["tokens_per_s_after_load"] == 25.0
     assert arm["health_to_first_file_s"] == 5.0 and arm["health_to_last_file_s"] == 20.0
     assert arm["tokens_per_s_to_last_file"] == 50.0 and arm["tokens_per_s_generate"] == 40.0
 
 
-def test_a_by_hand_arm_never_runs_a_patched_client(device_run, monkeypatch):
+def test_a_by_hand_arm_never_runs_a_patched_client(gpu_harness, monkeypatch):
     calls = []
-    monkeypatch.setattr(device_run, "patch_client", lambda action: calls.append(action) or {"exit": 0})
-    monkeypatch.setattr(device_run, "client_state", lambda: {"state": "patched", "detail": "", "path": "p",
+    monkeypatch.setattr(gpu_harness.harness, "patch_client", lambda action: calls.append(action) or {"exit": 0})
+    monkeypatch.setattr(gpu_harness.harness, "client_state", lambda: {"state": "patched", "detail": "", "path": "p",
                                                             "sha256": "s"})
-    monkeypatch.setattr(device_run, "arm_by_hand", lambda *a, **k: pytest.fail("the arm ran"))
-    device_run.phase_arm("arm:hand:32")
+    monkeypatch.setattr(gpu_harness.arm_runs, "arm_by_hand", lambda *a, **k: pytest.fail("the arm ran"))
+    gpu_harness.arm_phase.phase_arm("arm:hand:32")
     assert calls == ["revert"]
-    arm = device_run.results["arms"]["hand-c32-patched"]
+    arm = gpu_harness.harness.results["arms"]["hand-c32-patched"]
     assert "as shipped" in arm["error"] and arm["client_patch"]["patching"] == {"exit": 0}
 
 
-def test_a_specrig_arm_is_named_by_the_client_it_ran_and_by_its_plans_concurrency(device_run, monkeypatch):
+def test_a_specrig_arm_is_named_by_the_client_it_ran_and_by_its_plans_concurrency(gpu_harness, monkeypatch):
     states = iter(["patched", "unpatched"])
-    monkeypatch.setattr(device_run, "patch_client", lambda action: {"action": action})
-    monkeypatch.setattr(device_run, "client_state", lambda: {"state": next(states)})
-    monkeypatch.setattr(device_run, "server_defaults", lambda: {"concurrency": 32, "writer_threads": None})
+    monkeypatch.setattr(gpu_harness.harness, "patch_client", lambda action: {"action": action})
+    monkeypatch.setattr(gpu_harness.harness, "client_state", lambda: {"state": next(states)})
+    monkeypatch.setattr(gpu_harness.arm_inputs, "server_defaults", lambda: {"concurrency": 32, "writer_threads": None})
     ran = []
 
-    def fake_specrig(name, concurrency, settings, keep_for_states=0):
+    def fake_specrig(name, concurrency, settings, keep_for_states=0, window=None):
         ran.append((name, concurrency, settings, keep_for_states))
         return {"concurrency": 48 if concurrency is None else concurrency, "tokens": 100, "wall_s": 10.0}
 
-    monkeypatch.setattr(device_run, "arm_specrig", fake_specrig)
-    device_run.phase_arm("arm:specrig:default:patch=1", keep_for_states=64)
-    device_run.phase_arm("arm:specrig:32:patch=0,writer_threads=16")
+    monkeypatch.setattr(gpu_harness.arm_runs, "arm_specrig", fake_specrig)
+    gpu_harness.arm_phase.phase_arm("arm:specrig:default:patch=1", keep_for_states=64)
+    gpu_harness.arm_phase.phase_arm("arm:specrig:32:patch=0,writer_threads=16")
     assert ran[0] == ("specrig-c32-patched", None, {}, 64)  # specrig's default: none passed
     assert ran[1] == ("specrig-c32-writer_threads=16-unpatched", 32, {"writer_threads": "16"}, 0)
-    found = device_run.results["arms"]
+    found = gpu_harness.harness.results["arms"]
     assert set(found) == {"specrig-c48-patched", "specrig-c32-writer_threads=16-unpatched"}
     assert found["specrig-c48-patched"]["files_label"] == "specrig-c32-patched"
     assert found["specrig-c48-patched"]["client_patch"]["patching"] == {"action": "apply"}
     assert found["specrig-c32-writer_threads=16-unpatched"]["settings_nondefault"] == {"writer_threads": "16"}
 
 
-def test_a_phase_the_budget_cannot_hold_is_skipped_and_said(device_run, monkeypatch):
-    monkeypatch.setattr(device_run, "BUDGET_S", 100.0)
-    monkeypatch.setattr(device_run, "arm_by_hand", lambda *a, **k: pytest.fail("an arm began"))
-    device_run.main(["arm:bare:128", "states:specrig"])
-    skipped = device_run.results["skipped"]
+def test_a_phase_the_budget_cannot_hold_is_skipped_and_said(gpu_harness, monkeypatch):
+    monkeypatch.setattr(gpu_harness.harness, "BUDGET_S", 100.0)
+    monkeypatch.setattr(gpu_harness.arm_runs, "arm_by_hand", lambda *a, **k: pytest.fail("an arm began"))
+    gpu_harness.device_run.main(["arm:bare:128", "states:specrig"])
+    skipped = gpu_harness.harness.results["skipped"]
     assert [entry["phase"] for entry in skipped] == ["arm:bare:128"]
-    assert device_run.results["states"]["error"].startswith("no arm or fault cell named specrig*")
-    saved = json.loads(open(device_run.RESULTS).read())
+    assert gpu_harness.harness.results["states"]["error"].startswith("no arm or fault cell named specrig*")
+    saved = json.loads(open(gpu_harness.harness.RESULTS).read())
     assert saved["skipped"] == skipped and saved["phases_started"][0][0] == "arm:bare:128"
 
 
@@ -337,19 +350,7 @@ def arm_record(way, label_client, *, ready, first, last, wall, tokens=666127, di
               "prefix_caching": {"setting": "vLLM's default", "from": "x", "server_log": logged},
               "server_ready_s": ready, "first_sample_s": first, "last_sample_s": last, "wall_s": wall}
     record.update(extra)
-    return device_run_figures(record)
-
-
-def device_run_figures(arm):
-    # device_run.figures without importing device_run (its module state): the same arithmetic
-    arm["tokens_per_s"] = round(arm["tokens"] / arm["wall_s"], 2)
-    arm["samples_per_s"] = round(arm["samples"] / arm["wall_s"], 2)
-    arm["after_load_s"] = round(arm["wall_s"] - arm["server_ready_s"], 2)
-    arm["tokens_per_s_after_load"] = round(arm["tokens"] / arm["after_load_s"], 1)
-    arm["health_to_first_file_s"] = round(arm["first_sample_s"] - arm["server_ready_s"], 2)
-    arm["health_to_last_file_s"] = round(arm["last_sample_s"] - arm["server_ready_s"], 2)
-    arm["tokens_per_s_to_last_file"] = round(arm["tokens"] / arm["health_to_last_file_s"], 1)
-    return arm
+    return arms.figures(record)
 
 
 def issue26_raw(specrig_steady_s=12.0, digest="d", bare_logged=True):
@@ -449,24 +450,24 @@ http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
 '''
 
 
-def test_warm_starts_each_server_to_its_health_and_ends_it(device_run, monkeypatch):
+def test_warm_starts_each_server_to_its_health_and_ends_it(gpu_harness, monkeypatch):
     import socket
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    monkeypatch.setattr(device_run, "PORT", port)
-    monkeypatch.setattr(device_run, "docs_server_argv", lambda staging: [
+    monkeypatch.setattr(gpu_harness.harness, "PORT", port)
+    monkeypatch.setattr(gpu_harness.arm_inputs, "docs_server_argv", lambda staging: [
         sys.executable, "-c", FAKE_SERVER, str(port), "--speculative_config", "{}", "--kv_transfer_config", "{}"])
-    monkeypatch.setattr(device_run, "prefix_caching_decision", lambda: {
+    monkeypatch.setattr(gpu_harness.arm_inputs, "prefix_caching_decision", lambda: {
         "flag": "--no-enable-prefix-caching", "setting": "off", "from": "test"})
-    device_run.phase_warm("warm:bare")
-    warmed = device_run.results["warm"]
+    gpu_harness.warm_phase.phase_warm("warm:bare")
+    warmed = gpu_harness.harness.results["warm"]
     assert set(warmed) == {"extraction", "bare"}
     assert all(entry["healthy"] and entry["exit"] is None for entry in warmed.values()), warmed
-    logs = {kind: open("%s/warm-%s-server.log" % (device_run.EXTRAS, kind)).read() for kind in warmed}
-    assert device_run.arms.prefix_caching_in_log(logs["extraction"]) is True
-    assert device_run.arms.prefix_caching_in_log(logs["bare"]) is False  # the bare server took the flag
+    logs = {kind: open("%s/warm-%s-server.log" % (gpu_harness.harness.EXTRAS, kind)).read() for kind in warmed}
+    assert arms.prefix_caching_in_log(logs["extraction"]) is True
+    assert arms.prefix_caching_in_log(logs["bare"]) is False  # the bare server took the flag
 
 
 def test_a_profile_window_gives_up_once_its_arm_has_ended(tmp_path):
@@ -512,16 +513,19 @@ def test_the_kimi_layers_are_speculators_choice_at_each_depth():
 
 # -- issue 35: inv's flags, the fault cells (fault_phase.py) ---------------------------------------------
 
-def test_a_flag_that_is_off_by_default_is_spelled_as_inv_takes_it(device_run):
+def test_a_flag_that_is_off_by_default_is_spelled_as_inv_takes_it(gpu_harness):
     flags = arms.task_flags((REPO / "specrig" / "cli" / "tasks.py").read_text(), "extract")
     assert flags["enforce_eager"] is False and flags["render_server"] is True and flags["prepared_cache"] is True
     assert "writer_threads" not in flags and "concurrency" not in flags  # they take a value
-    args = device_run.extract_args("/out", 8, settings={"enforce_eager": "1", "render_server": "1",
+    args = gpu_harness.harness.extract_args("/out", 8, settings={"enforce_eager": "1", "render_server": "1",
                                                          "prepared_cache": "0", "writer_threads": "16"})
     tail = args[args.index("--json") + 1:]
-    assert tail == ["--enforce-eager", "--no-prepared-cache", "--writer-threads", "16"]  # never --enforce-eager 1
+    # never --enforce-eager 1; a flag on by default is still named where the arm asks for it
+    assert tail == ["--enforce-eager", "--render-server", "--no-prepared-cache", "--writer-threads", "16"]
     assert arms.inv_options({"render_server": "0"}, flags) == ["--no-render-server"]
-    assert arms.inv_options({"prepared_cache": "1", "allow_skipped": "true"}, flags) == ["--allow-skipped"]
+    assert arms.inv_options({"enforce_eager": "0"}, flags) == []  # off by default: inv has no --no-enforce-eager
+    assert arms.inv_options({"prepared_cache": "1", "allow_skipped": "true"}, flags) == ["--prepared-cache",
+                                                                                        "--allow-skipped"]
     with pytest.raises(arms.SpecError, match="render_server is a flag of inv extract"):
         arms.inv_options({"render_server": "maybe"}, flags)
 
@@ -555,18 +559,18 @@ time.sleep(60)
 
 
 @pytest.fixture
-def engine_tree(device_run):
+def engine_tree(gpu_harness):
     """A server job whose child titles itself as vLLM's EngineCore (/proc/self/comm), as the API server's does."""
     import subprocess
     import time
 
     job = subprocess.Popen([sys.executable, "-c", ENGINE_TREE])
     deadline = time.time() + 20
-    while time.time() < deadline and not device_run.fault_phase.find(device_run.proc_table(), job.pid,
+    while time.time() < deadline and not fault_phase.find(gpu_harness.harness.proc_table(), job.pid,
                                                                      "engine-core"):
         time.sleep(0.05)
     yield job
-    for pid in device_run.fault_phase.descendants(device_run.proc_table(), job.pid):
+    for pid in fault_phase.descendants(gpu_harness.harness.proc_table(), job.pid):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -595,20 +599,24 @@ def settled(pid, states, timeout=10):
 
 
 def fake_run(path, attempts, state="running", phase="generating", samples=8):
+    """A run's heartbeat and status, each replaced whole as the supervisor does (remote/run/rundir.py): written
+    in place, a watch polling beside it could read a file half written and see a state of None."""
     path.mkdir(parents=True, exist_ok=True)
-    (path / "heartbeat.json").write_text(json.dumps({"phase": phase, "samples_done": samples}))
-    (path / "status.json").write_text(json.dumps({"state": state, "attempts": attempts,
-                                                  "jobs": {"server": {"pid": attempts[-1].get("pid")}}}))
+    for name, content in (("heartbeat.json", {"phase": phase, "samples_done": samples}),
+                          ("status.json", {"state": state, "attempts": attempts,
+                                           "jobs": {"server": {"pid": attempts[-1].get("pid")}}})):
+        (path / (name + ".tmp")).write_text(json.dumps(content))
+        os.replace(path / (name + ".tmp"), path / name)
 
 
-def test_the_engine_core_is_the_titled_child_of_the_api_server(device_run, engine_tree):
-    found = device_run.fault_phase.find(device_run.proc_table(), engine_tree.pid, "engine-core")
-    assert len(found) == 1 and device_run.proc_table()[found[0]][0] == engine_tree.pid
-    assert device_run.fault_phase.find(device_run.proc_table(), engine_tree.pid, "api-server") == [engine_tree.pid]
-    assert device_run.fault_phase.find(device_run.proc_table(), 0, "engine-core") == []  # no such job
+def test_the_engine_core_is_the_titled_child_of_the_api_server(gpu_harness, engine_tree):
+    found = fault_phase.find(gpu_harness.harness.proc_table(), engine_tree.pid, "engine-core")
+    assert len(found) == 1 and gpu_harness.harness.proc_table()[found[0]][0] == engine_tree.pid
+    assert fault_phase.find(gpu_harness.harness.proc_table(), engine_tree.pid, "api-server") == [engine_tree.pid]
+    assert fault_phase.find(gpu_harness.harness.proc_table(), 0, "engine-core") == []  # no such job
 
 
-def test_a_stopped_engine_core_is_timed_to_the_supervisors_reaction(device_run, engine_tree, tmp_path):
+def test_a_stopped_engine_core_is_timed_to_the_supervisors_reaction(gpu_harness, engine_tree, tmp_path):
     import threading
     import time
 
@@ -617,9 +625,8 @@ def test_a_stopped_engine_core_is_timed_to_the_supervisors_reaction(device_run, 
     (out / "hs_0.safetensors").write_bytes(b"kept")
     fake_run(run, [{"attempt": 1, "ended_at": None, "pid": engine_tree.pid}])
     (run / "driver.log").write_text("before the fault\n")
-    fault_phase = device_run.fault_phase
-    record, kept = fault_phase.inject(device_run, str(run), str(out), {"signal": "stop", "process": "engine-core",
-                                                                       "at": 8}, timeout=5)
+    record, kept = fault_phase.inject(gpu_harness.harness, str(run), str(out),
+                                      {"signal": "stop", "process": "engine-core", "at": 8}, timeout=5)
     core = record["pids"][0]
     assert record["at_epoch"] and settled(core, ("T",)) == "T"  # stopped
     assert list(kept) == ["hs_0.safetensors"] and record["files_before"] == 1
@@ -636,7 +643,7 @@ def test_a_stopped_engine_core_is_timed_to_the_supervisors_reaction(device_run, 
         fake_run(run, [{"attempt": 1, "ended_at": "t"}, {"attempt": 2, "ended_at": None, "pid": engine_tree.pid}])
 
     threading.Thread(target=supervisor, daemon=True).start()
-    reaction = fault_phase.watch(device_run, str(run), record, watch_s=10)
+    reaction = fault_phase.watch(gpu_harness.harness, str(run), record, watch_s=10)
     assert reaction["first_marker_s"] <= reaction["stalled_s"] < reaction["attempt_ended_s"] <= reaction["went_on_s"]
     assert reaction["detected_s"] == reaction["stalled_s"] and reaction["failure"]["kind"] == "stalled"
     assert reaction["markers"][0][1].endswith("stalled") and reaction.get("released_s") is None
@@ -646,13 +653,12 @@ def test_a_stopped_engine_core_is_timed_to_the_supervisors_reaction(device_run, 
     assert fault_phase.unchanged(str(out), kept) == 1
 
 
-def test_a_hang_nobody_calls_is_let_go_by_the_harness_and_said_so(device_run, engine_tree, tmp_path):
+def test_a_hang_nobody_calls_is_let_go_by_the_harness_and_said_so(gpu_harness, engine_tree, tmp_path):
     run = tmp_path / "run"
     fake_run(run, [{"attempt": 1, "ended_at": None, "pid": engine_tree.pid}])
-    fault_phase = device_run.fault_phase
-    record, _ = fault_phase.inject(device_run, str(run), str(tmp_path), {"signal": "stop", "process": "engine-core",
-                                                                         "at": 8}, timeout=5)
-    reaction = fault_phase.watch(device_run, str(run), record, watch_s=0.5)
+    record, _ = fault_phase.inject(gpu_harness.harness, str(run), str(tmp_path),
+                                   {"signal": "stop", "process": "engine-core", "at": 8}, timeout=5)
+    reaction = fault_phase.watch(gpu_harness.harness, str(run), record, watch_s=0.5)
     assert reaction["released_s"] >= 0.5 and reaction["released_pids"] == record["pids"]
     assert reaction["detected_s"] is None and reaction.get("went_on_s") is None
     assert fault_phase.STOPPED == {} and fault_phase.release() == []
