@@ -1,6 +1,6 @@
-"""`inv extract --dry-run` (specrig/run/sizing.py; issue 29, point 3): Kimi-K2.5's published config on two
-8-GPU host descriptions (tests/fixtures/inventory/kimi-8gpu.yaml), the figures checked against the arithmetic
-written out here from the config's own numbers."""
+"""`inv extract --dry-run` (specrig/run/sizing.py; issue 29, point 3): Kimi-K2.5's published config on three
+8-GPU host descriptions (tests/fixtures/inventory/kimi-8gpu.yaml) and on the seed's host of the shipped hosts.yaml
+(issue 38), the figures checked against the arithmetic written out here from the config's own numbers."""
 from __future__ import annotations
 
 import json
@@ -18,6 +18,8 @@ sys.path.insert(0, str(REPO / "benchmarks" / "gpu"))
 import shrunk_kimi
 
 INVENTORY = FIXTURES / "inventory" / "kimi-8gpu.yaml"
+#: A directory holding Kimi-K2.5's published config.json, for `--model` (tests/fixtures/models/README.md).
+KIMI_CONFIG_DIR = FIXTURES / "models" / "kimi-k2.5"
 GIB = 1 << 30
 
 
@@ -44,7 +46,7 @@ def test_kimi_per_gpu_at_tp_8_is_the_arithmetic_of_its_config():
     assert sizing.kv_bytes_per_token(config) == (512 + 64) * 61 * 2 == 70272
 
 
-@pytest.mark.parametrize("memory_mib, kv_tokens", [(143771, 711016), (183359, 1242663)])
+@pytest.mark.parametrize("memory_mib, kv_tokens", [(143771, 711016), (183359, 1242663), (97887, 94816)])
 def test_the_kv_cache_is_what_the_weights_and_the_reserve_leave(memory_mib, kv_tokens):
     found = sizing.plan(shrunk_kimi.published(), gpus=8, gpu_memory_mib=memory_mib)
     # Beside weights and KV: a step's logits, 8192 batched tokens x 163840 vocabulary x fp32 (5.0 GiB, the H200's
@@ -79,7 +81,7 @@ def test_too_few_gpus_for_the_weights_is_one_line():
         sizing.plan(shrunk_kimi.published(), gpus=1, gpu_memory_mib=143771)
 
 
-@pytest.mark.parametrize("host, kv_tokens", [("blackwell01", 1242663), ("h200x8", 711016)])
+@pytest.mark.parametrize("host, kv_tokens", [("blackwell01", 94816), ("b200x8", 1242663), ("h200x8", 711016)])
 def test_inv_extract_dry_run_on_an_8_gpu_description(kimi, host, kv_tokens):
     status, found = inv_json("extract", "--host", host, "--model", str(kimi), "--dry-run", inventory=INVENTORY)
     assert status == 0
@@ -94,3 +96,18 @@ def test_inv_extract_dry_run_on_an_8_gpu_description(kimi, host, kv_tokens):
 def test_a_dry_run_without_a_local_config_or_a_host_description_is_refused(kimi, tmp_path):
     result = inv("extract", "--host", "h200x8", "--model", str(tmp_path / "none"), "--dry-run", inventory=INVENTORY)
     assert result.returncode == 2 and "--dry-run reads the model's config.json on this machine" in result.stderr
+
+
+def test_the_model_fixture_is_the_published_config_the_shrunk_kimi_is_built_from():
+    assert json.loads((KIMI_CONFIG_DIR / "config.json").read_text()) == shrunk_kimi.published()
+
+
+def test_the_seed_host_of_hosts_yaml_fits_kimi_narrowly():
+    """docs/gpu.md's plan for blackwell01 (8x RTX PRO 6000, 97887 MiB, extract.max_len 4096): the command there."""
+    status, found = inv_json("extract", "--host", "blackwell01", "--model", str(KIMI_CONFIG_DIR), "--dry-run",
+                             inventory=REPO / "hosts.yaml")
+    assert status == 0
+    assert round(found["weights_per_gpu"]["total"] / GIB, 2) == 71.83
+    assert round(found["kv_budget_bytes"] / GIB, 2) == 6.21 and found["kv_tokens"] == 94816
+    assert found["settings"]["max_model_len"] == 4097 and found["settings"]["max_num_batched_tokens"] == 8192
+    assert found["settings"]["concurrency"] == 94816 // 4097 == 23 and found["concurrency_bound"] == "kv cache"
