@@ -7,7 +7,6 @@ or with --nodes a group as one multi-node job.
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -41,10 +40,7 @@ def extract_dry_run(host: Host, given: dict, *, as_json: bool) -> ExitStatus:
         raise UsageError(f"{sources.get('model', '--model')} {model!r}: --dry-run reads the model's config.json on "
                          "this machine, and there is none there", hint="copy the model's config.json into a "
                          "directory here and pass that directory with --model")
-    try:
-        config = json.loads(config_path.read_text())
-    except ValueError as exc:
-        raise UsageError(f"{config_path}: not JSON ({exc})") from None
+    config = sizing.read_config(config_path)
     layers = values.get("layer_ids")
     found = sizing.plan(config, gpus=gpus, gpu_memory_mib=memory, tp=values.get("tensor_parallel_size"),
                         max_len=values.get("max_length"), layer_count=len(layers) if layers else None,

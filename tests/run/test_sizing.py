@@ -1,14 +1,17 @@
 """`inv extract --dry-run` (specrig/run/sizing.py; issue 29, point 3): Kimi-K2.5's published config on three
 8-GPU host descriptions (tests/fixtures/inventory/kimi-8gpu.yaml) and on the seed's host of the shipped hosts.yaml
-(issue 38), the figures checked against the arithmetic written out here from the config's own numbers."""
+(issue 38), the figures checked against the arithmetic written out here from the config's own numbers; a file
+that is not a model's config refused in one line."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import pytest
 
 from specrig.errors import UsageError
+from specrig.exit_status import ExitStatus
 from specrig.run import sizing
 from support.lab import inv, inv_json
 from support.paths import FIXTURES, REPO
@@ -111,3 +114,72 @@ def test_the_seed_host_of_hosts_yaml_fits_kimi_narrowly():
     assert round(found["kv_budget_bytes"] / GIB, 2) == 6.21 and found["kv_tokens"] == 94816
     assert found["settings"]["max_model_len"] == 4097 and found["settings"]["max_num_batched_tokens"] == 8192
     assert found["settings"]["concurrency"] == 94816 // 4097 == 23 and found["concurrency_bound"] == "kv cache"
+
+
+def _published_with(part: str | None, name: str, value=None) -> dict:
+    """Kimi-K2.5's published config with `name` of `part` (text_config, vision_config; None: the top) set to
+    `value`, or left out where `value` is None."""
+    config = shrunk_kimi.published()
+    holder = config[part] if part else config
+    if value is None:
+        del holder[name]
+    else:
+        holder[name] = value
+    return config
+
+
+NOT_A_MODEL_CONFIG = [
+    ("generation_config.json", {"bos_token_id": 163584, "eos_token_id": 163585},
+     r"not a model's config.json: no hidden_size, num_hidden_layers, num_attention_heads and 9 more"),
+    ("a JSON list", [1, 2], r"not a model's config.json: a JSON list, not an object"),
+    ("a dense Llama", {"hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+                       "vocab_size": 128256, "intermediate_size": 14336},
+     r"sizes MLA mixture-of-experts models .* no q_lora_rank, kv_lora_rank, .*, moe_intermediate_size$"),
+    ("a text_config without its hidden size", _published_with("text_config", "hidden_size"),
+     r"not a model's config.json: no text_config.hidden_size$"),
+    ("a hidden size as text", _published_with("text_config", "hidden_size", "7168"),
+     r"text_config.hidden_size is '7168', not a positive integer"),
+    ("a layer count of true", _published_with("text_config", "num_hidden_layers", True),
+     r"text_config.num_hidden_layers is True, not a positive integer"),
+    ("a vision tower under other names", _published_with("vision_config", "vt_hidden_size"),
+     r"vision_config has no vt_hidden_size"),
+    ("a merge kernel of one size", _published_with("vision_config", "merge_kernel_size", [2]),
+     r"vision_config.merge_kernel_size is \[2\], not two sizes such as \[2, 2\]"),
+    ("a merge kernel of a size 0", _published_with("vision_config", "merge_kernel_size", [2, 0]),
+     r"vision_config.merge_kernel_size\[1\] is 0, not a positive integer"),
+    ("a vision_config that is a list", _published_with(None, "vision_config", [1]), r"vision_config is \[1\], not an object"),
+]
+
+
+@pytest.mark.parametrize("content, message", [case[1:] for case in NOT_A_MODEL_CONFIG],
+                         ids=[case[0] for case in NOT_A_MODEL_CONFIG])
+def test_a_file_that_is_not_a_model_config_is_named_with_what_it_lacks(tmp_path, content, message):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(content))
+    with pytest.raises(UsageError) as refused:
+        sizing.read_config(path)
+    assert refused.value.message.startswith(f"{path}: ") and refused.value.hint
+    assert refused.value.exit_status == ExitStatus.USAGE
+    assert re.search(message, refused.value.message), refused.value.message
+
+
+def test_a_file_that_is_not_json_is_named(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_bytes(b"\xff\xfe not json")
+    with pytest.raises(UsageError, match=r"config.json: not JSON"):
+        sizing.read_config(path)
+
+
+def test_the_published_config_passes_the_check():
+    path = KIMI_CONFIG_DIR / "config.json"
+    assert sizing.read_config(path) == shrunk_kimi.published()
+
+
+def test_inv_extract_dry_run_of_a_wrong_file_is_one_line_and_exit_2(tmp_path):
+    """Issue 38: the wrong JSON as the model's config printed `KeyError: 'hidden_size'`, a traceback."""
+    (tmp_path / "config.json").write_text(json.dumps({"bos_token_id": 163584, "eos_token_id": 163585}))
+    result = inv("extract", "--host", "blackwell01", "--model", str(tmp_path), "--dry-run", inventory=INVENTORY,
+                 env={"COLUMNS": "400"})
+    assert result.returncode == ExitStatus.USAGE
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr and not result.stdout
+    assert f"{tmp_path / 'config.json'}: not a model's config.json: no hidden_size" in result.stderr
