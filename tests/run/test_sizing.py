@@ -183,3 +183,14 @@ def test_inv_extract_dry_run_of_a_wrong_file_is_one_line_and_exit_2(tmp_path):
     assert result.returncode == ExitStatus.USAGE
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr and not result.stdout
     assert f"{tmp_path / 'config.json'}: not a model's config.json: no hidden_size" in result.stderr
+
+
+def test_the_dry_run_takes_hosts_yamls_share_of_gpu_memory_as_the_run_does(make_inventory):
+    """The lever for a narrow fit: extract.gpu_memory_utilization, which the run passes to vLLM."""
+    inventory = make_inventory({"hosts": {"blackwell01": {"gpus": 8, "gpu_memory_mib": 97887, "extract": {
+        "model": str(KIMI_CONFIG_DIR), "max_len": 4096, "gpu_memory_utilization": 0.95}}}})
+    status, found = inv_json("extract", "--host", "blackwell01", "--dry-run", inventory=inventory)
+    assert status == 0 and found["gpu_memory_utilization"] == 0.95
+    weights = found["weights_per_gpu"]["total"]
+    assert found["kv_tokens"] == (int(97887 * (1 << 20) * 0.95) - weights - 8 * GIB) // 70272 == 167848
+    assert found["settings"]["concurrency"] == 32
