@@ -7,7 +7,6 @@ or with --nodes a group as one multi-node job.
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -34,21 +33,20 @@ def extract_dry_run(host: Host, given: dict, *, as_json: bool) -> ExitStatus:
     config.json on this machine (--model, else extract.model, a directory here) and hosts.yaml's description
     of the host (run/sizing.py); nothing is reached."""
     gpus, memory = sizing.host_description(host)
-    values, sources = settings_given(host, given, ("model", "tp", "layers", "max_len", "concurrency", "storage"))
+    values, sources = settings_given(host, given, ("model", "tp", "layers", "max_len", "concurrency", "storage",
+                                                        "gpu_memory_utilization"))
     model = values.get("model")
     config_path = Path(model).expanduser() / "config.json" if model else None
     if config_path is None or not config_path.is_file():
         raise UsageError(f"{sources.get('model', '--model')} {model!r}: --dry-run reads the model's config.json on "
                          "this machine, and there is none there", hint="copy the model's config.json into a "
                          "directory here and pass that directory with --model")
-    try:
-        config = json.loads(config_path.read_text())
-    except ValueError as exc:
-        raise UsageError(f"{config_path}: not JSON ({exc})") from None
+    config = sizing.read_config(config_path)
     layers = values.get("layer_ids")
     found = sizing.plan(config, gpus=gpus, gpu_memory_mib=memory, tp=values.get("tensor_parallel_size"),
                         max_len=values.get("max_length"), layer_count=len(layers) if layers else None,
-                        storage=values.get("storage"), concurrency=values.get("concurrency"))
+                        storage=values.get("storage"), concurrency=values.get("concurrency"),
+                        gpu_memory_utilization=values.get("gpu_memory_utilization"))
     view.show_sizing(dict(found, host=host.name, model=str(model)), as_json=as_json)
     return ExitStatus.OK
 

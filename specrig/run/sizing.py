@@ -22,6 +22,9 @@ staging = concurrency x STAGING_MARGIN x one request's states.
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from specrig.contract import DRIVER_DEFAULTS, SERVER_DEFAULTS, STAGING_MARGIN, stored_bytes_per_token
 from specrig.errors import UsageError
 
@@ -42,6 +45,60 @@ LOGITS_BYTES_PER_VALUE = 4
 OTHER_RUNTIME_BYTES = 3 * GIB
 #: The layers speculators captures by default: [2, L // 2, L - 3, L] (remote/run/server/launch.py).
 DEFAULT_LAYER_COUNT = 4
+
+
+#: What the arithmetic below reads of the text model (the config's top level, or its `text_config`): a
+#: DeepSeek-V3-class model, MLA and MoE. first_k_dense_replace and n_shared_experts have defaults.
+TEXT_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "q_lora_rank",
+               "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "intermediate_size",
+               "n_routed_experts", "moe_intermediate_size")
+#: What vision_params reads of a Kimi-K2.5 `vision_config` (MoonViT's published names).
+VISION_FIELDS = ("vt_hidden_size", "vt_intermediate_size", "vt_num_hidden_layers", "patch_size",
+                 "init_pos_emb_height", "init_pos_emb_width", "text_hidden_size", "merge_kernel_size")
+#: What a file that is no model's config is told to be instead.
+MODEL_CONFIG_HINT = "pass --model a directory holding the model's own config.json, the one beside its weights"
+
+
+def read_config(path: Path) -> dict:
+    """The model's config.json at `path`, checked to hold every number the plan reads: a file that is not
+    JSON, not a model's config or not one of a model the arithmetic knows is a UsageError naming the file and
+    what it lacks, never a KeyError from deep in the sums."""
+    try:
+        config = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path}: not JSON ({exc})", hint=MODEL_CONFIG_HINT) from None
+    if not isinstance(config, dict):
+        raise UsageError(f"{path}: not a model's config.json: a JSON {type(config).__name__}, not an object",
+                         hint=MODEL_CONFIG_HINT)
+    text = _text(config)
+    where = "text_config." if text is not config else ""
+    missing = [name for name in TEXT_FIELDS if name not in text]
+    if "hidden_size" in missing:
+        named = ", ".join(where + name for name in missing[:3])
+        more = f" and {len(missing) - 3} more of the plan's numbers" if len(missing) > 3 else ""
+        raise UsageError(f"{path}: not a model's config.json: no {named}{more}", hint=MODEL_CONFIG_HINT)
+    if missing:
+        raise UsageError(f"{path}: --dry-run sizes MLA mixture-of-experts models (DeepSeek-V3's shape, Kimi-K2.5's "
+                         f"text model), and this config has no {', '.join(where + name for name in missing)}",
+                         hint="the dry run knows no other shape yet; the run itself does not need it")
+    vision = config.get("vision_config") or {}
+    if not isinstance(vision, dict):
+        raise UsageError(f"{path}: vision_config is {vision!r}, not an object", hint=MODEL_CONFIG_HINT)
+    missing_vision = [name for name in VISION_FIELDS if vision and name not in vision]
+    if missing_vision:
+        raise UsageError(f"{path}: --dry-run sizes Kimi-K2.5's vision tower by its published vt_* names, and this "
+                         f"config's vision_config has no {', '.join(missing_vision)}", hint=MODEL_CONFIG_HINT)
+    numbers = [(where + name, text[name]) for name in TEXT_FIELDS]
+    numbers += [(f"vision_config.{name}", vision[name]) for name in VISION_FIELDS[:-1] if vision]
+    merge = vision.get("merge_kernel_size")
+    if vision and not (isinstance(merge, list) and len(merge) == 2):
+        raise UsageError(f"{path}: vision_config.merge_kernel_size is {merge!r}, not two sizes such as [2, 2]",
+                         hint=MODEL_CONFIG_HINT)
+    numbers += [(f"vision_config.merge_kernel_size[{index}]", size) for index, size in enumerate(merge or ())]
+    for name, value in numbers:
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise UsageError(f"{path}: {name} is {value!r}, not a positive integer", hint=MODEL_CONFIG_HINT)
+    return config
 
 
 def _text(config: dict) -> dict:
