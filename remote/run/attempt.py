@@ -146,9 +146,11 @@ class Watch:
     counts them alone, through `samples()`: its limit then follows their pace (Pace.bound), and log lines
     are no progress (a client retrying a request the engine will never answer logs one each time). It keeps
     status.json current meanwhile. `processes` (a function: the attempt's live processes, procs.Job.members'
-    shape) tells a hang before the bound: a process stopped (STOPPED_S), or all of them idle (IDLE_S)."""
+    shape) tells a hang before the bound: a process stopped (STOPPED_S), or all of them idle (IDLE_S); or, with
+    `idle_jobs`, all of those jobs' processes idle: a step that does its work itself, beside a server whose vLLM
+    workers spin on their queues while they wait."""
 
-    def __init__(self, supervisor, log_path, log_offset, processes=None):
+    def __init__(self, supervisor, log_path, log_offset, processes=None, idle_jobs=None):
         self.supervisor = supervisor
         self.log_path, self.log_offset = log_path, log_offset
         self.processes = processes
@@ -159,6 +161,7 @@ class Watch:
         #: {pid: (when first seen stopped, the process)}, looked at every second at most.
         self.stopped_since, self.looked_at = {}, 0.0
         self.cpu = CpuUse() if processes is not None and not supervisor.record.get("nodes") else None
+        self.idle_jobs = idle_jobs
 
     def progress(self):
         self.last_progress = time.monotonic()
@@ -198,7 +201,7 @@ class Watch:
         stalled = quiet > limit or bool(held) or idle is not None
         if stalled and not sup.status["stalled"]:
             sup.log_marker(("%s stopped for %.0f s or more (%s): stalled" % (held, STOPPED_S, phase)) if held else
-                           "%s (%s): stalled" % (idle_text(idle), phase) if idle is not None else
+                           "%s (%s): stalled" % (idle_text(idle, self.idle_jobs), phase) if idle is not None else
                            "no progress for %.0f s (%s; %s): stalled" % (quiet, phase, self.bound_text(limit)))
         if stalled != sup.status["stalled"] or now - self.last_saved >= STATUS_EVERY_S:
             # status.json may sit on a network disk: rewritten on a change or every few seconds.
@@ -218,7 +221,7 @@ class Watch:
                                  "a process stopped by a signal (SIGSTOP, Ctrl-Z) or held by a debugger does nothing "
                                  "until it is continued (SIGCONT); find who stopped it", True, evidence=held)
         if idle is not None:
-            return found_failure("stalled", idle_text(idle) + ": hung without spinning",
+            return found_failure("stalled", idle_text(idle, self.idle_jobs) + ": hung without spinning",
                                  "a frozen cgroup (`docker pause`, `systemctl freeze`) does nothing until thawed; "
                                  "else a process waits on a lock, a peer or a network filesystem: `py-spy dump "
                                  "--pid N` on the run's processes (`inv logs` names them) shows where", True)
@@ -238,7 +241,7 @@ class Watch:
         self.looked_at = now
         members = self.processes()
         if self.cpu:
-            self.cpu.look(now, members)
+            self.cpu.look(now, [m for m in members if self.idle_jobs is None or m.get("job") in self.idle_jobs])
         stopped = {m["pid"]: m for m in members if m["state"] in "Tt"}
         self.stopped_since = {pid: (self.stopped_since.get(pid, (now, None))[0], member)
                               for pid, member in stopped.items()}
@@ -277,8 +280,10 @@ class CpuUse:
         return used if used < IDLE_CPU_S else None
 
 
-def idle_text(used):
-    return "the run's processes used %.2f s of CPU in %.0f s, with no progress" % (used, IDLE_S)
+def idle_text(used, jobs=None):
+    """The idle finding in words: whose processes (the jobs', else all of the run's) used how little."""
+    whose = "the run's" if not jobs else "%s's" % ", ".join(sorted(jobs))
+    return "%s processes used %.2f s of CPU in %.0f s, with no progress" % (whose, used, IDLE_S)
 
 
 def _name(member):

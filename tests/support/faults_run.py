@@ -82,13 +82,14 @@ def lab_run(spec: Run, directory: Path) -> Iterator[LabRun]:
             number, host = stack.enter_context(host_of_its_own())
             workdir = HOME / "specrig-fleet" / host
             inventory = server_fleet_inventory(directory, {host: lab_fleet.fleet_entry(number)}, [host],
-                                               extract=lambda _: SUPERVISION)
+                                               extract=lambda _: dict(SUPERVISION, **spec.extract))
             with open(directory / ".specrig" / "known_hosts", "a") as known:
                 known.write(known_hosts_line(number))
         else:
             number, host, workdir = None, SHIPPED[spec.path], HOME / "specrig-work"
             shipped = yaml.safe_load((REPO / "hosts.yaml").read_text())["hosts"][host]
-            inventory = private_inventory(directory, host, extract=dict(shipped["extract"], **SUPERVISION))
+            inventory = private_inventory(directory, host,
+                                          extract=dict(shipped["extract"], **SUPERVISION, **spec.extract))
         if spec.tmpfs_mib:
             root = stack.enter_context(tmpfs_output(spec.tmpfs_mib))
         else:

@@ -217,7 +217,10 @@ class ServerExtraction:
         replaced = 0
         try:
             while True:
-                status, found = self.follow(name, step(lambda: [self.jobs.running[job][0] for job in jobs]))
+                # prepare-data renders and tokenizes itself: its own processes idle is a hang, whatever the
+                # server's do.
+                status, found = self.follow(name, step(lambda: [self.jobs.running[job][0] for job in jobs]),
+                                            idle_jobs=jobs if name == PREPARE else None)
                 if not self.replaceable(status, found, replaced):
                     break
                 replaced += 1
@@ -280,17 +283,19 @@ class ServerExtraction:
 
     # -- following the processes ---------------------------------------------------------------------
 
-    def follow(self, label, step=None):
+    def follow(self, label, step=None, idle_jobs=None):
         """Follow the attempt while the server loads (no `step`) or a client step runs (`label` its name):
         (health.READY, None) once the server answers, or (the step's exit status, None); (None, failure)
-        when the server dies, is unhealthy or a stall comes; (None, None) on a stop."""
+        when the server dies, is unhealthy or a stall comes; (None, None) on a stop. `idle_jobs`: the jobs
+        whose processes' idling is a hang (Watch), else all of the attempt's."""
         sup = self.supervisor
         loading = step is None
         ceiling = sup.options["load_timeout_s" if loading else "stall_timeout_s"]
         # Before its first file, a sample is late once the client would have given its request up.
         first_file_s = (sup.record["driver_args"].get("request_timeout") or SERVER_DEFAULTS["request_timeout"]) \
             + STALL_FLOOR_S
-        clock = Watch(sup, self.server_log, self.offsets[self.server_log], processes=self.jobs.processes)
+        clock = Watch(sup, self.server_log, self.offsets[self.server_log], processes=self.jobs.processes,
+                      idle_jobs=idle_jobs)
         server_health = ServerHealth(self.plan["port"], sup.status["server_state"])
         started, done_at_start, wanted_total = time.monotonic(), self.heartbeat.beat["samples_done"], \
             self.heartbeat.beat["samples_total"]
