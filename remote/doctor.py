@@ -12,6 +12,7 @@ import shutil
 import model_support
 import pkgmeta
 import telemetry
+from gpus import survey
 from run.storage import existing_parent
 
 #: Read in speculators' environment (the host's `python`).
@@ -59,6 +60,7 @@ def run(args):
         "disk": {"path": workdir, "exists": os.path.isdir(workdir), "free_bytes": usage.free,
                  "total_bytes": usage.total},
     })
+    facts["gpu_topology"] = survey.facts(args.get("server_python"))  # topology, versions, PCIe, NCCL_*/VLLM_*
     if args.get("model"):  # hosts.yaml's extract.model: can this host's vLLM serve it at all?
         facts["model_support"] = model_support.host_checks(args["model"], server_python=args.get("server_python"))
     if args.get("slurm") is not None:

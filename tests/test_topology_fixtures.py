@@ -1,6 +1,6 @@
 """The PCIe-only topologies of tests/fixtures/nvidia-smi/ (issue 38, point 5): each a real `nvidia-smi topo -m`
-printed in a public report, kept with the report's address. Nothing parses them yet; this keeps each one there,
-not empty, and sourced."""
+printed in a public report, kept with the report's address; one NVLink host beside them (h100nvl3-nv12-sys-*). This
+keeps each one there, not empty, and sourced; tests/run/test_gpu_topology.py parses them."""
 from __future__ import annotations
 
 import re
@@ -20,5 +20,6 @@ def test_there_are_pcie_only_topologies_of_rtx_pro_6000_hosts():
 def test_each_topology_is_a_gpu_matrix_with_its_source(folder):
     matrix = (folder / "topo_m.txt").read_text()
     assert re.search(r"^GPU0\s+X\s", matrix, re.MULTILINE), "no GPU0 row with X on its diagonal"
-    assert not re.search(r"\bNV\d+\b", matrix), "PCIe-only: no NVLink in the matrix"
+    # PCIe-only unless the folder's name says NVLink (nv12).
+    assert bool(re.search(r"\bNV\d+\b", matrix)) == ("-nv" in folder.name), "NVLink only where the name says it"
     assert re.search(r"https://github\.com/[\w.-]+/[\w.-]+/issues/\d+", (folder / "SOURCE.md").read_text())

@@ -64,8 +64,38 @@ def show_doctor(facts: dict, *, host: Host, as_json: bool) -> None:
         console.print(gpu_table(gpu["gpus"], title="GPUs"))
     else:
         console.print(f"GPUs: none visible ({markup(gpu['reason'])})")
+    if facts.get("gpu_topology"):
+        show_collectives(facts["gpu_topology"])
     if facts.get("slurm"):
         show_cluster(facts["slurm"])
+
+
+def show_collectives(found: dict) -> None:
+    """What decides whether the GPUs' collectives hang (remote/gpus/survey.py): topology, versions, the PCIe
+    path, the NCCL_*/VLLM_* environment, and each known-bad combination with its fix."""
+    rows = Table.grid(padding=(0, 2))
+    if found["available"]:
+        rows.add_row("topology", markup(found.get("topology_text") or f"unknown ({found.get('reason')})"))
+        caps = sorted(set((found.get("caps") or {}).values()) - {None})
+        rows.add_row("versions", markup(f"compute capability {', '.join(caps) or '?'}; driver {found['driver'] or '?'}"
+                                        f", CUDA {found['cuda'] or '?'}"))
+    else:
+        rows.add_row("topology", markup(f"no GPUs ({found.get('reason')}): no links, no P2P"))
+    nccl = found["nccl"]
+    rows.add_row("NCCL", markup(f"{nccl['version']} from {nccl['from']}" if nccl["version"] else nccl["from"]))
+    rows.add_row("IOMMU", markup(found["pcie_text"]["iommu"]))
+    rows.add_row("ACS", markup(found["pcie_text"]["acs"]))
+    env = found.get("env") or {}
+    rows.add_row("NCCL_*/VLLM_*", markup(" ".join(f"{k}={v}" for k, v in env.items()) or "none set"))
+    for hazard in found.get("hazards") or []:
+        if hazard["ok"]:
+            rows.add_row(hazard["name"], markup(hazard["detail"]))
+        else:
+            source = f" ({hazard['source']})" if hazard.get("source") else ""
+            rows.add_row(hazard["name"], f"[red]{markup(hazard['detail'])}[/]{markup(source)}: "
+                                         f"{markup(hazard['advice'])}")
+    console.print("[bold]GPU collectives[/]")
+    console.print(rows)
 
 
 def _server_rows(summary: Table, server: dict) -> None:
