@@ -65,6 +65,9 @@ OUTPUT_UNWRITABLE = "output-unwritable"
 #: the same way (the model's load) and be requeued again, forever (slurm/time_limit.py). Not retried; the
 #: fix is a longer `slurm.time`, which `inv resume` then takes from hosts.yaml.
 TIME_LIMIT_TOO_SHORT = "time-limit-too-short"
+#: The preflight's collective probe (remote/gpus/collective.py): the GPUs' all-reduce did not complete within its
+#: seconds. Its check says whether it passes with NCCL_P2P_DISABLE=1 (`inv extract --collective-safe`).
+COLLECTIVE_HANG = "collective-hang"
 
 # -- heartbeat phases (heartbeat.json "phase"): what the workload is doing now ---------------------
 # Another word than the run's state: a RUNNING run goes PHASE_LOADING -> PHASE_EXTRACTING -> PHASE_DONE.
@@ -96,6 +99,8 @@ DRIVER_DEFAULTS = {
     # The Hugging Face repo id `model` was found by in the host's cache (run/launching.py host_paths sets it; the
     # driver reads `model`, the snapshot directory): kept so that the run's record names both.
     "model_id": None,
+    # --collective-safe (issue 38): vLLM without its custom all-reduce (the laptop adds NCCL_P2P_DISABLE=1 to the env)
+    "collective_safe": False,
 }
 
 # -- server mode (speculators >= 0.8): the server and speculators' CLI steps (remote/run/server/) ----

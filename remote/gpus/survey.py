@@ -53,15 +53,16 @@ def visible_indices(rows, visible):
     return [gpu["index"] for gpu in _visible(rows, visible)]
 
 
-def facts(server_python=None, tp=None):
+def facts(server_python=None, tp=None, extra_env=None, nccl=True):
     """{available, reason, topology, topology_text, used, p2p, driver, cuda, nccl, caps, pcie, pcie_text, env,
-    hazards}: the GPUs a run would use (CUDA_VISIBLE_DEVICES' first `tp`, default all)."""
+    hazards}: the GPUs a run would use (CUDA_VISIBLE_DEVICES' first `tp`, default all); `extra_env`: what the run
+    adds (--collective-safe's NCCL_P2P_DISABLE=1); `nccl`: False leaves NCCL's version unread (the probe says it)."""
     seen = topology.read()
     caps = telemetry.compute_caps(timeout=15)
-    env = run_env()
+    env = dict(run_env(), **(extra_env or {}))
     found = {"available": seen["topology"] is not None or caps["available"], "reason": seen["error"],
              "driver": seen["driver"], "cuda": seen["cuda"], "env": env, "p2p": seen["p2p"],
-             "nccl": nccl_version(server_python), "topology": None, "topology_text": None, "used": [],
+             "nccl": nccl_version(server_python) if nccl else None, "topology": None, "topology_text": None, "used": [],
              "caps": {}, "hazards": []}
     path = pcie.read()
     found["pcie"], found["pcie_text"] = path, pcie.describe(path)

@@ -22,6 +22,7 @@ import model_support
 import pkgmeta
 import procs
 import telemetry
+from gpus import gpu_preflight
 from run import budget, launching, rundir
 from run.server import client, launch, server_preflight
 from run.storage import existing_parent
@@ -68,6 +69,7 @@ def run(args):
         return {"checks": checks + found, "estimate": estimate}
     checks.append(gpus(driver.get("tensor_parallel_size")))
     checks.append(torch_arch(driver.get("tensor_parallel_size")))
+    checks += gpu_preflight.checks(driver, config=config)  # topology, vLLM on the GPUs, the collective probe
     estimate = output_estimate(config, driver, share(samples, driver, server=False))
     checks.append(disk(driver.get("output_dir"), estimate))
     checks.append(reorder_hazard(batch_size, max_len))

@@ -105,7 +105,7 @@ NODE_OPTIONS = {
             **task_help("model", "data", "out", "tp", "layers", "batch_size", "max_len", "max_samples", "port",
                         "concurrency", "clients", "allow_skipped", "staging", "writer_threads",
                         "max_num_batched_tokens", "enforce_eager", "storage", "prepared_cache",
-                        "render_server"),
+                        "render_server", "collective_safe"),
             **NODE_OPTIONS,
             "shared_out": "several hosts, server mode: every shard writes one --out on storage they all mount "
                           "(the preflight proves it is one)",
@@ -121,7 +121,7 @@ NODE_OPTIONS = {
 def extract(c, host, model=None, data=None, out=None, tp=None, layers=None, batch_size=None, max_len=None,
             max_samples=None, port=None, concurrency=None, clients=None, allow_skipped=False, staging=None,
             writer_threads=None, max_num_batched_tokens=None, enforce_eager=False, storage=None, prepared_cache=True,
-            render_server=True, nodes=None, pp=None,
+            render_server=True, collective_safe=False, nodes=None, pp=None,
             dp_local=None, rendezvous_port=None, watch_port=None, shared_out=False, array=None, skip_preflight=False,
             detach=False, dry_run=False, json=False):
     """Preflight, launch the supervised extraction on a host, and show it live (Ctrl-C detaches; the run goes on).
@@ -151,7 +151,8 @@ def extract(c, host, model=None, data=None, out=None, tp=None, layers=None, batc
              # --no-prepared-cache turns it off; without it, hosts.yaml's extract.prepared_cache decides.
              "prepared_cache": None if prepared_cache else False,
              # --no-render-server turns it off; without it, hosts.yaml's extract.render_server decides.
-             "render_server": None if render_server else False}
+             "render_server": None if render_server else False,
+             "collective_safe": collective_safe or None}
     sizes = {"pp": whole_number(pp, option="--pp", default=None),
              "dp_local": whole_number(dp_local, option="--dp-local", default=None),
              "rendezvous_port": whole_number(rendezvous_port, option="--rendezvous-port", default=None),

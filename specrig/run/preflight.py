@@ -7,7 +7,9 @@ from specrig.inventory import Host
 from specrig.run.settings import Request
 from specrig.transport import Remote
 
-PREFLIGHT_TIMEOUT_S = 120
+#: The collective probe may run twice (with the run's env, then with P2P off), each up to 90 s for torch to
+#: import and 30 s for the all-reduce (remote/gpus/collective.py).
+PREFLIGHT_TIMEOUT_S = 360
 
 
 def preflight(remote: Remote, host: Host, request: Request) -> list[dict]:

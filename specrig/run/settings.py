@@ -51,6 +51,9 @@ SETTINGS = {s.name: s for s in (
     Setting("seed", "seed", int, "dataset shuffle seed"),
     Setting("load_format", "load_format", str, "vLLM load format (dummy: random weights)", "the model's weights"),
     Setting("gpu_memory_utilization", "gpu_memory_utilization", float, "fraction of GPU memory vLLM may take"),
+    Setting("collective_safe", "collective_safe", bool, "NCCL_P2P_DISABLE=1 in the job's env and vLLM without its "
+            "custom all-reduce (--disable-custom-all-reduce): for GPUs whose P2P over PCIe hangs (ACS redirect, "
+            "vLLM #33041); the preflight's collective probe says when it is needed"),
     Setting("port", "port", int, "server mode: the vLLM server's port on the host's 127.0.0.1", mode=SERVER),
     Setting("concurrency", "concurrency", int, "server mode: requests in flight", mode=SERVER),
     Setting("clients", "clients", int, "server mode: generate-offline-data processes sharing the requests "
@@ -192,4 +195,7 @@ def build_request(host: Host, given: dict) -> Request:
         if SETTINGS[name].driver_key not in driver_args:
             raise UsageError(f"no --{name} given and hosts.yaml has no hosts.{host.name}.extract.{name}",
                              hint=f"pass --{name} or add it under `extract:` for {host.name}")
-    return Request(driver_args=driver_args, options=options, env=dict(host.env), sources=sources)
+    env = dict(host.env)
+    if driver_args.get("collective_safe"):  # the other half of --collective-safe: vLLM's is the driver's argument
+        env["NCCL_P2P_DISABLE"] = "1"
+    return Request(driver_args=driver_args, options=options, env=env, sources=sources)

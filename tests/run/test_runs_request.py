@@ -100,3 +100,16 @@ def test_a_setting_of_the_other_extraction_mode_is_refused_by_name(make_inventor
     assert message in raised.value.one_line()
     own = SERVER if mode == IN_PROCESS else IN_PROCESS
     assert request.for_mode(own, host) is request  # in its own mode the same request passes
+
+
+def test_collective_safe_turns_p2p_off_in_the_env_and_custom_all_reduce_off_in_vllm(make_inventory):
+    """--collective-safe (issue 38): vLLM #33041's workaround, both halves; from hosts.yaml too."""
+    host = load_inventory(make_inventory({"hosts": {"h": {"env": {"NCCL_DEBUG": "WARN"}, "extract": {
+        "model": "/m", "data": "/d", "out": "/o", "collective_safe": True}}}})).host("h")
+    request = build_request(host, {})
+    assert request.driver_args["collective_safe"] is True
+    assert request.env == {"NCCL_DEBUG": "WARN", "NCCL_P2P_DISABLE": "1"}
+    plain = load_inventory(make_inventory({"hosts": {"h": {"extract": {"model": "/m", "data": "/d",
+                                                                       "out": "/o"}}}})).host("h")
+    assert "NCCL_P2P_DISABLE" not in build_request(plain, {}).env
+    assert build_request(plain, {"collective_safe": True}).sources["collective_safe"] == "--collective-safe"

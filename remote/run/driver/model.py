@@ -54,6 +54,9 @@ def make_generator(args, model_dir):
         # The generator builds LoadConfig() itself; give it ours through its own module namespace.
         generator_module.LoadConfig = functools.partial(generator_module.LoadConfig,
                                                         load_format=args["load_format"])
+    if args.get("collective_safe"):  # --collective-safe: no custom all-reduce (the env has NCCL_P2P_DISABLE=1)
+        generator_module.ParallelConfig = functools.partial(generator_module.ParallelConfig,
+                                                            disable_custom_all_reduce=True)
     return VllmHiddenStatesGenerator(
         model_path=model_dir,
         layer_ids=args["layer_ids"],

@@ -137,6 +137,8 @@ def make(run_path, run_id, driver_args, *, client_python, server_python=None, no
         extra += ["--max-num-batched-tokens", str(settings["max_num_batched_tokens"])]
     if settings["enforce_eager"]:
         extra += ["--enforce-eager"]
+    if settings["collective_safe"]:  # with NCCL_P2P_DISABLE=1 in the env: vLLM #33041's workaround
+        extra += ["--disable-custom-all-reduce"]
     # What this vLLM's own source asks of the command (drift/server/startup.py): --enable-scale-out where the
     # parser has it, and the flags turning off settings it refuses at start-up with the connector.
     decided = startup.installed_launch_settings(vllm_package_dir=vllm_dir, distribution=distribution,

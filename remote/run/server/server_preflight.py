@@ -13,6 +13,7 @@ import socket
 
 import contract
 import pkgmeta
+from gpus import gpu_preflight
 from run import storage
 from run.server import outputs, plan
 from units import human_bytes
@@ -30,6 +31,7 @@ def checks(preflight, driver, *, workdir, server_python, samples, config):
     found.append(preflight.gpus(driver.get("tensor_parallel_size")))
     found.append(preflight.torch_arch(driver.get("tensor_parallel_size"),
                                       python=pkgmeta.interpreter(server_python) if server_python else None))
+    found += gpu_preflight.checks(driver, server_python, config)  # topology, vLLM on the GPUs, the collective probe
     found.append(port_free(driver.get("port") or contract.SERVER_DEFAULTS["port"]))
     # The disk budget is this host's share, in the run's storage (contract.stored_bytes_per_token).
     share = preflight.share(samples, driver, server=True)
