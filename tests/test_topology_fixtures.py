@@ -1,5 +1,6 @@
 """The PCIe-only topologies of tests/fixtures/nvidia-smi/ (issue 38, point 5): each a real `nvidia-smi topo -m`
-printed in a public report, kept with the report's address; one NVLink host beside them (h100nvl3-nv12-sys-*). This
+printed in a public report, kept with the report's address; one NVLink host beside them (h100nvl3-nv12-sys-*), and
+the project's one-GPU device (h100x1-device, printed by benchmarks/gpu/collective_check.py). This
 keeps each one there, not empty, and sourced; tests/run/test_gpu_topology.py parses them."""
 from __future__ import annotations
 
@@ -22,4 +23,6 @@ def test_each_topology_is_a_gpu_matrix_with_its_source(folder):
     assert re.search(r"^GPU0\s+X\s", matrix, re.MULTILINE), "no GPU0 row with X on its diagonal"
     # PCIe-only unless the folder's name says NVLink (nv12).
     assert bool(re.search(r"\bNV\d+\b", matrix)) == ("-nv" in folder.name), "NVLink only where the name says it"
-    assert re.search(r"https://github\.com/[\w.-]+/[\w.-]+/issues/\d+", (folder / "SOURCE.md").read_text())
+    # A public report's address, or the project's own device run that printed it.
+    assert re.search(r"https://github\.com/[\w.-]+/[\w.-]+/issues/\d+|benchmarks/gpu/collective_check\.py",
+                     (folder / "SOURCE.md").read_text())

@@ -18,6 +18,8 @@ LINK_WORDS = {
 }
 GPU_NAME = re.compile(r"^GPU(\d+)$")
 NVLINK = re.compile(r"^NV(\d+)$")
+#: nvidia-smi underlines the matrix's header with terminal escapes even into a pipe (driver 580 on an H100).
+TERMINAL_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 #: `nvidia-smi topo -p2p r`'s cells: OK, or why peer access is refused.
 P2P_WORDS = {"OK": "supported", "CNS": "chipset not supported", "GNS": "GPU not supported",
              "TNS": "topology not supported", "NS": "not supported", "DR": "disabled by regkey", "U": "unknown"}
@@ -31,7 +33,7 @@ class TopologyUnreadable(ValueError):
 def _matrix(text):
     """(GPU indices of the header, {gpu: [cells after the name]}) of a matrix with GPU rows and columns."""
     header, rows = None, {}
-    for line in text.splitlines():
+    for line in TERMINAL_ESCAPE.sub("", text).splitlines():
         words = line.split()
         if not words:
             continue

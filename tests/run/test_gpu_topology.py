@@ -25,7 +25,7 @@ def test_every_real_topology_parses_with_each_pair_once(folder):
     # The folder's name says what its matrix holds (pcie4-pxb-pix-sys: PXB, PIX and SYS).
     for kind in ("pix", "pxb", "phb", "node", "sys", "nv12"):
         assert (kind in folder.name.split("-")) == (kind.upper() in found["kinds"]), kind
-    assert found["pcie_only"] == ("nv12" not in folder.name)
+    assert found["pcie_only"] == (count > 1 and "nv12" not in folder.name)  # one GPU has no link at all
 
 
 def test_the_layouts_parse_alike_tabs_spaces_and_empty_cells():
@@ -56,6 +56,16 @@ def test_p2p_matrix_and_banner():
     assert topology.parse_header((H200X2 / "nvsmi_idle.txt").read_text()) == {"driver": "580.159.04", "cuda": "13.0"}
     with pytest.raises(topology.TopologyUnreadable):
         topology.parse_topo((H200X2 / "nvsmi_idle.txt").read_text())  # a banner is no matrix
+
+
+def test_the_device_h100s_matrix_parses_through_the_terminal_escapes_nvidia_smi_wrote_into_a_file():
+    device = NVSMI / "h100x1-device"
+    assert "\x1b[4m" in (device / "topo_m.txt").read_text()
+    found = topo("h100x1-device")
+    assert found["gpus"] == [0] and found["links"] == {} and found["numa"] == {0: 0} and not found["pcie_only"]
+    assert topology.describe(found).startswith("1 GPU")
+    assert topology.parse_p2p((device / "topo_p2p_r.txt").read_text()) == {}
+    assert topology.parse_header((device / "banner.txt").read_text()) == {"driver": "580.159.04", "cuda": "13.0"}
 
 
 def test_the_shared_h200_captures_banner():
