@@ -10,8 +10,7 @@ import pwd
 import shutil
 
 import model_support
-import pkgmeta
-import telemetry
+from base import pkgmeta, telemetry
 from run.storage import existing_parent
 
 #: Read in speculators' environment (the host's `python`).

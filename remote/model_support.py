@@ -16,9 +16,8 @@ import ast
 import json
 import os
 
-import hfcache
-import telemetry
-from rpc import RemoteFailure
+from base import hfcache, telemetry
+from base.failure import RemoteFailure
 
 #: Files whose `auto_map` names custom code, and what loads each.
 AUTO_MAP_FILES = ("config.json", "tokenizer_config.json", "preprocessor_config.json", "processor_config.json")

@@ -11,7 +11,8 @@ import json
 import os
 import sys
 
-from contract import SENTINEL
+from base.contract import SENTINEL
+from base.failure import RemoteFailure
 
 #: Every command a call may name (the wire name the laptop sends) and the function that runs it,
 #: "module:function". One flat table, not a naming pattern and no second dispatch inside a module:
@@ -45,19 +46,6 @@ COMMANDS = {
 #: (and `signal`) are imported only by a call that arms a deadline.
 _print_lock = _thread.allocate_lock()
 _printed = False
-
-
-class RemoteFailure(Exception):
-    """An expected failure of a remote command, reported by kind rather than traceback."""
-
-    def __init__(self, kind, message, **details):
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
-        self.details = details
-
-    def as_error(self):
-        return dict(self.details, kind=self.kind, message=self.message)
 
 
 def emit(payload):

@@ -21,11 +21,9 @@ import subprocess
 import sys
 import tempfile
 
-import atomic
-import contract
-import pkgmeta
+from base import atomic, contract, pkgmeta
+from base.failure import RemoteFailure
 from dataset import command
-from rpc import RemoteFailure
 from run import rundir
 from run.server import client, nodes, outputs, prepared
 

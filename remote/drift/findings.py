@@ -304,7 +304,7 @@ class SlowCall(ServerContract):
 
 
 class UnsupportedRelease(Finding):
-    """speculators 0.5-0.7: their data generation ships only as repository scripts (remote/contract.py)."""
+    """speculators 0.5-0.7: their data generation ships only as repository scripts (remote/base/contract.py)."""
 
     kind = "unsupported-release"
 

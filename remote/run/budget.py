@@ -8,11 +8,11 @@ The bytes a token takes are the run's storage's, from one definition (contract.s
 bf16 the model's dtype, fp8 one byte a value and a float32 scale a token).
 """
 
-import contract
+from base import contract
+from base.units import human_bytes
 from run import disk_watch
 from run import storage as storage_path
 from run.server import client, outputs, prepared
-from units import human_bytes
 
 #: Room beyond the states themselves: the files' headers and token ids, the filesystem's blocks.
 DISK_MARGIN = 1.1

@@ -40,12 +40,9 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-import atomic
-import contract
-import hfcache
-import pkgmeta
-from contract import ACTIVE_STATES, FAILED, SUCCEEDED, SUPERVISOR_DEFAULTS, UNRESPONSIVE
-from rpc import RemoteFailure
+from base import atomic, contract, hfcache, pkgmeta
+from base.contract import ACTIVE_STATES, FAILED, SUCCEEDED, SUPERVISOR_DEFAULTS, UNRESPONSIVE
+from base.failure import RemoteFailure
 from run import budget, processes, rundir
 from run.server import plan
 from slurm import submission

@@ -13,9 +13,8 @@ import os
 import subprocess
 import sys
 
-import contract
-import hfcache
-from rpc import RemoteFailure
+from base import contract, hfcache
+from base.failure import RemoteFailure
 from run import rundir
 from run.server import client, outputs
 

@@ -16,16 +16,12 @@ import shutil
 import subprocess
 import sys
 
-import contract
-import hfcache
 import model_support
-import pkgmeta
-import procs
-import telemetry
+from base import contract, hfcache, pkgmeta, procs, telemetry
+from base.units import human_bytes
 from run import budget, launching, rundir
 from run.server import client, launch, server_preflight
 from run.storage import existing_parent
-from units import human_bytes
 
 #: speculators' default EAGLE-3 choice captures four layers.
 DEFAULT_LAYER_COUNT = 4

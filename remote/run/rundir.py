@@ -26,9 +26,9 @@ import random
 import string
 import time
 
-import procs
-from atomic import read_json
-from contract import (
+from base import procs
+from base.atomic import read_json
+from base.contract import (
     ACTIVE_STATES,
     FINAL_STATES,
     LOST,
@@ -39,7 +39,7 @@ from contract import (
     UNRESPONSIVE,
     pace_now,
 )
-from rpc import RemoteFailure
+from base.failure import RemoteFailure
 from slurm import jobs
 
 RUNS = "runs"

@@ -12,7 +12,7 @@ read from their files alone (stdlib only).
 """
 import os
 
-from rpc import RemoteFailure
+from base.failure import RemoteFailure
 from run import rundir
 
 LOG_LINES = 50

@@ -12,10 +12,8 @@ import os
 import signal
 import time
 
-import atomic
-import procs
-import telemetry
-from contract import GPU_RELEASE_S, STOPPED, SUPERVISOR_DEFAULTS
+from base import atomic, procs, telemetry
+from base.contract import GPU_RELEASE_S, STOPPED, SUPERVISOR_DEFAULTS
 from run import processes, rundir
 from slurm import cancellation
 

@@ -53,9 +53,8 @@ import signal
 import threading
 import time
 
-import atomic
-import telemetry
-from contract import (
+from base import atomic, telemetry
+from base.contract import (
     DISK_LOW,
     FAILED,
     GPU_RELEASE_S,

@@ -15,7 +15,7 @@ import sys
 # Started by path, so sys.path[0] is remote/slurm/: make it remote/, as supervisor.py does.
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-import atomic
+from base import atomic
 from run import rundir
 from run.launching import server_plan
 from slurm.cluster import SlurmError, slurm_output

@@ -18,8 +18,8 @@ import sys
 import tempfile
 import time
 
-from contract import SENTINEL, SLURM_SETTINGS
-from rpc import RemoteFailure
+from base.contract import SENTINEL, SLURM_SETTINGS
+from base.failure import RemoteFailure
 from slurm import cluster, formats, partition_fit
 from slurm.cluster import SlurmError, slurm_output
 

@@ -13,8 +13,8 @@ start_supervisor, submit_run here).
 import os
 import shutil
 
-import atomic
-from rpc import RemoteFailure
+from base import atomic
+from base.failure import RemoteFailure
 from run import rundir
 from slurm import jobs
 

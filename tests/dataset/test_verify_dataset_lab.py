@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import contract
+from base import contract
 from run.server import outputs
 from support.lab import inv, inv_json, phase, wait_for
 from support.patchenv import as_lab_user

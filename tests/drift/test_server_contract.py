@@ -97,7 +97,7 @@ def models(tmp_path_factory) -> dict[str, str]:
 def test_extraction_mode_is_one_rule_for_both_sides(version, mode):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("host_contract", REPO / "remote" / "contract.py")
+    spec = importlib.util.spec_from_file_location("host_contract", REPO / "remote" / "base" / "contract.py")
     host = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(host)
     assert extraction_mode(version) == host.extraction_mode(version) == mode

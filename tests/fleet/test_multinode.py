@@ -17,8 +17,7 @@ from pathlib import Path
 
 import pytest
 
-import contract
-import telemetry
+from base import contract, telemetry
 from run.server import launch, node_preflight, node_roles, nodes
 from specrig.errors import UsageError
 from specrig.inventory import Host

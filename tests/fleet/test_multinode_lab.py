@@ -22,7 +22,7 @@ import uuid
 
 import pytest
 
-from contract import FINAL_STATES, STOPPED
+from base.contract import FINAL_STATES, STOPPED
 from run.server import outputs
 from specrig.lab import fleet as lab_fleet
 from support.lab import host_of_its_own, inv, inv_json, known_hosts_line

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from contract import ACTIVE_STATES, SUCCEEDED
+from base.contract import ACTIVE_STATES, SUCCEEDED
 from run.server import client, outputs
 from support.lab import inv, inv_json
 from support.runnable_env import HOME, runnable_env_or_skip  # noqa: F401 (marks the module runnable)

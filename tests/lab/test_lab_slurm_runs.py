@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from contract import ACTIVE_STATES, FAILED, RESTARTING, RUNNING, STARTING, STOPPED, SUCCEEDED, TIME_LIMIT_TOO_SHORT
+from base.contract import ACTIVE_STATES, FAILED, RESTARTING, RUNNING, STARTING, STOPPED, SUCCEEDED, TIME_LIMIT_TOO_SHORT
 from run.server import client, outputs
 from slurm import formats, jobs
 from specrig.lab import READY

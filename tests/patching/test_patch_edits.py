@@ -6,7 +6,7 @@ import textwrap
 import pytest
 
 import patchlib
-import versions
+from base import versions
 from patching import edits as patchedits
 from patching import patchset
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import re
 
-from contract import DISK_LOW, FAILED, SUPERVISOR_DEFAULTS
+from base.contract import DISK_LOW, FAILED, SUPERVISOR_DEFAULTS
 from run import disk_watch, rundir
 from run.attempt import found_failure
 from run.in_process import InProcessDriver

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import model_support
-import telemetry
+from base import telemetry
 from specrig.drift import compat
 from support.paths import REPO
 

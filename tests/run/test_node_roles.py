@@ -15,8 +15,8 @@ from types import SimpleNamespace
 
 import pytest
 
-import atomic
-from contract import RUNNING, SUCCEEDED, SUPERVISOR_DEFAULTS
+from base import atomic
+from base.contract import RUNNING, SUCCEEDED, SUPERVISOR_DEFAULTS
 from run.attempt import AttemptEnds
 from run.in_process import InProcessDriver
 from run.rundir import RunDir

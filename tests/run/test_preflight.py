@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-import telemetry
+from base import telemetry
 from run import preflight
 from support.paths import H200X2, REPO
 
@@ -117,7 +117,7 @@ def test_a_shard_is_sized_by_the_samples_it_takes(server, index, taken):
 
 
 def test_the_disk_budget_is_the_shares_tokens_in_the_storage_bytes_per_value(tmp_path):
-    import contract
+    from base import contract
 
     tiny = {"hidden_size": 128, "num_hidden_layers": 8}
     driver = {"layer_ids": [2, 4, 5, 8], "shard_index": 1, "shard_count": 3}

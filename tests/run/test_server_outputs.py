@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-import contract
+from base import contract
 from run.server import arrivals as arrivals_module
 from run.server import outputs
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-import contract
+from base import contract
 from run.server import outputs
 from specrig.inventory import load_inventory
 from specrig.run.runs import runs_call

@@ -20,7 +20,7 @@ import pytest
 import yaml
 from test_server_runs_lab import HOST, ROWS, RUNS, _free_port, _out, _patched_and_verified, _wait
 
-import contract
+from base import contract
 from run.server import outputs, prepared_cache
 from support.lab import inv, inv_json, phase
 from support.paths import REPO

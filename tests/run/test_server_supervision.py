@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from test_server_outputs import hs_file
 
-from contract import DISK_LOW
+from base.contract import DISK_LOW
 from run import rundir
 from run.server import outputs
 from run.server.workload import LAYERS_FILE, ServerExtraction

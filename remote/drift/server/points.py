@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from contract import SERVER
+from base.contract import SERVER
 from drift import findings as F
 from drift.analyzer import Analysis, own_programs
 from drift.server import commands, connector, endpoints, method, speed, startup, target

@@ -20,15 +20,12 @@ import select
 import socket
 import time
 
-import contract
-import hfcache
-import pkgmeta
-import telemetry
-from rpc import RemoteFailure
+from base import contract, hfcache, pkgmeta, telemetry
+from base.failure import RemoteFailure
+from base.units import human_bytes
 from run import preflight, storage
 from run.server import nodes as node_layout
 from run.server import plan
-from units import human_bytes
 
 #: The server environment's packages every node must hold in the same versions.
 PACKAGES = ("vllm", "torch", "transformers")

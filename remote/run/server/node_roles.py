@@ -25,7 +25,7 @@ import socket
 import threading
 import time
 
-from contract import FAILED, FINAL_STATES, RESTARTING, RUNNING, STALLED, STOPPED
+from base.contract import FAILED, FINAL_STATES, RESTARTING, RUNNING, STALLED, STOPPED
 from run import classify
 from run.attempt import POLL_S, RETRY, AttemptEnds, found_failure
 from run.server import nodes as node_layout

@@ -11,9 +11,7 @@ the client steps' endpoints change together.
 import json
 import os
 
-import atomic
-import contract
-import pkgmeta
+from base import atomic, contract, pkgmeta
 from drift.server import startup
 from run.server import client, launch, prepared_cache, render
 from run.server import nodes as node_layout

@@ -35,7 +35,7 @@ import os
 import shutil
 import uuid
 
-import atomic
+from base import atomic
 from run.rundir import PRIVATE_DIR
 from run.server import prepared
 

@@ -11,13 +11,12 @@ import os
 import shutil
 import socket
 
-import contract
-import pkgmeta
+from base import contract, pkgmeta
+from base.units import human_bytes
 from run import storage
 from run.server import outputs, plan
-from units import human_bytes
 
-#: Files the connector may hold in staging at once, per request in flight (remote/contract.py).
+#: Files the connector may hold in staging at once, per request in flight (remote/base/contract.py).
 STAGING_MARGIN = contract.STAGING_MARGIN
 
 

@@ -13,10 +13,8 @@ import subprocess
 import sys
 import time
 
-import atomic
-import contract
-import pkgmeta
-from rpc import RemoteFailure
+from base import atomic, contract, pkgmeta
+from base.failure import RemoteFailure
 from run import rundir
 from run.server import plan
 

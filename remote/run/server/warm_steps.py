@@ -26,7 +26,7 @@ import shutil
 import threading
 import time
 
-import atomic
+from base import atomic
 from run.rundir import PRIVATE_DIR
 from run.server import client, health, outputs, prepared, prepared_cache, render
 

@@ -35,8 +35,8 @@ import re
 import shutil
 import time
 
-import atomic
-from contract import (
+from base import atomic
+from base.contract import (
     DISK_LOW,
     DRIVER_DEFAULTS,
     PHASE_GENERATING,

@@ -3,7 +3,7 @@
 # version, so it stays in syntax that any Python parses: no f-strings, no annotations.
 
 try:
-    import versions  # the one PEP 440 parser (remote/versions.py); remote/ is sys.path[0] on a host
+    from base import versions  # the one PEP 440 parser (remote/base/versions.py); remote/ is sys.path[0] on a host
 except (ImportError, SyntaxError):
     # The laptop loads this file alone and sets `versions` itself (specrig/contract.py); a Python too
     # old for versions.py imports this module only for SENTINEL (entry.py).
