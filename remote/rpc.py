@@ -19,7 +19,7 @@ from base.failure import RemoteFailure
 #: a call can reach these functions and nothing else.
 COMMANDS = {
     "probe": "probe:run",                                   # the primitive's own diagnostics
-    "doctor": "doctor:run",                                 # what is on the host
+    "doctor": "doctor.report:run",                              # what is on the host
     "verify": "drift.verify:run",                           # analyze: drift between the installed packages
     "patch.status": "patching.patch:status",                # patch: what is applied, pending, missing
     "patch.apply": "patching.patch:apply",                  # patch: apply (or dry-run) the patchset

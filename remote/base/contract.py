@@ -12,7 +12,7 @@ except (ImportError, SyntaxError):
 #: Starts the one line of a call's stdout that holds its JSON result (entry.py/rpc.py -> transport).
 SENTINEL = "@@SPECRIG-RESULT@@"
 
-# -- run states (remote/run/rundir.py writes them; status, logs, the live view read them) -------
+# -- run states (remote/base/rundir.py writes them; status, logs, the live view read them) -------
 # Every state is named here once; code writes and compares these names, never the bare strings, so a
 # renamed state cannot go unnoticed.
 STARTING = "starting"        # the supervisor is up; the workload not yet started

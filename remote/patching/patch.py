@@ -26,9 +26,9 @@ import os
 import pwd
 import sys
 
-import patchlib
 from base import atomic
 from base.failure import RemoteFailure
+from patching import patchlib
 from patching import patchset as patchsets
 from patching import store as patchstore
 from patching.store import file_sha256, sha256

@@ -53,7 +53,7 @@ import signal
 import threading
 import time
 
-from base import atomic, telemetry
+from base import atomic, rundir, telemetry
 from base.contract import (
     DISK_LOW,
     FAILED,
@@ -67,7 +67,7 @@ from base.contract import (
     SUPERVISOR_BEAT_S,
 )
 from dataset import verify as dataset_verify
-from run import classify, disk_watch, rundir
+from run import classify, disk_watch
 from run.attempt import POLL_S, RETRY, AttemptEnds, NotStarted, found_failure
 from slurm import time_limit
 

@@ -13,9 +13,8 @@ start_supervisor, submit_run here).
 import os
 import shutil
 
-from base import atomic
+from base import atomic, rundir
 from base.failure import RemoteFailure
-from run import rundir
 from slurm import jobs
 
 

@@ -71,7 +71,7 @@ def test_visible_gpus_follow_cuda(smi, visible, indices):
     """As CUDA reads CUDA_VISIBLE_DEVICES: indices or (unique prefixes of) UUIDs, up to the first entry
     that names no GPU, or one named already."""
     seen, _ = smi("query_gpu_idle.csv")
-    assert [g["index"] for g in preflight._visible(seen["gpus"], visible)] == indices
+    assert [g["index"] for g in telemetry.visible_gpus(seen["gpus"], visible)] == indices
 
 
 def test_only_the_gpus_the_job_will_use_must_be_free(smi):

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
+from base import outputs, prepared
 from base.contract import DISK_LOW, FAILED, FINAL_STATES
 from base.units import human_bytes
 from run import disk_watch
-from run.server import outputs, prepared
 from support.lab import inv, inv_json, phase, wait_for
 from support.patchenv import as_lab_user
 from support.runnable_env import HOME, runnable_env_or_skip  # noqa: F401 (runnable)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from base import procs
 from base.contract import FINAL_STATES, RESTARTING, RUNNING, STARTING
-from run.rundir import RunDir
+from base.rundir import RunDir
 from support.lab import inv
 from support.patchenv import as_lab_user
 from support.runnable_env import HOME

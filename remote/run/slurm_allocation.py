@@ -15,10 +15,9 @@ import sys
 # Started by path, so sys.path[0] is remote/slurm/: make it remote/, as supervisor.py does.
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from base import atomic
-from run import rundir
+from base import atomic, rundir
+from base.slurm_queries import SlurmError, slurm_output
 from run.launching import server_plan
-from slurm.cluster import SlurmError, slurm_output
 
 
 def place(run, *, hosts, addresses):

@@ -9,8 +9,8 @@ import platform
 import pwd
 import shutil
 
-import model_support
 from base import pkgmeta, telemetry
+from run import model_support
 from run.storage import existing_parent
 
 #: Read in speculators' environment (the host's `python`).

@@ -46,8 +46,8 @@ import struct
 import sys
 
 if __name__ == "__main__":
-    # Started by path, sys.path[0] is remote/run/server/: make it remote/, where contract.py is (as on a host).
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    # Started by path, sys.path[0] is remote/base/: make it remote/, where the package base is (as on a host).
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from base import contract
 
