@@ -119,7 +119,7 @@ def test_an_unquantized_model_and_unknown_gpus_pass():
 
 def test_doctor_checks_hosts_yaml_extract_model_on_the_host(tmp_path):
     """The hook: specrig/doctor.py passes extract.model, remote/doctor/report.py answers with both checks."""
-    from doctor.report import report as remote_doctor
+    from doctor import report as remote_doctor
     from specrig.doctor import doctor_args
     from specrig.inventory import Host
 
