@@ -26,7 +26,7 @@ human_bytes = load_host_module("base/units").human_bytes
 #: The one PEP 440 parser (remote/base/versions.py), for versions the user gives on this side too.
 _versions = load_host_module("base/versions")
 _contract = load_host_module("base/contract")
-_contract.versions = _versions  # what `import versions` finds on a host, where remote/ is on sys.path
+_contract.versions = _versions  # what `from base import versions` finds on a host (remote/ on sys.path)
 Version = _versions.Version
 InvalidVersion = _versions.InvalidVersion
 #: Whether a version is in a patchset's range (patchsets/README.md, "Version ranges"): the engine's own rule.
