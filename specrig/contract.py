@@ -12,7 +12,7 @@ from specrig.paths import remote_dir
 
 
 def load_host_module(path: str):
-    """A module of remote/ loaded from its file (`path` without .py: "contract", "run/server/nodes"),
+    """A module of remote/ loaded from its file (`path` without .py: "base/contract", "run/storage"),
     for one that imports nothing the laptop lacks."""
     spec = importlib.util.spec_from_file_location("specrig._host." + path.replace("/", "."),
                                                   remote_dir() / f"{path}.py")
