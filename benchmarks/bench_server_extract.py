@@ -1,7 +1,7 @@
 """Server-mode extraction three ways, on the same lab host and the same data (issue 10's benchmark).
 
 1. **By hand**, as speculators' docs describe it (docs/server-mode.md §1): the vLLM server (the very
-   command specrig builds: remote/run/server/launch.py), wait for /health, `speculators prepare-data`,
+   command specrig builds: remote/base/server_command.py), wait for /health, `speculators prepare-data`,
    `speculators generate-offline-data`, then stop the server and wait for it to exit (its GPUs are
    not free before).
 2. **`inv extract --host lab-server`**: the same three steps under specrig's supervisor, plus its
@@ -39,7 +39,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "remote"))
 
-from run.server import client, launch, outputs
+from base import outputs
+from base import server_command as launch
+from run.server import client
 
 HOME = Path(os.environ.get("SPECRIG_RUNNABLE_HOME", "/home/specrig"))
 CLIENT = HOME / "venv-spec-0.9" / "bin" / "python"

@@ -19,7 +19,7 @@ os.umask(0o077)
 MINIMUM = (3, 9)
 
 if sys.version_info[:2] < MINIMUM:
-    from contract import SENTINEL  # plain syntax: any Python imports it
+    from base.contract import SENTINEL  # plain syntax: any Python imports it
 
     sys.stdout.write("\n" + SENTINEL + " " + json.dumps({
         "ok": False,

@@ -6,7 +6,7 @@ byte-exact, that deadlines end the remote process, and that failures come back t
 import os
 import time
 
-from rpc import RemoteFailure
+from base.failure import RemoteFailure
 
 
 def run(args):

@@ -11,14 +11,15 @@ import json
 import os
 import sys
 
-from contract import SENTINEL
+from base.contract import SENTINEL
+from base.failure import RemoteFailure
 
 #: Every command a call may name (the wire name the laptop sends) and the function that runs it,
 #: "module:function". One flat table, not a naming pattern and no second dispatch inside a module:
 #: a call can reach these functions and nothing else.
 COMMANDS = {
     "probe": "probe:run",                                   # the primitive's own diagnostics
-    "doctor": "doctor:run",                                 # what is on the host
+    "doctor": "doctor.report:run",                              # what is on the host
     "verify": "drift.verify:run",                           # analyze: drift between the installed packages
     "patch.status": "patching.patch:status",                # patch: what is applied, pending, missing
     "patch.apply": "patching.patch:apply",                  # patch: apply (or dry-run) the patchset
@@ -45,19 +46,6 @@ COMMANDS = {
 #: (and `signal`) are imported only by a call that arms a deadline.
 _print_lock = _thread.allocate_lock()
 _printed = False
-
-
-class RemoteFailure(Exception):
-    """An expected failure of a remote command, reported by kind rather than traceback."""
-
-    def __init__(self, kind, message, **details):
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
-        self.details = details
-
-    def as_error(self):
-        return dict(self.details, kind=self.kind, message=self.message)
 
 
 def emit(payload):

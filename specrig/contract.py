@@ -1,4 +1,4 @@
-"""The contracts shared with the host side: remote/contract.py (and remote/versions.py), loaded from their files.
+"""The contracts shared with the host side: remote/base/contract.py (and remote/base/versions.py), loaded from their files.
 
 remote/ is not a package of the laptop side (it runs on the host's own Python, from the bundle),
 so the one definition is read from where the bundle takes it: a checkout's remote/ or an
@@ -12,7 +12,7 @@ from specrig.paths import remote_dir
 
 
 def load_host_module(path: str):
-    """A module of remote/ loaded from its file (`path` without .py: "contract", "run/server/nodes"),
+    """A module of remote/ loaded from its file (`path` without .py: "base/contract", "run/storage"),
     for one that imports nothing the laptop lacks."""
     spec = importlib.util.spec_from_file_location("specrig._host." + path.replace("/", "."),
                                                   remote_dir() / f"{path}.py")
@@ -21,19 +21,19 @@ def load_host_module(path: str):
     return module
 
 
-#: The one byte formatter of both sides, in IEC units ("59.5 GiB"; remote/units.py).
-human_bytes = load_host_module("units").human_bytes
-#: The one PEP 440 parser (remote/versions.py), for versions the user gives on this side too.
-_versions = load_host_module("versions")
-_contract = load_host_module("contract")
-_contract.versions = _versions  # what `import versions` finds on a host, where remote/ is on sys.path
+#: The one byte formatter of both sides, in IEC units ("59.5 GiB"; remote/base/units.py).
+human_bytes = load_host_module("base/units").human_bytes
+#: The one PEP 440 parser (remote/base/versions.py), for versions the user gives on this side too.
+_versions = load_host_module("base/versions")
+_contract = load_host_module("base/contract")
+_contract.versions = _versions  # what `from base import versions` finds on a host (remote/ on sys.path)
 Version = _versions.Version
 InvalidVersion = _versions.InvalidVersion
 #: Whether a version is in a patchset's range (patchsets/README.md, "Version ranges"): the engine's own rule.
 in_range = _versions.in_range
 
 SENTINEL: str = _contract.SENTINEL
-# The run states (remote/contract.py names each once).
+# The run states (remote/base/contract.py names each once).
 STARTING: str = _contract.STARTING
 RUNNING: str = _contract.RUNNING
 RESTARTING: str = _contract.RESTARTING
@@ -51,21 +51,21 @@ SUPERVISOR_DEFAULTS: dict = _contract.SUPERVISOR_DEFAULTS
 SERVER_DEFAULTS: dict = _contract.SERVER_DEFAULTS
 STAGING_MARGIN: int = _contract.STAGING_MARGIN
 stored_bytes_per_token = _contract.stored_bytes_per_token
-#: Server mode's storage types of the hidden states (remote/contract.py STORAGES).
+#: Server mode's storage types of the hidden states (remote/base/contract.py STORAGES).
 STORAGES: tuple[str, ...] = _contract.STORAGES
 HS_CONNECTORS: str = _contract.HS_CONNECTORS
 COMPILED_SUFFIXES: tuple[str, ...] = _contract.COMPILED_SUFFIXES
 COMPILED_MANIFEST: str = _contract.COMPILED_MANIFEST
-# The extraction modes, and the one rule that picks a speculators release's (remote/contract.py).
+# The extraction modes, and the one rule that picks a speculators release's (remote/base/contract.py).
 IN_PROCESS: str = _contract.IN_PROCESS
 REPOSITORY_SCRIPTS: str = _contract.REPOSITORY_SCRIPTS
 SERVER: str = _contract.SERVER
 extraction_mode = _contract.extraction_mode
-# Slurm: the schedulers hosts.yaml's `scheduler:` takes, and its `slurm:` settings (remote/contract.py).
+# Slurm: the schedulers hosts.yaml's `scheduler:` takes, and its `slurm:` settings (remote/base/contract.py).
 SLURM: str = _contract.SLURM
 SCHEDULERS: tuple[str, ...] = _contract.SCHEDULERS
 SLURM_SETTINGS: dict = _contract.SLURM_SETTINGS
-# Where a verify report came from: its "cache" state (remote/contract.py).
+# Where a verify report came from: its "cache" state (remote/base/contract.py).
 CACHE_HIT: str = _contract.CACHE_HIT
 CACHE_MISS: str = _contract.CACHE_MISS
 CACHE_BYPASSED: str = _contract.CACHE_BYPASSED

@@ -28,7 +28,7 @@ def doctor_args(host: Host, **extra) -> dict:
         args["server_python"] = host.server_interpreter
     if host.scheduler == contract.SLURM:
         args["slurm"] = host.slurm
-    if host.extract.get("model"):  # remote/model_support.py: custom code, quantization on these GPUs
+    if host.extract.get("model"):  # remote/run/model_support.py: custom code, quantization on these GPUs
         args["model"] = host.extract["model"]
     return args
 

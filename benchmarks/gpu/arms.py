@@ -116,7 +116,7 @@ def inv_options(settings, flags):
 
 
 def nondefault(settings, defaults):
-    """The settings that differ from specrig's defaults (remote/contract.py SERVER_DEFAULTS), compared as
+    """The settings that differ from specrig's defaults (remote/base/contract.py SERVER_DEFAULTS), compared as
     text: writer_threads=8 is named where the default is 8, not where it is None (the connector's own)."""
     return {key: value for key, value in settings.items()
             if key in HARNESS_SETTINGS or key not in defaults or str(defaults[key]) != str(value)}

@@ -146,7 +146,7 @@ def inject(h, run_path, out, injection, after_attempt=0, timeout=420, before=Non
     """Send `injection`'s signal to its process once the run generates with `at` files in an attempt after
     `after_attempt` (`before()` runs first: a capture under load). (its record, the identities of the files
     then); the record's `at_epoch` is None where nothing was sent (the run ended first, no such process)."""
-    generating = h.remote_module("contract").PHASE_GENERATING
+    generating = h.remote_module("base.contract").PHASE_GENERATING
 
     def reached(beat, status):
         attempts = status.get("attempts") or []

@@ -42,7 +42,7 @@ RESULTS = os.path.join(SG, "results.json")
 #: Logs and captures: device.sh packs them into $OUT/extras.tgz (a call brings back 8 files at most).
 EXTRAS = os.path.join(SG, "extras")
 FIXTURES = os.path.join(EXTRAS, "nvsmi")
-#: nvidia-smi's fields as remote/telemetry.py asks for them (the captures are that query's output).
+#: nvidia-smi's fields as remote/base/telemetry.py asks for them (the captures are that query's output).
 GPU_QUERY = "index,name,uuid,memory.used,memory.total,memory.free,utilization.gpu,temperature.gpu,power.draw"
 APP_QUERY = "pid,process_name,gpu_uuid,used_gpu_memory"
 FINAL = ("succeeded", "failed", "stopped")

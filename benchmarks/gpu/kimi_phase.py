@@ -3,7 +3,7 @@ device, vLLM 0.26.0 + speculators 0.9.0, `inv ... --host local` as a user runs t
 phase named kimi:STEP here (`run(harness, phase)`, harness: harness.py, its inv, run, record, ...).
 
     kimi:build    shrunk_kimi.py build: $SG/models/kimi/{kimi-k25, kimi-k2-text, reference-bf16} and
-                  N_KIMI_DATA conversations; the model checks (remote/model_support.py) on both directories
+                  N_KIMI_DATA conversations; the model checks (remote/run/model_support.py) on both directories
     kimi:drift    inv verify-signatures and inv apply-patches with --model the stand-in: the findings as the
                   analyzer sees them for this class
     kimi:forward  vLLM's own residual stream at the same ids with extraction off (vllm_forward.py: forward
@@ -42,17 +42,17 @@ def paths(harness):
 
 
 def default_layer_ids(num_layers):
-    """speculators' default choice as specrig's launch reads it (remote/run/server/launch.py)."""
+    """speculators' default choice as specrig's launch reads it (remote/base/server_command.py)."""
     sys.path.insert(0, os.path.join(HERE, "..", "..", "remote"))
-    from run.server import launch
+    from base import server_command as launch
 
     return launch.default_layer_ids(num_layers)
 
 
 def model_checks(model):
-    """remote/model_support.py's checks of `model` on this machine, as doctor and the preflight make them."""
+    """remote/run/model_support.py's checks of `model` on this machine, as doctor and the preflight make them."""
     sys.path.insert(0, os.path.join(HERE, "..", "..", "remote"))
-    import model_support
+    from run import model_support
 
     return model_support.host_checks(model)
 

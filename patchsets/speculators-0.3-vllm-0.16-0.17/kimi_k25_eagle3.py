@@ -5,7 +5,7 @@ holds: the class must derive from SupportsEagle3 and have both auxiliary
 hidden-state methods. Kimi-K2.5 keeps its text model in `language_model`, so
 the methods delegate there, as vLLM's Llama4ForConditionalGeneration does.
 """
-import patchlib
+from patching import patchlib
 
 CLASS = "KimiK25ForConditionalGeneration"
 INTERFACE = "SupportsEagle3"

@@ -4,7 +4,7 @@ speculators' worker extension captures hidden states by replacing
 `model.model.forward`; Kimi-K2.5 keeps that module at `language_model.model`.
 A read-only property (not a submodule) changes no weight names.
 """
-import patchlib
+from patching import patchlib
 
 CLASS = "KimiK25ForConditionalGeneration"
 MEMBERS = '''

@@ -16,7 +16,7 @@ Which trainer reads what, from its own code:
 """
 import os
 
-import versions
+from base import versions
 
 SAFETENSORS, PT = "safetensors", "pt"
 #: The two trainer families: `speculators train` over Arrow rows, scripts/train.py over *.pt samples.

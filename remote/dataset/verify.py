@@ -21,13 +21,9 @@ import subprocess
 import sys
 import tempfile
 
-import atomic
-import contract
-import pkgmeta
+from base import atomic, contract, nodes, outputs, pkgmeta, prepared, rundir
+from base.failure import RemoteFailure
 from dataset import command
-from rpc import RemoteFailure
-from run import rundir
-from run.server import client, nodes, outputs, prepared
 
 #: The program that runs the trainer's loading code (this file is remote/dataset/verify.py).
 TRAINER_PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "trainer_load.py")
@@ -175,7 +171,7 @@ def _share(run, out):
     total = run.status.get("samples_total")
     if total is None and prepared.complete(server["prepared"]):
         total = prepared.rows(server["prepared"])
-    rows = client.shard_indices(total or 0, server.get("max_samples"), shard.get("shard_count") or 1,
+    rows = prepared.shard_indices(total or 0, server.get("max_samples"), shard.get("shard_count") or 1,
                                 shard.get("shard_index") or 0, server.get("clients", 1))
     recorded = _layers_record(out).get("storage") or server.get("storage")
     plan = {"layer_ids": server["layer_ids"], "hidden_size": server.get("hidden_size"), "storage": recorded or "bf16",
@@ -186,7 +182,7 @@ def _share(run, out):
                         "shard": _shard(shard.get("shard_index"), shard.get("shard_count"))})
     if shard.get("shared_out"):
         # One directory holds every shard's files: the others' rows are theirs, not extra here.
-        share["others"] = set(client.shard_indices(total or 0, server.get("max_samples"))) - set(rows)
+        share["others"] = set(prepared.shard_indices(total or 0, server.get("max_samples"))) - set(rows)
     return share
 
 

@@ -2,7 +2,7 @@
 import os
 import time
 
-from contract import IN_PROCESS, SERVER
+from base.contract import IN_PROCESS, SERVER
 from drift import findings as F
 from drift import syntax as ast
 from drift.consumer import BoundMethod, ConsumerModule

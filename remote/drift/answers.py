@@ -19,7 +19,7 @@ import os
 import sys
 import zlib
 
-import atomic
+from base import atomic
 
 CACHE = "verify-cache"
 #: Bumped when what an entry holds changes meaning: older entries are then never read.

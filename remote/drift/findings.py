@@ -12,7 +12,8 @@ from drift.source import Module
 
 TYPE_CHECKING = False  # typing's own flag, without importing typing (3 ms of a cold verify's start)
 if TYPE_CHECKING:
-    from drift.rules import Rule  # rules builds findings: imported for the annotation only
+    from collections.abc import Callable
+
     from drift.signatures import Parameter
 
 
@@ -211,6 +212,23 @@ class TrustRemoteCode(Finding):
 
 
 @record
+class Rule:
+    id: str
+    title: str
+    explanation: str
+    #: Called with the Analysis: the Hits where the consumer relies on the old behaviour.
+    detector: Callable
+    fix_summary: str
+    #: A unified diff of the consumer's source.
+    patch: str
+
+    @property
+    def fix(self):
+        """The finding's `fix` (docs/findings.md)."""
+        return {"summary": self.fix_summary, "patch": self.patch}
+
+
+@record
 class Behaviour(Finding):
     kind = "behaviour"
 
@@ -304,7 +322,7 @@ class SlowCall(ServerContract):
 
 
 class UnsupportedRelease(Finding):
-    """speculators 0.5-0.7: their data generation ships only as repository scripts (remote/contract.py)."""
+    """speculators 0.5-0.7: their data generation ships only as repository scripts (remote/base/contract.py)."""
 
     kind = "unsupported-release"
 

@@ -10,34 +10,16 @@ the existing ones can express the check.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from drift import findings as F
 from drift import syntax as ast
 from drift.classes import class_member, instance_member
 from drift.consumer import BoundMethod, ConsumerModule
+from drift.findings import Rule
 from drift.model_interface import model_base_lacks
 from drift.parts import unparsed_text
 from drift.records import record
 from drift.symbols import ClassRef, ExternalRef, FunctionRef, MissingRef, ValueRef
 from drift.syntax import walk
-
-
-@record
-class Rule:
-    id: str
-    title: str
-    explanation: str
-    #: Called with the Analysis: the Hits where the consumer relies on the old behaviour.
-    detector: Callable
-    fix_summary: str
-    #: A unified diff of the consumer's source.
-    patch: str
-
-    @property
-    def fix(self):
-        """The finding's `fix` (docs/findings.md)."""
-        return {"summary": self.fix_summary, "patch": self.patch}
 
 
 @record

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import re
 
-from contract import COMPILED_MANIFEST, COMPILED_SUFFIXES
+from base.contract import COMPILED_MANIFEST, COMPILED_SUFFIXES
 from drift import syntax as ast
 from drift.parts import PartedSource
 from drift.records import record

@@ -2,7 +2,7 @@
 
 args, for an installed environment (located from package metadata, nothing imported):
     {"consumers": ["speculators"], "provider": "vllm", "model": "/path/to/model-dir" (optional; or a
-     Hugging Face repo id, read from its snapshot in this host's cache: remote/hfcache.py),
+     Hugging Face repo id, read from its snapshot in this host's cache: remote/base/hfcache.py),
      "storage": the storage type of the server-mode run checked for (optional: contract.STORAGES)}
 or, for unpacked wheels (check-compat):
     {"consumer_roots": [{"root": dir, "package": "speculators", "version": "0.3.0"}],
@@ -24,7 +24,7 @@ vllm_serve.py as a consumer). Returns the report (docs/findings.md).
 import json
 import os
 
-from contract import (
+from base.contract import (
     CACHE_BYPASSED,
     CACHE_HIT,
     CACHE_MISS,
@@ -34,7 +34,7 @@ from contract import (
     SERVER,
     extraction_mode,
 )
-from rpc import RemoteFailure
+from base.failure import RemoteFailure
 
 
 def run(args):
@@ -103,7 +103,7 @@ def _analysis(args):
         raise RemoteFailure("bad-argument", "no consumer package given")
     model = None
     if args.get("model"):
-        import hfcache
+        from base import hfcache
 
         model = _model_directory(hfcache.resolve(args["model"], os.environ))
     elif args.get("model_config"):
@@ -167,7 +167,7 @@ def _repository_scripts(consumers, provider, model):
 
 
 def _installed(name):
-    import pkgmeta  # importlib.metadata is slow to import: only installed environments need it
+    from base import pkgmeta  # importlib.metadata is slow to import: only installed environments need it
 
     found = pkgmeta.installed(name)
     if found is None:
@@ -182,7 +182,7 @@ LOCATE_TIMEOUT_S = 60
 def _installed_elsewhere(name, python):
     """`name` as installed in the environment of interpreter `python` (hosts.yaml server_python); this
     environment's own when `python` is this interpreter."""
-    import pkgmeta
+    from base import pkgmeta
 
     try:
         environment = pkgmeta.other_environment(python, [name], LOCATE_TIMEOUT_S)
@@ -240,7 +240,7 @@ def _read_json(path):
 
 def _model_directory(found):
     """The model of an hfcache.Model: a directory given, or the snapshot a repo id names in the hub cache."""
-    import hfcache
+    from base import hfcache
 
     config = os.path.join(found.path, "config.json")
     if not os.path.isfile(config):

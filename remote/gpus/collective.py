@@ -26,7 +26,7 @@ import time
 if __name__ == "__main__":  # a program: remote/ on the path, as a call has it
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from contract import COLLECTIVE_HANG
+from base.contract import COLLECTIVE_HANG
 
 COLLECTIVE_ERROR = "collective-error"
 NOT_STARTED = "collective-not-started"

@@ -7,8 +7,7 @@ is what a run started by specrig gets too.
 import os
 import re
 
-import pkgmeta
-import telemetry
+from base import pkgmeta, telemetry
 from gpus import hazards, pcie, topology
 
 ENV_PREFIXES = ("NCCL_", "VLLM_")
@@ -47,10 +46,8 @@ def nccl_version(python=None):
 
 
 def visible_indices(rows, visible):
-    """nvidia-smi indices of the GPUs CUDA_VISIBLE_DEVICES shows (run/preflight.py's reading of it)."""
-    from run.preflight import _visible  # the one reading of CUDA_VISIBLE_DEVICES
-
-    return [gpu["index"] for gpu in _visible(rows, visible)]
+    """nvidia-smi indices of the GPUs CUDA_VISIBLE_DEVICES shows (telemetry's one reading of it)."""
+    return [gpu["index"] for gpu in telemetry.visible_gpus(rows, visible)]
 
 
 def facts(server_python=None, tp=None, extra_env=None, nccl=True):

@@ -8,8 +8,8 @@ import ast
 import importlib.util
 import os
 
-import patchlib
-from patchlib import APPLIED, PENDING, State, conflict
+from patching import patchlib
+from patching.patchlib import APPLIED, PENDING, State, conflict
 
 
 class InvalidEdit(ValueError):

@@ -26,12 +26,12 @@ import os
 import pwd
 import sys
 
-import atomic
-import patchlib
+from base import atomic
+from base.failure import RemoteFailure
+from patching import patchlib
 from patching import patchset as patchsets
 from patching import store as patchstore
 from patching.store import file_sha256, sha256
-from rpc import RemoteFailure
 
 
 def status(args):

@@ -8,8 +8,7 @@ import json
 import os
 import re
 
-import pkgmeta
-import versions
+from base import pkgmeta, versions
 from patching import edits
 
 #: patchsets/ beside remote/ in the bundle (this file is remote/patching/patchset.py).

@@ -23,8 +23,8 @@ import socket
 import sys
 import time
 
-import atomic
-import rpc
+from base import atomic
+from base.failure import RemoteFailure
 
 FORMAT = 1
 
@@ -72,7 +72,7 @@ class Store:
         except FileNotFoundError:
             return {"format": FORMAT, "files": {}, "intent": None}
         if manifest.get("format") != FORMAT:
-            raise rpc.RemoteFailure("bad-manifest", "%s has format %r; this specrig reads format %d"
+            raise RemoteFailure("bad-manifest", "%s has format %r; this specrig reads format %d"
                                     % (self.manifest_path, manifest.get("format"), FORMAT))
         return manifest
 
@@ -114,10 +114,10 @@ class Store:
             with open(path, "rb") as handle:
                 data = handle.read()
         except FileNotFoundError:
-            raise rpc.RemoteFailure("backup-missing", "the backup of %s (%s) is gone; the original cannot be "
+            raise RemoteFailure("backup-missing", "the backup of %s (%s) is gone; the original cannot be "
                                     "restored (reinstall the package instead)" % (entry["file"], path)) from None
         if sha256(data) != entry["original_sha256"]:
-            raise rpc.RemoteFailure("backup-corrupt", "the backup %s of %s does not have the recorded sha256 %s; "
+            raise RemoteFailure("backup-corrupt", "the backup %s of %s does not have the recorded sha256 %s; "
                                     "refusing to restore it" % (path, entry["file"], entry["original_sha256"]))
         return data
 
@@ -140,7 +140,7 @@ class Store:
             if exc.errno not in (errno.EAGAIN, errno.EACCES):
                 raise
             holder = self.holder()
-            raise rpc.RemoteFailure(
+            raise RemoteFailure(
                 "locked", "another specrig client is changing the patches of %s (%s); try again when it has "
                 "finished" % (sys.prefix, _describe_holder(holder)), holder=holder) from None
         os.ftruncate(fd, 0)

@@ -10,7 +10,7 @@ stall, and reads the attempt's log from where the attempt began (log_since).
 import os
 import time
 
-from contract import RUNNING, STALLED
+from base.contract import RUNNING, STALLED
 from run import classify
 
 #: Seconds between the polls of an attempt's watch.

@@ -1,18 +1,18 @@
 """The disk budget of a host's share (stdlib only): the bytes its hidden states take against the free
 space where they go. One sizing, two sources of tokens: the preflight estimates them from the dataset
 (run/preflight.py, before anything runs); a resume, and each attempt before its first file, read the
-prepared data's real token counts (run/server/prepared.py token_counts) for the samples of its share
+prepared data's real token counts (base/prepared.py token_counts) for the samples of its share
 still missing.
 
 The bytes a token takes are the run's storage's, from one definition (contract.stored_bytes_per_token:
 bf16 the model's dtype, fp8 one byte a value and a float32 scale a token).
 """
 
-import contract
+from base import contract, outputs, prepared
+from base.units import human_bytes
 from run import disk_watch
 from run import storage as storage_path
-from run.server import client, outputs, prepared
-from units import human_bytes
+from run.server import client
 
 #: Room beyond the states themselves: the files' headers and token ids, the filesystem's blocks.
 DISK_MARGIN = 1.1

@@ -18,7 +18,7 @@ run whose last files leave less than the floor has finished, not run low).
 import os
 import time
 
-from units import human_bytes
+from base.units import human_bytes
 
 #: The least free space a run keeps, whatever the size of its files: room for what is written beside
 #: them (the run's logs and records where they share the disk, the connector's lock files, directory

@@ -9,7 +9,7 @@ this file (and so every module it imports at its top).
 
 args.json (an object; only the first three are required):
   model                 str        local model directory (config.json, tokenizer, weights); a launch
-                                   gives a Hugging Face repo id's snapshot directory (remote/hfcache.py)
+                                   gives a Hugging Face repo id's snapshot directory (remote/base/hfcache.py)
   dataset               str        local .json/.jsonl conversations, or "sharegpt" / "ultrachat"
                                    (speculators' own names, when the host can reach the hub)
   output_dir            str        where data_{i}.pt, data_config.json, token_freq.torch go

@@ -12,8 +12,8 @@ import re
 import subprocess
 import time
 
-import procs
-from contract import DRIVER_DEFAULTS, PHASE_DONE, PHASE_EXTRACTING, PHASE_LOADING
+from base import procs
+from base.contract import DRIVER_DEFAULTS, PHASE_DONE, PHASE_EXTRACTING, PHASE_LOADING
 from run.attempt import POLL_S, NotStarted, Watch, child_env, log_since
 from run.driver.output import remove_temporaries
 

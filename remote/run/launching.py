@@ -6,7 +6,7 @@
                    "nodes": {...}|null, "slurm": {...}|null, "array": {...}|null}
                                                   speculators >= 0.8 on this python: a server-mode
                                                   run (run/server/plan.py); nodes: this node's part
-                                                  of a multi-node job (run/server/nodes.py), server
+                                                  of a multi-node job (base/nodes.py), server
                                                   mode whatever this python holds; slurm:
                                                   hosts.yaml's `slurm:` settings of a login node:
                                                   the supervisor runs as one Slurm job
@@ -40,13 +40,10 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-import atomic
-import contract
-import hfcache
-import pkgmeta
-from contract import ACTIVE_STATES, FAILED, SUCCEEDED, SUPERVISOR_DEFAULTS, UNRESPONSIVE
-from rpc import RemoteFailure
-from run import budget, processes, rundir
+from base import atomic, contract, hfcache, pkgmeta, rundir
+from base.contract import ACTIVE_STATES, FAILED, SUCCEEDED, SUPERVISOR_DEFAULTS, UNRESPONSIVE
+from base.failure import RemoteFailure
+from run import budget, processes
 from run.server import plan
 from slurm import submission
 
@@ -80,7 +77,7 @@ class LaunchRequest:
     server_python: Optional[str]
     #: One shard of a sharded run: {sharded_run_id, hosts, shard_index, shard_count}; else None.
     shard: Optional[dict]
-    #: One node of a multi-node job (run/server/nodes.py record: job_id, role, node_rank, ...); else None.
+    #: One node of a multi-node job (base/nodes.py record: job_id, role, node_rank, ...); else None.
     nodes: Optional[dict]
     #: hosts.yaml's `slurm:` settings of a login node: the run is a Slurm job; else None.
     slurm: Optional[dict]

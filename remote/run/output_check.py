@@ -5,7 +5,7 @@ fail to load whole (stdlib only).
 
 An in-process run's data_{i}.pt files are loaded by run/verify_output.py on the run's python (torch is
 imported there, not in this call); a server-mode run's hs_{i}.safetensors are checked here
-(run/server/outputs.py). The answer's `identity` is what a shard must share with the others to be
+(base/outputs.py). The answer's `identity` is what a shard must share with the others to be
 merged (specrig/run/sharded_runs.py union()).
 """
 import json
@@ -13,11 +13,8 @@ import os
 import subprocess
 import sys
 
-import contract
-import hfcache
-from rpc import RemoteFailure
-from run import rundir
-from run.server import client, outputs
+from base import contract, hfcache, outputs, prepared, rundir
+from base.failure import RemoteFailure
 
 #: The program that loads an in-process run's samples (this file is remote/run/output_check.py).
 VERIFY_PROGRAM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "verify_output.py")
@@ -65,7 +62,7 @@ def _storage(plan):
 
 def _server_output(run):
     """verify_output.py's answer for a server-mode run's hs_{i}.safetensors, checked here (stdlib:
-    run/server/outputs.py reads every header and scans the states for NaN/Inf)."""
+    base/outputs.py reads every header and scans the states for NaN/Inf)."""
     server = run.record["server"]
     present = outputs.existing_indices(server["out"])
     total = run.status.get("samples_total")
@@ -73,7 +70,7 @@ def _server_output(run):
     if shard.get("shared_out") and total is not None:
         # One directory holds every shard (`inv extract --shared-out`): this shard is its own indices there.
         # (a run made before --clients has no "clients": one process)
-        own = set(client.shard_indices(total, server["max_samples"], shard["shard_count"], shard["shard_index"],
+        own = set(prepared.shard_indices(total, server["max_samples"], shard["shard_count"], shard["shard_index"],
                                        server.get("clients", 1)))
         present = [index for index in present if index in own]
     report = outputs.check_dataset(server["out"], None, indices=present, n_layers=len(server["layer_ids"]),

@@ -16,17 +16,12 @@ import shutil
 import subprocess
 import sys
 
-import contract
-import hfcache
-import model_support
-import pkgmeta
-import procs
-import telemetry
-from gpus import gpu_preflight
-from run import budget, launching, rundir
-from run.server import client, launch, server_preflight
+from base import contract, hfcache, pkgmeta, prepared, procs, rundir, telemetry
+from base import server_command as launch
+from base.units import human_bytes
+from run import budget, gpu_preflight, launching, model_support
+from run.server import server_preflight
 from run.storage import existing_parent
-from units import human_bytes
 
 #: speculators' default EAGLE-3 choice captures four layers.
 DEFAULT_LAYER_COUNT = 4
@@ -170,27 +165,6 @@ def _sample_lengths(path, max_samples):
     return lengths
 
 
-def _visible(gpu_rows, visible):
-    """The GPUs CUDA_VISIBLE_DEVICES (None: all) lets the job see, in its order: cuda:0 is the first.
-
-    Entries are nvidia-smi indices, UUIDs or unique UUID prefixes ("GPU-95e8d11f"). As CUDA does, the
-    list ends at the first entry that names no GPU, or one named before: "0,7,1" on two GPUs is GPU 0.
-    """
-    if visible is None:
-        return gpu_rows
-    shown = []
-    for item in visible.split(","):
-        item = item.strip()
-        if item.isdigit():
-            found = [gpu for gpu in gpu_rows if gpu["index"] == int(item)]
-        else:
-            found = [gpu for gpu in gpu_rows if item and (gpu["uuid"] or "").startswith(item)]
-        if len(found) != 1 or found[0] in shown:
-            break
-        shown.append(found[0])
-    return shown
-
-
 def _process(app):
     """'pid 1234 (python3 hold.py, 8200 MiB)': the command line from /proc where this user may read it.
 
@@ -225,7 +199,7 @@ def gpu_check(tp, seen, apps, visible):
     if not seen["available"]:
         return check("gpus", not tp or tp <= 1, "no NVIDIA GPUs (%s): vLLM's CPU backend runs it" % seen["reason"],
                      "tensor-parallel size %s needs that many GPUs; this host shows none" % tp)
-    rows = _visible(seen["gpus"], visible)
+    rows = telemetry.visible_gpus(seen["gpus"], visible)
     need = tp or len(rows)
     # vLLM takes the first `tp` visible GPUs.
     busy = [g for g in telemetry.with_processes(rows[:need], apps) if g["processes"]]
@@ -251,7 +225,7 @@ def torch_arch(tp, python=None):
     caps = telemetry.compute_caps(timeout=15)
     if not caps["available"] and caps["reason"] == telemetry.NOT_FOUND:
         return check("torch-arch", True, "no NVIDIA GPUs: nothing to match torch's build against")
-    rows = _visible(caps["gpus"], os.environ.get("CUDA_VISIBLE_DEVICES"))
+    rows = telemetry.visible_gpus(caps["gpus"], os.environ.get("CUDA_VISIBLE_DEVICES"))
     build = torch_build(python) if caps["available"] and rows else None
     return torch_arch_check(build, caps, rows[:tp or len(rows)])
 
@@ -419,7 +393,7 @@ def share(samples, driver, *, server):
         return samples
     if not server:
         return samples[index::count]
-    return [samples[i] for i in client.shard_indices(len(samples), None, count, index,
+    return [samples[i] for i in prepared.shard_indices(len(samples), None, count, index,
                                                      driver.get("clients") or contract.SERVER_DEFAULTS["clients"])]
 
 

@@ -7,7 +7,7 @@ the run's directory.
 """
 import os
 
-import procs
+from base import procs
 
 
 def jobs_of(run):

@@ -23,11 +23,8 @@ import sys
 import tempfile
 import time
 
-import atomic
-import contract
-import hfcache
-import pkgmeta
-from rpc import RemoteFailure
+from base import atomic, contract, hfcache, pkgmeta
+from base.failure import RemoteFailure
 from run import classify
 from run.server import server_smoke
 from slurm import jobs as slurm_jobs

@@ -12,8 +12,8 @@ read from their files alone (stdlib only).
 """
 import os
 
-from rpc import RemoteFailure
-from run import rundir
+from base import rundir
+from base.failure import RemoteFailure
 
 LOG_LINES = 50
 #: The logs a run keeps, by the name `logs` takes.

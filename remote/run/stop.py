@@ -6,18 +6,16 @@
 
 The supervisor is told (stop.request, SIGTERM) and ends its attempt's processes itself; what it could not
 end, or a lost run's, is ended from here. A run that is a Slurm job is stopped by scancel instead
-(slurm/cancellation.py).
+(run/slurm_stop.py).
 """
 import os
 import signal
 import time
 
-import atomic
-import procs
-import telemetry
-from contract import GPU_RELEASE_S, STOPPED, SUPERVISOR_DEFAULTS
-from run import processes, rundir
-from slurm import cancellation
+from base import atomic, procs, rundir, telemetry
+from base.contract import GPU_RELEASE_S, STOPPED, SUPERVISOR_DEFAULTS
+from run import processes
+from run import slurm_stop as cancellation
 
 
 def stop(args):

@@ -18,7 +18,7 @@ import sys
 # the stage packages are, exactly as for a call through entry.py.
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-from run import rundir
+from base import rundir
 from run.in_process import InProcessDriver
 from run.server.headless import HeadlessServer
 from run.server.node_roles import Head, Worker

@@ -53,9 +53,8 @@ import signal
 import threading
 import time
 
-import atomic
-import telemetry
-from contract import (
+from base import atomic, rundir, telemetry
+from base.contract import (
     DISK_LOW,
     FAILED,
     GPU_RELEASE_S,
@@ -68,7 +67,7 @@ from contract import (
     SUPERVISOR_BEAT_S,
 )
 from dataset import verify as dataset_verify
-from run import classify, disk_watch, rundir
+from run import classify, disk_watch
 from run.attempt import POLL_S, RETRY, AttemptEnds, NotStarted, found_failure
 from slurm import time_limit
 

@@ -20,8 +20,8 @@ import sys
 # Started by path, so sys.path[0] is remote/run/: make it remote/, as the driver does.
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+from base import outputs
 from run.driver.output import SAMPLE_PREFIX, SAMPLE_SUFFIX, load_sample, sample_is_whole
-from run.server import outputs
 
 SAMPLE = re.compile(r"^%s(\d+)%s$" % (re.escape(SAMPLE_PREFIX), re.escape(SAMPLE_SUFFIX)))
 

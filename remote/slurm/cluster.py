@@ -8,14 +8,10 @@ The shared home is tested, not assumed: a one-task job reads a file written here
 """
 import os
 import secrets
-import shutil
-import subprocess
 
+from base.slurm_queries import SlurmError, slurm_output
 from slurm import formats, partition_fit
 
-#: Each of sinfo's and squeue's answers: the controller answers in well under a second when it is up;
-#: when it is down, Slurm's own retries give up after about 10 s (22.05, MessageTimeout's default).
-QUERY_TIMEOUT_S = 25
 #: How long the home test waits for a node (srun --immediate): a busy cluster is reported as such.
 ALLOCATION_WAIT_S = 15
 #: The home test's whole deadline: the allocation, the step, the job's end.
@@ -26,29 +22,6 @@ PARTITION_FORMAT = "%P|%a|%l|%F|%G"
 JOB_FORMAT = "%i|%j|%T|%P|%D|%M|%l|%R"
 JOB_FIELDS = ("id", "name", "state", "partition", "nodes", "elapsed", "time_limit", "where")
 HOME_TEST_JOB = "specrig-home-check"
-
-
-class SlurmError(Exception):
-    """A Slurm command could not run or failed: the message is its last word, `said` all it wrote."""
-
-    def __init__(self, message, said=""):
-        super().__init__(message)
-        self.said = said
-
-
-def slurm_output(argv, *, timeout=QUERY_TIMEOUT_S):
-    """A Slurm command's stdout; SlurmError with its own words when it is missing, fails or hangs."""
-    if shutil.which(argv[0]) is None:
-        raise SlurmError("%s not found on PATH" % argv[0])
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise SlurmError("%s gave no answer in %d s" % (argv[0], timeout)) from None
-    if done.returncode != 0:
-        said = done.stderr.strip() or done.stdout.strip()
-        last = said.splitlines()[-1] if said else "no message"
-        raise SlurmError("%s failed (exit %d): %s" % (argv[0], done.returncode, last), said)
-    return done.stdout
 
 
 def version():

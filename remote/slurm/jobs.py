@@ -18,10 +18,10 @@ import sys
 import tempfile
 import time
 
-from contract import SENTINEL, SLURM_SETTINGS
-from rpc import RemoteFailure
+from base.contract import SENTINEL, SLURM_SETTINGS
+from base.failure import RemoteFailure
+from base.slurm_queries import SlurmError, holds_processes, lookup, slurm_output
 from slurm import cluster, formats, partition_fit
-from slurm.cluster import SlurmError, slurm_output
 
 SCRIPT = "slurm-job.sh"
 #: A call run as a job (run_call): its file, in a directory of its own under ~/.cache/specrig/<CALLS>.
@@ -35,13 +35,6 @@ ARRAY_LOGS = ("slurm-%A_%a.out", "slurm-%A_%a.err")
 #: Seconds before the time limit at which Slurm sends the job's shell USR1 (`--signal=B:USR1@<s>`):
 #: time for the supervisor to end the attempt's processes (its grace_s) before Slurm kills the job.
 SIGNAL_BEFORE_END_S = 120
-#: scontrol's job states after which none of the job's processes runs (COMPLETING: still ending them).
-ENDED = ("BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
-         "PREEMPTED", "SPECIAL_EXIT", "TIMEOUT")
-#: scontrol's fields a job's view keeps, by the name specrig gives them.
-JOB_FIELDS = {"JobState": "state", "Reason": "reason", "StartTime": "start_time", "SubmitTime": "submitted_at",
-              "RunTime": "run_time", "TimeLimit": "time_limit", "NodeList": "nodes", "BatchHost": "batch_host",
-              "ExitCode": "exit_code", "Restarts": "restarts", "Partition": "partition"}
 #: Filesystems every node of a cluster mounts from elsewhere: a path on one is shared without a test job.
 NETWORK_FILESYSTEMS = ("nfs", "nfs4", "lustre", "gpfs", "beegfs", "cephfs", "ceph", "glusterfs", "fuse.glusterfs",
                        "wekafs", "panfs", "pvfs2", "orangefs", "cifs", "smb3", "fuse.juicefs", "virtiofs")
@@ -147,7 +140,7 @@ def array_script(settings, *, directory, sharded_run_id, run_paths, python):
 
 
 def nodes_script(settings, *, directory, job_id, run_paths, python):
-    """The job script of a multi-node job (server/nodes.py) in one allocation of len(run_paths) nodes: run
+    """The job script of a multi-node job (base/nodes.py) in one allocation of len(run_paths) nodes: run
     k is node k's part. The allocation's first node, where the script runs, is the head: its supervisor
     runs there as script()'s does (supervised()); each worker's supervisor runs in a job step on its node
     (node_steps()), and starts the headless vLLM there as over SSH."""
@@ -165,7 +158,7 @@ def nodes_script(settings, *, directory, job_id, run_paths, python):
 def node_steps(settings, python):
     """The shell lines before supervised() in a multi-node job: the allocation's nodes, the head first
     (`scontrol show hostnames`; the batch script runs on the first); each run's part of the job made from
-    them (slurm/allocation.py: hosts, addresses, the server's command), the addresses printed for
+    them (run/slurm_allocation.py: hosts, addresses, the server's command), the addresses printed for
     VLLM_HOST_IP; NCCL's and gloo's interface pinned to slurm.fabric_interface; then each worker's
     supervisor in a step of its own on its node (`srun --overlap`: beside the batch step, on the
     allocation's resources), started again when the step ends while the worker's run has not (the step
@@ -178,7 +171,7 @@ def node_steps(settings, python):
             '%s "$run/code/run/supervisor.py" "$run"' % shlex.quote(python))
     return [
         'NODES=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))',
-        'ADDRESSES=($(%s "${RUNS[0]}/code/slurm/allocation.py" "${RUNS[@]}" "${NODES[@]}")) || exit 1'
+        'ADDRESSES=($(%s "${RUNS[0]}/code/run/slurm_allocation.py" "${RUNS[@]}" "${NODES[@]}")) || exit 1'
         % shlex.quote(python),
     ] + (["export NCCL_SOCKET_IFNAME=%s GLOO_SOCKET_IFNAME=%s" % ((shlex.quote(interface),) * 2)] if interface else []) + [
         'for rank in $(seq 1 $((${#RUNS[@]} - 1))); do',
@@ -362,50 +355,6 @@ def _call_result(job_id, directory):
         return answer["result"]
     error = dict(answer["error"])
     raise RemoteFailure(error.pop("kind"), error.pop("message"), **error)
-
-
-# -- what Slurm says of the job ----------------------------------------------------------------
-
-def lookup(job_id):
-    """What Slurm says of the job: {job_id, source, ...JOB_FIELDS' names}. From `scontrol show job` while
-    the controller knows the job (pending, running, and MinJobAge after its end), then sacct; sacct
-    without accounting storage (the lab: no slurmdbd) knows nothing, and the answer says so:
-    {job_id, source: None, state: None, detail}."""
-    try:
-        text = slurm_output(["scontrol", "show", "job", "-o", str(job_id)])
-    except SlurmError as failure:
-        if "Invalid job id" not in failure.said:
-            return {"job_id": job_id, "source": None, "state": None, "detail": str(failure)}
-        return accounted(job_id)
-    return dict(parse_job(text), job_id=job_id, source="scontrol")
-
-
-def parse_job(text):
-    """JOB_FIELDS of `scontrol show job -o`'s line (key=value words; a value holds no space)."""
-    fields = dict(word.split("=", 1) for word in text.split() if "=" in word)
-    return {name: fields.get(key) for key, name in JOB_FIELDS.items()}
-
-
-def accounted(job_id):
-    """sacct's record of a job the controller no longer holds."""
-    try:
-        text = slurm_output(["sacct", "-j", str(job_id), "-n", "-P", "-X", "-o", "State,ExitCode,NodeList,Start"])
-    except SlurmError as failure:
-        return {"job_id": job_id, "source": None, "state": None,
-                "detail": "no longer in the queue, and sacct has no record: %s" % failure}
-    lines = [line.split("|") for line in text.splitlines() if line.strip()]
-    if not lines:
-        return {"job_id": job_id, "source": None, "state": None, "detail": "no longer in the queue; sacct: no record"}
-    state, exit_code, nodes, start = (lines[0] + [None] * 4)[:4]
-    # sacct writes "CANCELLED by 1000": the state is its first word.
-    return {"job_id": job_id, "source": "sacct", "state": state.split()[0], "exit_code": exit_code, "nodes": nodes,
-            "start_time": start}
-
-
-def holds_processes(job):
-    """Whether the job may still run a process of the run (pending, running, requeued, ending), as far as
-    Slurm says: an unknown job (None state) holds none."""
-    return job["state"] is not None and job["state"] not in ENDED
 
 
 def cancel(job_id):

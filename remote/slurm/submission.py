@@ -13,9 +13,8 @@ start_supervisor, submit_run here).
 import os
 import shutil
 
-import atomic
-from rpc import RemoteFailure
-from run import rundir
+from base import atomic, rundir
+from base.failure import RemoteFailure
 from slurm import jobs
 
 

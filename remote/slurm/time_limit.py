@@ -9,7 +9,7 @@ a longer `slurm.time`. What a job wrote is what the supervisor already records o
 whole; in server mode the next attempt checks them), the check the restart policy makes of a repeated
 failure.
 """
-from contract import TIME_LIMIT_TOO_SHORT
+from base.contract import TIME_LIMIT_TOO_SHORT
 from slurm.jobs import signal_before_end_s
 
 

@@ -22,7 +22,7 @@ FLAG = "flag"
 BREAKS = "breaks"
 #: Best first: the order of the legend.
 STATUSES = (WORKS, PATCHSET, FLAG, BREAKS, NO_MODE)
-#: The modes a cell can be analyzed in (remote/contract.py's extraction_mode()).
+#: The modes a cell can be analyzed in (remote/base/contract.py's extraction_mode()).
 ANALYZED_MODES = (IN_PROCESS, SERVER)
 
 #: The finding field naming the server launch flag that avoids the finding (e.g. "--no-enable-prefix-caching").

@@ -4,7 +4,7 @@ vLLM spans the nodes itself (data parallel, or tensor x pipeline parallel); spec
 run per node under one job id (`nodes-<UTC stamp>-xxxx`, made here), the head (the group's first host,
 whose settings every node takes) first, and follows them as one. Each run.json holds its node's part,
 `nodes: {job_id, role, node_rank, nnodes, hosts, addresses, master_addr, rendezvous_port, watch_port,
-mode, ...sizes}` (remote/run/server/nodes.py, loaded here from its file to check the shape before any
+mode, ...sizes}` (remote/base/nodes.py, loaded here from its file to check the shape before any
 host is reached). `status`, `logs`, `stop` and `resume` take the job id as they take a sharded run's id.
 Data only: run/node_view.py shows it, specrig/cli/extract.py sequences it.
 
@@ -36,8 +36,8 @@ from specrig.transport import connect
 RENDEZVOUS_TIMEOUT_S = 20
 
 
-#: remote/run/server/nodes.py, the one definition of a job's shape and records (it imports nothing).
-layout = load_host_module("run/server/nodes")
+#: remote/base/nodes.py, the one definition of a job's shape and records (it imports nothing).
+layout = load_host_module("base/nodes")
 #: remote/run/storage.py: what a host that misses another's token saw, in words.
 storage = load_host_module("run/storage")
 MODES: tuple[str, ...] = layout.MODES

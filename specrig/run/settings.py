@@ -2,7 +2,7 @@
 
 The table is the one definition of each setting's name (on the command line and in hosts.yaml's
 `extract:`), its driver argument, its type, the extraction modes it applies to, and its help text;
-the task's help is built from it and the defaults come from the host's own (remote/contract.py:
+the task's help is built from it and the defaults come from the host's own (remote/base/contract.py:
 the driver's and server mode's).
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ class Setting:
     driver_key: str
     kind: type
     help: str
-    #: What happens without a value, where the host's default (remote/contract.py) does not say it.
+    #: What happens without a value, where the host's default (remote/base/contract.py) does not say it.
     fallback: str | None = None
     #: The one extraction mode it applies to (IN_PROCESS: speculators <= 0.4, SERVER: >= 0.8), or None.
     mode: str | None = None

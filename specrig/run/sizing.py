@@ -43,7 +43,7 @@ VLLM_BATCHED_TOKENS = 8192
 #: real size: the hidden size's activations, CUDA's and NCCL's buffers at tp 8, not measured.
 LOGITS_BYTES_PER_VALUE = 4
 OTHER_RUNTIME_BYTES = 3 * GIB
-#: The layers speculators captures by default: [2, L // 2, L - 3, L] (remote/run/server/launch.py).
+#: The layers speculators captures by default: [2, L // 2, L - 3, L] (remote/base/server_command.py).
 DEFAULT_LAYER_COUNT = 4
 
 

@@ -73,7 +73,7 @@ def rate_text(beat: dict) -> str:
 
 def pace_texts(run: dict) -> tuple[str, str]:
     """(speed, ETA) of a run, '' where there is none; once its samples stopped coming (the host's `pace` says
-    stale: remote/contract.py pace_now), how long since the last one instead, and no ETA."""
+    stale: remote/base/contract.py pace_now), how long since the last one instead, and no ETA."""
     beat = run.get("heartbeat") or {}
     pace = run.get("pace")
     if pace and pace.get("stale"):

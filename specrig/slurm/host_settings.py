@@ -1,6 +1,6 @@
 """hosts.yaml's `scheduler:` and `slurm:`: each value checked before anything reaches a host.
 
-The names and defaults are remote/contract.py's SLURM_SETTINGS; Slurm's time and memory formats are
+The names and defaults are remote/base/contract.py's SLURM_SETTINGS; Slurm's time and memory formats are
 remote/slurm/formats.py's, the same the host reads sinfo with. Every bad value is one InventoryError
 naming the key, the value (`!r`) and the fix, as the rest of hosts.yaml.
 """

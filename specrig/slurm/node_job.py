@@ -2,12 +2,12 @@
 login node (docs/slurm.md, "A multi-node job in one allocation"). Data only (slurm/view.py shows it).
 
 The job is the one run/node_runs.py starts over SSH (one server-mode run per node under one job id, the
-head's settings every node's, remote/run/server/nodes.py records, node_roles.py's head and workers),
+head's settings every node's, remote/base/nodes.py records, node_roles.py's head and workers),
 with Slurm in the hosts' place: the runs are launched on the login node (runs.launch with `nodes` and
 `slurm`: their directories, not yet submitted), then `runs.submit-nodes` submits one job of
 `slurm.nodes` nodes. Its script (remote/slurm/jobs.py nodes_script) runs the head's supervisor on the
 allocation's first node and each worker's in an `srun --overlap` step on its node; the nodes' names and
-addresses, unknown until Slurm allocates them, are filled in then (remote/slurm/allocation.py).
+addresses, unknown until Slurm allocates them, are filled in then (remote/run/slurm_allocation.py).
 """
 from __future__ import annotations
 

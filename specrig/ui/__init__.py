@@ -39,7 +39,7 @@ def print_json(data) -> None:
 
 
 def gpu_table(gpus: list[dict], *, apps: list[dict] | None = None, **table_options) -> GpuTable:
-    """One row per GPU (remote/telemetry.py's records): memory, utilization, temperature, power, and,
+    """One row per GPU (remote/base/telemetry.py's records): memory, utilization, temperature, power, and,
     given `apps`, the compute processes on it (`*` marks the run's own).
 
     The layout follows the width it is given: on a wide terminal one line per GPU with every

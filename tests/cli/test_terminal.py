@@ -9,7 +9,7 @@ import json
 import pytest
 from rich.console import Console
 
-from contract import FAILED, RUNNING
+from base.contract import FAILED, RUNNING
 from specrig.errors import RemoteScriptError
 from specrig.run import live, view
 from specrig.ui import group, terminal

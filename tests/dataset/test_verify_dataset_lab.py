@@ -20,8 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-import contract
-from run.server import outputs
+from base import contract, outputs
 from support.lab import inv, inv_json, phase, wait_for
 from support.patchenv import as_lab_user
 from support.paths import REPO

@@ -97,7 +97,7 @@ def models(tmp_path_factory) -> dict[str, str]:
 def test_extraction_mode_is_one_rule_for_both_sides(version, mode):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("host_contract", REPO / "remote" / "contract.py")
+    spec = importlib.util.spec_from_file_location("host_contract", REPO / "remote" / "base" / "contract.py")
     host = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(host)
     assert extraction_mode(version) == host.extraction_mode(version) == mode
@@ -115,7 +115,7 @@ def test_vllm_0_16_lacks_the_method_the_connector_and_the_render_answer():
     method = next(f for f in data["findings"] if f["id"] == P + "method-known")
     assert method["provider"]["file"] == "vllm/config/speculative.py"
     assert method["provider"]["text"].startswith("SpeculativeMethod = Literal[")
-    assert method["consumer"]["file"] == "run/server/launch.py"
+    assert method["consumer"]["file"] == "base/server_command.py"
     assert method["consumer"]["text"] == 'METHOD = "extract_hidden_states"'
     assert method["point"] == "C1" and method["fix"]["summary"]
 
@@ -187,11 +187,12 @@ def test_the_cpu_patchset_clears_the_cpu_findings(tmp_path):
 def test_locations_are_exact_source_lines(vllm, models):
     data = report(vllm, models["kimi"])
     roots = {c["package"]: Path(c["root"]) for c in data["consumers"]}
-    assert (roots["run"] / "run" / "server" / "launch.py").is_file()  # the bundle this call ran from
+    assert (roots["run"] / "base" / "server_command.py").is_file()  # the bundle this call ran from
     for finding in data["findings"]:
         consumer = finding["consumer"]
-        package = consumer["module"].split(".")[0]
-        lines = (roots[package] / consumer["file"]).read_text().splitlines()
+        # specrig's own modules (remote/run/, remote/base/) lie under the one root of the bundle
+        root = roots.get(consumer["module"].split(".")[0], roots["run"])
+        lines = (root / consumer["file"]).read_text().splitlines()
         assert lines[consumer["line"] - 1] == consumer["text"], finding["id"]
         if finding["provider"]:
             provider_lines = (Path(data["provider"]["root"]) / finding["provider"]["file"]).read_text().splitlines()
@@ -206,8 +207,8 @@ def test_speculators_0_8_reads_the_same_contract():
 
 
 def test_what_the_launch_sends_is_what_is_checked(monkeypatch):
-    """The launch's values are read from remote/run/server/launch.py itself: change one, get its finding."""
-    import run.server.launch as launch
+    """The launch's values are read from remote/base/server_command.py itself: change one, get its finding."""
+    from base import server_command as launch
     from drift.server.points import analyze_server
 
     sent = launch.speculative_config
@@ -282,7 +283,7 @@ def test_fp8_write_tensors_needs_hs_connectors_0_9():
 def test_fp8_backend_is_compared_with_what_the_launch_sends(monkeypatch):
     """hs-connectors 0.9.0's FP8Backend builds the config specrig's launch sends for fp8: change the module path the
     launch names, get a finding naming FP8Backend's line."""
-    import run.server.launch as launch
+    from base import server_command as launch
 
     assert status(storage_report("0.32.0", "fp8"))["hs-connectors-file-backend"] == "ok"
     monkeypatch.setattr(launch, "FP8_CONNECTOR_MODULE", "hs_connectors.fp8_connector_of_tomorrow")

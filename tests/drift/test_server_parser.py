@@ -13,15 +13,17 @@ from pathlib import Path
 
 import pytest
 
+from base import nodes
+from base import server_command as launch
 from drift.server import parser, startup
 from drift.server.context import Context
-from run.server import launch, nodes, server_preflight
+from run.server import server_preflight
 from support.drift_wheels import VLLM_RELEASES, compat_report, in_source, root
 
 #: The releases whose config validation refuses chunked prefill with ExampleHiddenStatesConnector
 #: (vllm/config/vllm.py _post_init_kv_transfer_config; docs/server-mode.md section 9).
 CHUNKED_PREFILL_REFUSED = {"0.22.0", "0.22.1", "0.23.0"}
-#: Every flag a server launch of specrig may pass: launch.py's, plan.py's extras, a multi-node job's
+#: Every flag a server launch of specrig may pass: base/server_command.py's, plan.py's extras, a multi-node job's
 #: (nodes.py), the start-up flags.
 INVOCATION = launch.INVOCATIONS["vllm"][0]
 NODE_FLAGS = [w for mode in ("dp", "pp") for w in nodes.server_argv(

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from rich.console import Console
 
-from contract import FAILED, RUNNING, SUCCEEDED
+from base.contract import FAILED, RUNNING, SUCCEEDED
 from specrig import group
 from specrig.errors import ConnectionFailed, Findings, InventoryError, UsageError
 from specrig.exit_status import SEVERITY, ExitStatus, most_serious

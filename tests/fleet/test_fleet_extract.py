@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from contract import ACTIVE_STATES, LOST, RUNNING, STOPPED, SUCCEEDED
+from base.contract import ACTIVE_STATES, LOST, RUNNING, STOPPED, SUCCEEDED
 from specrig.exit_status import ExitStatus
 from specrig.lab import READY
 from specrig.lab import fleet as lab_fleet

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from contract import ACTIVE_STATES, SUCCEEDED
-from run.server import client, outputs
+from base import outputs, prepared
+from base.contract import ACTIVE_STATES, SUCCEEDED
 from support.lab import inv, inv_json
 from support.runnable_env import HOME, runnable_env_or_skip  # noqa: F401 (marks the module runnable)
 from support.server_lab import require_server_fleet, server_fleet_inventory, states_against_transformers
@@ -70,7 +70,7 @@ def test_a_server_mode_fleet_run_splits_the_rows_as_speculators_does(pair):
     assert code == 0 and gathered["complete"], gathered
     assert gathered["dataset_samples"] == ROWS and gathered["samples"] == ROWS, gathered
     for rank, out in enumerate(outs):
-        share = client.shard_indices(ROWS, None, len(HOSTS), rank)
+        share = prepared.shard_indices(ROWS, None, len(HOSTS), rank)
         assert outputs.existing_indices(str(out)) == share  # contiguous chunks: 0-11 and 12-23
         states_against_transformers(out, files=len(share))
 

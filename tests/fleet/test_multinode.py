@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-import contract
-import telemetry
-from run.server import launch, node_preflight, node_roles, nodes
+from base import contract, nodes, telemetry
+from base import server_command as launch
+from run.server import node_preflight, node_roles
 from specrig.errors import UsageError
 from specrig.inventory import Host
 from specrig.run import node_runs
@@ -35,7 +35,7 @@ ADDRESSES = ["10.0.0.1", "10.0.0.2", "10.0.0.3"]
 
 
 def one_node(distribution, model="/m/tiny", tp=1):
-    """The one-node server command (server/launch.py) the node commands are made from."""
+    """The one-node server command (base/server_command.py) the node commands are made from."""
     return launch.server_argv({"model": model, "model_config": TINY, "python": "/venv/bin/python",
                                "distribution": distribution, "hidden_states_path": "/shared/staging",
                                "tensor_parallel_size": tp, "port": 8000, "host": "127.0.0.1",

@@ -22,8 +22,8 @@ import uuid
 
 import pytest
 
-from contract import FINAL_STATES, STOPPED
-from run.server import outputs
+from base import outputs
+from base.contract import FINAL_STATES, STOPPED
 from specrig.lab import fleet as lab_fleet
 from support.lab import host_of_its_own, inv, inv_json, known_hosts_line
 from support.runnable_env import HOME, runnable_env_or_skip  # noqa: F401 (marks the module runnable)

@@ -11,8 +11,8 @@ import uuid
 
 import pytest
 
-from contract import ACTIVE_STATES, SUCCEEDED
-from run.server import client, outputs
+from base import outputs, prepared
+from base.contract import ACTIVE_STATES, SUCCEEDED
 from support.lab import inv, inv_json
 from support.runnable_env import HOME, runnable_env_or_skip  # noqa: F401 (marks the module runnable)
 from support.server_lab import require_server_fleet, server_fleet_inventory
@@ -57,14 +57,14 @@ def test_each_host_checks_its_shard_and_the_union_is_every_row_once(sharded):
     assert code == 0 and found["trainable"] and found["rows"] == ROWS and found["problems"] == [], found
     for rank, host in enumerate(HOSTS):
         result = found["hosts"][host]["result"]
-        share = client.shard_indices(ROWS, ROWS, len(HOSTS), rank)
+        share = prepared.shard_indices(ROWS, ROWS, len(HOSTS), rank)
         assert result["held"] == share and result["partial"] and result["bad"] == [] and result["extra"] == []
         assert result["trainable"] and result["command"][result["command"].index("--hidden-states-path") + 1] == str(out)
 
 
 def test_a_row_missing_from_a_shard_is_named_by_its_host_and_in_the_union(sharded):
     inventory, sharded_run_id, out = sharded
-    victim = client.shard_indices(ROWS, ROWS, len(HOSTS), 1)[0]
+    victim = prepared.shard_indices(ROWS, ROWS, len(HOSTS), 1)[0]
     kept = out / f"kept-{outputs.file_name(victim)}"
     shutil.move(out / outputs.file_name(victim), kept)
     try:

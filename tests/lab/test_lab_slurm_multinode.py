@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from contract import FAILED, STOPPED, SUCCEEDED
+from base.contract import FAILED, STOPPED, SUCCEEDED
 from specrig.lab import READY
 from specrig.lab import slurm as lab_slurm
 from support.lab import inv_json, phase, require_lab, wait_for

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from contract import ACTIVE_STATES, FAILED, RESTARTING, RUNNING, STARTING, STOPPED, SUCCEEDED, TIME_LIMIT_TOO_SHORT
-from run.server import client, outputs
+from base import outputs, prepared
+from base.contract import ACTIVE_STATES, FAILED, RESTARTING, RUNNING, STARTING, STOPPED, SUCCEEDED, TIME_LIMIT_TOO_SHORT
 from slurm import formats, jobs
 from specrig.lab import READY
 from specrig.lab import slurm as lab_slurm
@@ -239,7 +239,7 @@ def test_a_job_array_in_server_mode_shards_the_rows_as_speculators_does(cluster,
         assert gathered["dataset_samples"] == gathered["samples"] == ROWS and not gathered["duplicated"]
         for task in (0, 1):
             # speculators' contiguous chunks: 0-11 and 12-23.
-            assert outputs.existing_indices(str(out / f"task-{task}")) == client.shard_indices(ROWS, None, 2, task)
+            assert outputs.existing_indices(str(out / f"task-{task}")) == prepared.shard_indices(ROWS, None, 2, task)
 
 
 #: Copies of the tiny chat dataset for the time-limit test: more than a job writes between its warning and

@@ -5,10 +5,9 @@ import textwrap
 
 import pytest
 
-import patchlib
-import versions
+from base import versions
 from patching import edits as patchedits
-from patching import patchset
+from patching import patchlib, patchset
 
 
 @pytest.mark.parametrize("version, spec, expected", [
@@ -120,7 +119,7 @@ def test_replace_snippet_counts_occurrences():
 def test_script_edit_adds_members(tmp_path):
     (tmp_path / "add.py").write_text(textwrap.dedent('''\
         """add a method"""
-        import patchlib
+        from patching import patchlib
 
         def state(source):
             return patchlib.class_members_state(source, "C", ("m",), base="P")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from host_calls import REPO, call, nvidia_smi, wait_for  # puts remote/ on sys.path
 
-import procs  # remote/ is stdlib only; a zombie is not alive
+from base import procs  # remote/ is stdlib only; a zombie is not alive
 
 GIB_PER_CHILD = 16
 

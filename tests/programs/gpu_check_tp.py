@@ -31,8 +31,10 @@ from pathlib import Path
 
 from host_calls import REPO, call, nvidia_smi, wait_for  # puts remote/ on sys.path
 
-import procs  # remote/ is stdlib only; a zombie is not alive
-import telemetry
+from base import (
+    procs,  # remote/ is stdlib only; a zombie is not alive
+    telemetry,
+)
 from run import preflight as host_preflight
 
 JOB = REPO / "tests" / "programs" / "nccl_job.py"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "remote"))
-from contract import SENTINEL  # remote/ is stdlib only
+from base.contract import SENTINEL  # remote/ is stdlib only
 
 
 def call(command, args, timeout=240, env=None):

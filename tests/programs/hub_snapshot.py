@@ -1,4 +1,4 @@
-"""Where huggingface_hub itself finds a model in its cache, offline: the reference for remote/hfcache.py.
+"""Where huggingface_hub itself finds a model in its cache, offline: the reference for remote/base/hfcache.py.
 
     <python of a lab venv> tests/programs/hub_snapshot.py REPO_ID REVISION
 

@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from contract import COLLECTIVE_HANG
-from gpus import collective, gpu_preflight
+from base.contract import COLLECTIVE_HANG
+from gpus import collective
+from run import gpu_preflight
 from support.lab import require_lab
 from support.runnable_env import HOME
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import json
 import re
 
-from contract import DISK_LOW, FAILED, SUPERVISOR_DEFAULTS
-from run import disk_watch, rundir
+from base import rundir
+from base.contract import DISK_LOW, FAILED, SUPERVISOR_DEFAULTS
+from run import disk_watch
 from run.attempt import found_failure
 from run.in_process import InProcessDriver
 from run.supervisor_loop import Supervisor

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from contract import FAILED
+from base.contract import FAILED
 from support.runnable_env import DRIVER, patch, private_clean_copy, remove_copy, runnable_env_or_skip
 
 #: bf16 through 8 layers: vLLM's fused kernels and transformers round differently (max seen 9.8e-3

@@ -98,7 +98,7 @@ def test_two_specrig_arms_with_different_client_code_get_different_names():
 
 def test_a_name_carries_only_the_settings_that_differ_from_specrigs_defaults():
     sys.path.append(str(REPO / "remote"))
-    defaults = importlib.import_module("contract").SERVER_DEFAULTS
+    defaults = importlib.import_module("base.contract").SERVER_DEFAULTS
     given = {"concurrency": str(defaults["concurrency"]), "storage": defaults["storage"], "writer_threads": "16",
              "max_num_batched_tokens": "16384", "out": "ram"}
     assert arms.nondefault(given, defaults) == {"writer_threads": "16", "max_num_batched_tokens": "16384", "out": "ram"}

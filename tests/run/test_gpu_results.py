@@ -11,8 +11,8 @@ import math
 
 import pytest
 
-import telemetry
-from contract import SUCCEEDED
+from base import telemetry
+from base.contract import SUCCEEDED
 from support.paths import FIXTURES, REPO
 
 RESULTS = sorted((REPO / "benchmarks" / "gpu" / "results").glob("h200-*.json"))

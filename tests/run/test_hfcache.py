@@ -1,4 +1,4 @@
-"""Models by Hugging Face repo id: remote/hfcache.py finds them in the hub cache as huggingface_hub does.
+"""Models by Hugging Face repo id: remote/base/hfcache.py finds them in the hub cache as huggingface_hub does.
 
 Each case lays out caches under a temporary directory (the home too: `~` is $HOME) and names the
 snapshot it must find, or the failure. The same cases run through huggingface_hub itself in the lab's
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-import hfcache
-from rpc import RemoteFailure
+from base import hfcache
+from base.failure import RemoteFailure
 from support.lab import inv, inv_json, require_lab
 from support.patchenv import as_lab_user, lab_home
 from support.paths import REPO

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from rich.console import Console
 
-import telemetry
-from contract import FAILED, RUNNING
+from base import telemetry
+from base.contract import FAILED, RUNNING
 from specrig.run.live import render, samples_bar
 from support.paths import H200X2
 

@@ -1,4 +1,4 @@
-"""remote/model_support.py (issue 29): a model directory whose config needs custom code it lacks, or whose
+"""remote/run/model_support.py (issue 29): a model directory whose config needs custom code it lacks, or whose
 quantization this vLLM cannot serve on these GPUs, is told in one line before any load. Model directories
 built here (Kimi-K2.5's published config.json and Moonshot's auto_map, benchmarks/gpu/kimi_k25_config.json),
 vLLM 0.26.0's own source (its released wheel, unpacked as check-compat does), the GPUs' capabilities from
@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-import model_support
-import telemetry
+from base import telemetry
+from run import model_support
 from specrig.drift import compat
 from support.paths import REPO
 
@@ -118,8 +118,8 @@ def test_an_unquantized_model_and_unknown_gpus_pass():
 
 
 def test_doctor_checks_hosts_yaml_extract_model_on_the_host(tmp_path):
-    """The hook: specrig/doctor.py passes extract.model, remote/doctor.py answers with both checks."""
-    import doctor as remote_doctor
+    """The hook: specrig/doctor.py passes extract.model, remote/doctor/report.py answers with both checks."""
+    from doctor import report as remote_doctor
     from specrig.doctor import doctor_args
     from specrig.inventory import Host
 

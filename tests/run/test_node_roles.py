@@ -15,11 +15,11 @@ from types import SimpleNamespace
 
 import pytest
 
-import atomic
-from contract import RUNNING, SUCCEEDED, SUPERVISOR_DEFAULTS
+from base import atomic
+from base.contract import RUNNING, SUCCEEDED, SUPERVISOR_DEFAULTS
+from base.rundir import RunDir
 from run.attempt import AttemptEnds
 from run.in_process import InProcessDriver
-from run.rundir import RunDir
 from run.server.health import SERVER_EXITED, SERVER_RUNNING
 from run.server.node_roles import Beacon, Head, Worker
 from run.supervisor_loop import Supervisor

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-import telemetry
+from base import telemetry
 from run import preflight
 from support.paths import H200X2, REPO
 
@@ -71,7 +71,7 @@ def test_visible_gpus_follow_cuda(smi, visible, indices):
     """As CUDA reads CUDA_VISIBLE_DEVICES: indices or (unique prefixes of) UUIDs, up to the first entry
     that names no GPU, or one named already."""
     seen, _ = smi("query_gpu_idle.csv")
-    assert [g["index"] for g in preflight._visible(seen["gpus"], visible)] == indices
+    assert [g["index"] for g in telemetry.visible_gpus(seen["gpus"], visible)] == indices
 
 
 def test_only_the_gpus_the_job_will_use_must_be_free(smi):
@@ -117,7 +117,7 @@ def test_a_shard_is_sized_by_the_samples_it_takes(server, index, taken):
 
 
 def test_the_disk_budget_is_the_shares_tokens_in_the_storage_bytes_per_value(tmp_path):
-    import contract
+    from base import contract
 
     tiny = {"hidden_size": 128, "num_hidden_layers": 8}
     driver = {"layer_ids": [2, 4, 5, 8], "shard_index": 1, "shard_count": 3}

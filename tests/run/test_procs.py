@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import procs
+from base import procs
 from support.paths import PROGRAMS
 
 JOB_TREE = PROGRAMS / "job_tree.py"

@@ -8,7 +8,8 @@ import stat
 
 import pytest
 
-from run import launching, rundir
+from base import rundir
+from run import launching
 
 
 @pytest.fixture

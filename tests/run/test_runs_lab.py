@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from contract import ACTIVE_STATES, FAILED, OUTPUT_UNWRITABLE, RUNNING, STOPPED, SUCCEEDED
+from base.contract import ACTIVE_STATES, FAILED, OUTPUT_UNWRITABLE, RUNNING, STOPPED, SUCCEEDED
 from support.lab import inv, launch_failing_run, phase, wait_for
 from support.patchenv import as_lab_user, lab_home
 from support.paths import REPO

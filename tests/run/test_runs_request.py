@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from contract import IN_PROCESS, SERVER
+from base.contract import IN_PROCESS, SERVER
 from specrig.errors import UsageError
 from specrig.inventory import load_inventory
 from specrig.run.settings import build_request, parse_layers

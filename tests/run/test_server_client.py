@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from run.server import client, prepared
+from base import prepared
+from run.server import client
 from support.lab import require_lab
 
 SPECULATORS_09 = Path("/home/specrig/venv-spec-0.9/bin/python")
@@ -31,7 +32,7 @@ SHARES = [
 @pytest.mark.parametrize(("case", "shares"), SHARES)
 def test_each_rank_takes_speculators_contiguous_chunk(case, shares):
     total, max_samples, world = case
-    assert [client.shard_indices(total, max_samples, world, rank) for rank in range(world)] == shares
+    assert [prepared.shard_indices(total, max_samples, world, rank) for rank in range(world)] == shares
 
 
 @pytest.mark.runnable
@@ -43,7 +44,7 @@ def test_the_shares_equal_speculators_own_split_on_its_release():
                "print(json.dumps([[f(n, m, [], w, r) for r in range(w)] for n, m, w in json.loads(sys.argv[1])]))\n")
     out = subprocess.run([str(SPECULATORS_09), "-c", program, json.dumps(cases)], capture_output=True, text=True,
                          check=True).stdout
-    assert json.loads(out.splitlines()[-1]) == [[client.shard_indices(n, m, w, r) for r in range(w)]
+    assert json.loads(out.splitlines()[-1]) == [[prepared.shard_indices(n, m, w, r) for r in range(w)]
                                                 for n, m, w in cases]
     # Two client processes a host: each host's share is speculators' chunks of its two ranks, in order.
     doubled = [(n, m, 2 * w) for n, m, w in cases]
@@ -51,7 +52,7 @@ def test_the_shares_equal_speculators_own_split_on_its_release():
                          check=True).stdout
     assert [[share[2 * r] + share[2 * r + 1] for r in range(len(share) // 2)]
             for share in json.loads(out.splitlines()[-1])] == [
-        [client.shard_indices(n, m, w, r, 2) for r in range(w)] for n, m, w in cases]
+        [prepared.shard_indices(n, m, w, r, 2) for r in range(w)] for n, m, w in cases]
 
 
 @pytest.mark.parametrize("clients", [2, 3, 5])
@@ -60,7 +61,7 @@ def test_a_share_split_between_client_processes_is_the_same_chunk_of_each_world(
     """Several client processes on one host: client k runs speculators' rank rank*c+k of world*c. Their
     indices together are one contiguous run, the shares of all hosts together every index once."""
     total, max_samples, world = case
-    together = [client.shard_indices(total, max_samples, world, rank, clients) for rank in range(world)]
+    together = [prepared.shard_indices(total, max_samples, world, rank, clients) for rank in range(world)]
     assert sorted(i for share in together for i in share) == list(range(min(total, max_samples or total)))
     assert all(share == list(range(share[0], share[0] + len(share))) for share in together if share)
     if world == 1:

@@ -24,15 +24,15 @@ from pathlib import Path
 
 import pytest
 
-from contract import DISK_LOW, FAILED, FINAL_STATES
+from base import outputs, prepared
+from base.contract import DISK_LOW, FAILED, FINAL_STATES
+from base.units import human_bytes
 from run import disk_watch
-from run.server import outputs, prepared
 from support.lab import inv, inv_json, phase, wait_for
 from support.patchenv import as_lab_user
 from support.runnable_env import HOME, runnable_env_or_skip  # noqa: F401 (runnable)
 from support.server_lab import run_files
 from support.shared_envs import ensure_patched
-from units import human_bytes
 
 HOST = "lab-server"
 RUNS = HOME / "specrig-work" / "runs"

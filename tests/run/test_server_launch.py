@@ -1,4 +1,4 @@
-"""remote/run/server/launch.py: the server argv, against speculators' scripts/launch_vllm.py; and the port it
+"""remote/base/server_command.py: the server argv, against speculators' scripts/launch_vllm.py; and the port it
 is started on, checked before each attempt and moved off when taken (plan.py for_attempt, at
 server/workload.py's prepare).
 
@@ -19,8 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from run import classify, rundir
-from run.server import client, launch, server_preflight
+from base import rundir
+from base import server_command as launch
+from run import classify
+from run.server import client
+from run.server.plan import port_free
 from run.server.workload import ServerExtraction
 from run.supervisor_loop import Supervisor
 from support.paths import FIXTURES
@@ -232,7 +235,7 @@ def test_the_port_check_refuses_a_listener_but_not_a_port_a_server_just_left():
     listener.listen()
     port = listener.getsockname()[1]
     try:
-        assert not server_preflight.port_free(port)["ok"]
+        assert not port_free(port)["ok"]
         with socket.create_connection(("127.0.0.1", port)) as client:
             accepted, _ = listener.accept()
             accepted.close()  # the server's side closes first: its end of the connection is in TIME_WAIT
@@ -243,7 +246,7 @@ def test_the_port_check_refuses_a_listener_but_not_a_port_a_server_just_left():
     with pytest.raises(OSError):
         plain.bind(("127.0.0.1", port))  # what the old probe did: refused while nothing listens
     plain.close()
-    assert server_preflight.port_free(port)["ok"]
+    assert port_free(port)["ok"]
 
 
 def vllm_listener(port: int = 0) -> socket.socket:
@@ -256,7 +259,7 @@ def vllm_listener(port: int = 0) -> socket.socket:
 
 
 def server_run(tmp_path: Path, port: int) -> ServerExtraction:
-    """A server-mode run's workload whose plan has its three commands on `port`, made by launch.py and client.py."""
+    """A server-mode run's workload whose plan has its three commands on `port`, made by base/server_command.py and client.py."""
     run = rundir.RunDir(str(tmp_path / "run"))
     Path(run.path).mkdir()
     out, prepared = str(tmp_path / "out"), str(tmp_path / "run" / "prepared")
@@ -297,7 +300,7 @@ def test_an_attempt_whose_port_is_taken_moves_the_server_and_its_clients_to_a_fr
         holder.close()
     moved = workload.plan
     assert moved["port"] != taken and ports_named(moved) == {str(moved["port"])}
-    assert server_preflight.port_free(moved["port"])["ok"]
+    assert port_free(moved["port"])["ok"]
     assert {key: value for key, value in moved.items() if not key.endswith(("argv", "argvs", "port"))} == \
         {key: value for key, value in before.items() if not key.endswith(("argv", "argvs", "port"))}
     assert json.loads(Path(workload.supervisor.run.file("run.json")).read_text())["server"] == moved

@@ -1,4 +1,4 @@
-"""remote/run/server/outputs.py: hs_{i}.safetensors validation without torch.
+"""remote/base/outputs.py: hs_{i}.safetensors validation without torch.
 
 The `safetensors` package is not installed for the tests' Python, so the files are written here
 byte-exactly per the format (`write_safetensors`: 8-byte little-endian header length, the JSON
@@ -24,9 +24,8 @@ from pathlib import Path
 
 import pytest
 
-import contract
+from base import contract, outputs
 from run.server import arrivals as arrivals_module
-from run.server import outputs
 
 LAB_MODEL = Path("/home/specrig/models/tiny-llama/model.safetensors")
 LAB_PYTHONS = [Path("/home/specrig/venv-cpu/bin/python"), Path("/home/specrig/venv-cpu-0.32/bin/python")]
@@ -253,7 +252,7 @@ def test_command_line(tmp_path):
 
 # -- a file this user cannot read ---------------------------------------------------------------------------------
 
-REMOTE = Path(outputs.__file__).parents[2]
+REMOTE = Path(outputs.__file__).parents[1]
 
 
 #: The host's own Python, which any user can run (the tests' may lie under root's home).
@@ -609,7 +608,8 @@ def test_a_shard_of_a_shared_output_counts_only_its_own_files(tmp_path):
 def test_a_shard_recorded_under_its_earlier_name_is_found_and_checked_alike(tmp_path):
     """A run.json written before sharded runs had a word of their own ("fleet", "fleet_run_id", ids
     `fleet-...`): found by its sharded run's id, its shard checked as a new one is."""
-    from run import output_check, rundir
+    from base import rundir
+    from run import output_check
 
     run, record = _shared_output_run(tmp_path)
     earlier = {"fleet_run_id": "fleet-20261101-120000-abcd", "hosts": ["a", "b", "c"], "shard_index": 1,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import contract
+from base import contract
 from drift import answers
 from specrig.exit_status import ExitStatus
 from specrig.inventory import load_inventory

@@ -22,8 +22,7 @@ from pathlib import Path
 
 import pytest
 
-import contract
-from run.server import outputs
+from base import contract, outputs
 from specrig.inventory import load_inventory
 from specrig.run.runs import runs_call
 from specrig.transport import connect

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from run.server import prepared, prepared_cache, warm_steps
+from base import prepared
+from run.server import prepared_cache, warm_steps
 
 SETTINGS = {"seq_length": 1024, "max_samples": None, "seed": 0, "speculators": "0.9.0", "speculators_sources": "s1",
             "datasets": "5.1.0", "vllm": "0.32.0"}

@@ -20,8 +20,8 @@ import pytest
 import yaml
 from test_server_runs_lab import HOST, ROWS, RUNS, _free_port, _out, _patched_and_verified, _wait
 
-import contract
-from run.server import outputs, prepared_cache
+from base import contract, outputs
+from run.server import prepared_cache
 from support.lab import inv, inv_json, phase
 from support.paths import REPO
 from support.runnable_env import HOME, private_inventory, runnable_env_or_skip  # noqa: F401 (runnable)

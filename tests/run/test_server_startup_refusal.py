@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from base import server_command as launch
 from drift.server import startup
-from run.server import launch
 from support.patchenv import as_lab_user, lab_home
 from support.runnable_env import HOME
 

@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 from test_server_outputs import hs_file
 
-from contract import DISK_LOW
-from run import rundir
-from run.server import outputs
+from base import outputs, rundir
+from base.contract import DISK_LOW
 from run.server.workload import LAYERS_FILE, ServerExtraction
 from run.supervisor_loop import Supervisor
 from support.lab import require_lab

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from run import rundir
+from base import rundir, slurm_queries
 from slurm import jobs
 from specrig.contract import FAILED, IN_PROCESS, RESTARTING, RUNNING, SERVER, SLURM_SETTINGS, STARTING, STOPPED
 from specrig.slurm.view import slurm_job_text
@@ -96,14 +96,14 @@ def test_a_run_directory_an_sbatch_line_cannot_hold_is_refused():
 
 
 def test_scontrol_lines_are_read_as_the_job_it_describes():
-    running = jobs.parse_job((FIXTURES / "running.scontrol").read_text())
+    running = slurm_queries.parse_job((FIXTURES / "running.scontrol").read_text())
     assert (running["state"], running["nodes"], running["batch_host"], running["time_limit"]) == (
         "RUNNING", "lab-node1", "lab-node1", "00:30:00")
-    pending = jobs.parse_job((FIXTURES / "pending.scontrol").read_text())
+    pending = slurm_queries.parse_job((FIXTURES / "pending.scontrol").read_text())
     assert (pending["state"], pending["reason"], pending["start_time"], pending["nodes"]) == (
         "PENDING", "Resources", "Unknown", "")
-    assert jobs.holds_processes(running) and jobs.holds_processes(pending)
-    assert not jobs.holds_processes({"state": "CANCELLED"}) and not jobs.holds_processes({"state": None})
+    assert slurm_queries.holds_processes(running) and slurm_queries.holds_processes(pending)
+    assert not slurm_queries.holds_processes({"state": "CANCELLED"}) and not slurm_queries.holds_processes({"state": None})
 
 
 @pytest.mark.parametrize("job, text", [
@@ -136,7 +136,7 @@ def run_between_jobs(tmp_path: Path, *, status_state: str, exit_state: str | Non
     if exit_state:
         (tmp_path / "exit.json").write_text(json.dumps({"state": exit_state}))
     run = rundir.RunDir(str(tmp_path))
-    run._slurm_job = dict(jobs.parse_job((FIXTURES / job_file).read_text()), job_id="41", source="scontrol")
+    run._slurm_job = dict(slurm_queries.parse_job((FIXTURES / job_file).read_text()), job_id="41", source="scontrol")
     return run
 
 

@@ -2,7 +2,7 @@
 for its job to be requeued only when this job wrote samples; else it fails, naming a longer slurm.time."""
 import pytest
 
-from contract import TIME_LIMIT_TOO_SHORT
+from base.contract import TIME_LIMIT_TOO_SHORT
 from slurm import time_limit
 
 

@@ -14,15 +14,14 @@ from pathlib import Path
 
 import pytest
 
-import contract
-import procs
-from contract import DISK_LOW, FAILED, LOST, OUTPUT_UNWRITABLE, RUNNING, STALLED, STOPPED, TIME_LIMIT_TOO_SHORT
+from base import contract, procs
+from base.contract import DISK_LOW, FAILED, LOST, OUTPUT_UNWRITABLE, RUNNING, STALLED, STOPPED, TIME_LIMIT_TOO_SHORT
+from base.units import human_bytes
 from run import attempt, disk_watch
 from specrig.errors import UsageError
 from specrig.inventory import Host
 from specrig.transport import connect
 from support.paths import PROGRAMS
-from units import human_bytes
 
 JOB_TREE = PROGRAMS / "job_tree.py"
 #: The free-space margin's floor, as the runs' messages write it.

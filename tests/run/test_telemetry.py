@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-import telemetry
+from base import telemetry
 from support.paths import H200X2
 
 #: The fields, in order, that query_gpu_after_nounits.csv was produced with (it has no header).

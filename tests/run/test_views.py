@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from contract import ACTIVE_STATES, DISK_LOW, FAILED, FINAL_STATES, LOST
+from base.contract import ACTIVE_STATES, DISK_LOW, FAILED, FINAL_STATES, LOST
 from specrig.inventory import Host
 from specrig.run import node_view, view, view_parts
 from specrig.run.view import STATE_STYLE
@@ -13,7 +13,7 @@ from specrig.ui import human_bytes
 
 @pytest.mark.parametrize("state", [*ACTIVE_STATES, *FINAL_STATES, LOST])
 def test_every_run_state_has_a_style(state):
-    # A state renamed or added in remote/contract.py without a style here would show plain.
+    # A state renamed or added in remote/base/contract.py without a style here would show plain.
     assert STATE_STYLE.get(state), f"run state {state!r} has no style in specrig/run/view.py"
 
 

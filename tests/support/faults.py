@@ -16,9 +16,9 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import procs
-from contract import FINAL_STATES, RESTARTING, RUNNING, STARTING
-from run.rundir import RunDir
+from base import procs
+from base.contract import FINAL_STATES, RESTARTING, RUNNING, STARTING
+from base.rundir import RunDir
 from support.lab import inv
 from support.patchenv import as_lab_user
 from support.runnable_env import HOME

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import procs
+from base import procs
 from specrig.lab import fleet as lab_fleet
 from support.faults import VICTIM, LabRun, Reaction, command_reaction, run_processes
 from support.patchenv import as_lab_user

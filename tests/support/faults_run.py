@@ -21,9 +21,9 @@ from pathlib import Path
 
 import yaml
 
-from contract import FAILED, FINAL_STATES, LOST, RUNNING, STALLED, STOPPED, SUCCEEDED
+from base import outputs
+from base.contract import FAILED, FINAL_STATES, LOST, RUNNING, STALLED, STOPPED, SUCCEEDED
 from faults.cells import OUTCOMES, WATCH_S, Cell, Run
-from run.server import outputs
 from specrig.exit_status import ExitStatus
 from specrig.lab import fleet as lab_fleet
 from support.faults import (

@@ -3,7 +3,7 @@ in a `vllm serve` running the extract_hidden_states method, checked against the 
 
 docs/server-mode.md (section 10, points C1-C20) says what each point is and where it lives in the
 releases read so far; docs/findings.md lists the ids. Standard library only; sources are read with
-`ast`, never imported (specrig's own remote/run/server/launch.py is imported: it is specrig's code,
+`ast`, never imported (specrig's own remote/base/server_command.py is imported: it is specrig's code,
 and the values it sends are what is checked).
 
     points.py     POINTS, the table: each point, who relies on it, the points it needs first, its

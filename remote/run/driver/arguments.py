@@ -5,8 +5,8 @@ The schema is documented at the top of remote/run/extract_driver.py.
 import json
 import os
 
-import pkgmeta
-from contract import DRIVER_DEFAULTS, DRIVER_REQUIRED, reorder_hazard
+from base import pkgmeta
+from base.contract import DRIVER_DEFAULTS, DRIVER_REQUIRED, reorder_hazard
 
 
 class Refused(Exception):

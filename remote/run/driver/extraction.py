@@ -2,8 +2,8 @@
 import json
 import os
 
-import atomic
-from contract import PHASE_DONE, PHASE_EXTRACTING, PHASE_WRITING
+from base import atomic
+from base.contract import PHASE_DONE, PHASE_EXTRACTING, PHASE_WRITING
 from run.driver.arguments import Refused
 from run.driver.model import derived_model_dir, make_generator
 from run.driver.output import OutputDir, remove_temporaries, sample_is_whole

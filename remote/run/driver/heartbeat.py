@@ -5,8 +5,8 @@ import os
 import threading
 import time
 
-import atomic
-from contract import FAILED, PHASE_LOADING
+from base import atomic
+from base.contract import FAILED, PHASE_LOADING
 
 HEARTBEAT_S = 2.0
 

@@ -2,7 +2,7 @@
 import json
 import os
 
-import atomic
+from base import atomic
 
 
 def derived_model_dir(args):

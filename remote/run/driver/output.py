@@ -7,9 +7,9 @@ import errno
 import os
 import threading
 
+from base.units import human_bytes
 from run.disk_watch import free_bytes
 from run.driver.arguments import Locked
-from units import human_bytes
 
 SAMPLE_PREFIX, SAMPLE_SUFFIX = "data_", ".pt"
 #: What a saved sample takes beyond its tensors' bytes: torch.save's zip headers, the pickle and

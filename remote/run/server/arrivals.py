@@ -6,7 +6,7 @@ import multiprocessing
 import os
 import threading
 
-from run.server import outputs
+from base import outputs
 
 #: Seconds between counts of the output directory.
 COUNT_EVERY_S = 2.0

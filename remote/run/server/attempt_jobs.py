@@ -5,9 +5,8 @@ driver does). The workloads are server/workload.py (the head, one host) and serv
 import os
 import subprocess
 
-import atomic
-import procs
-from contract import PHASE_STARTING
+from base import atomic, procs
+from base.contract import PHASE_STARTING
 from run.attempt import child_env
 
 #: The attempt's jobs (status.json "jobs"): the server, then the client steps' processes (warm_steps.client_job).

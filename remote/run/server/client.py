@@ -11,6 +11,8 @@ speculators/__main__.py exists in 0.8.0 to 0.9.0, and `-m` needs no console scri
 """
 import re
 
+from base.prepared import client_ranks, shard_indices
+
 #: generate-offline-data's last words on samples it gave up on (0.8.0-0.9.0
 #: cli/generate_offline_data.py: `Skipped {n} samples due to errors: [i, ...]`).
 SKIPPED_LINE = re.compile(r"Skipped (\d+) samples due to errors: \[([0-9, ]*)\]")
@@ -65,27 +67,6 @@ def generate_argvs(python, *, clients, concurrency, world_size=None, rank=None, 
     return [generate_argv(python, concurrency=concurrency // clients + (1 if k < concurrency % clients else 0),
                           world_size=world, rank=sub_rank, **common)
             for k, sub_rank in enumerate(ranks)]
-
-
-def client_ranks(world_size, rank, clients):
-    """(the world size, this share's ranks) its `clients` processes pass to generate-offline-data."""
-    world_size, rank = world_size or 1, rank or 0
-    return world_size * clients, [rank * clients + k for k in range(clients)]
-
-
-def shard_indices(num_samples, max_samples=None, world_size=1, rank=0, clients=1):
-    """The global sample indices this share writes: rank `rank` of `world_size`, its `clients` processes'
-    ranks together (client_ranks), as generate-offline-data splits them (speculators 0.9.0
-    data_generation/offline.py get_indices_to_process, 0.8.x the same): target = min(max_samples, N)
-    samples in contiguous chunks, the first `target % world` ranks one longer."""
-    target = num_samples if max_samples is None else min(max_samples, num_samples)
-    if target <= 0:
-        return []
-    world, ranks = client_ranks(world_size, rank, clients or 1)
-    chunk, remainder = divmod(target, world)
-    return [index for sub_rank in ranks
-            for index in range(sub_rank * chunk + min(sub_rank, remainder),
-                               sub_rank * chunk + min(sub_rank, remainder) + chunk + (sub_rank < remainder))]
 
 
 def plan_share(plan, num_samples):

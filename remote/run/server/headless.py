@@ -3,7 +3,7 @@ the head's attempts, until the head's attempt is over (its node role, server/nod
 server dies or a stop comes. The head's workload is server/workload.py's ServerExtraction."""
 import time
 
-from contract import PHASE_SERVING, PHASE_WAITING
+from base.contract import PHASE_SERVING, PHASE_WAITING
 from run.attempt import POLL_S, NotStarted, log_size
 from run.server.attempt_jobs import SERVER, Heartbeat, Jobs, server_status
 from run.server.health import SERVER_RUNNING

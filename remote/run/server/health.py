@@ -10,7 +10,7 @@ import time
 
 #: The server's states as /health tells them: status.json's `server_state` and the heartbeat's `server`
 #: (a worker's headless server, which serves no /health, has its own: SERVER_RUNNING, SERVER_EXITED). A third
-#: vocabulary beside the run states and the heartbeat phases (remote/contract.py); LOADING is the same
+#: vocabulary beside the run states and the heartbeat phases (remote/base/contract.py); LOADING is the same
 #: word as PHASE_LOADING, and while the server loads the attempt's phase is that one.
 LOADING, READY, UNHEALTHY = "loading", "ready", "unhealthy"
 #: A worker's headless server, as status.json's `server_state`, its heartbeat and its beacon tell it: no

@@ -20,15 +20,12 @@ import select
 import socket
 import time
 
-import contract
-import hfcache
-import pkgmeta
-import telemetry
-from rpc import RemoteFailure
+from base import contract, hfcache, pkgmeta, telemetry
+from base import nodes as node_layout
+from base.failure import RemoteFailure
+from base.units import human_bytes
 from run import preflight, storage
-from run.server import nodes as node_layout
 from run.server import plan
-from units import human_bytes
 
 #: The server environment's packages every node must hold in the same versions.
 PACKAGES = ("vllm", "torch", "transformers")
@@ -172,7 +169,7 @@ def gpu_count(seen, visible):
     CUDA_VISIBLE_DEVICES `visible`), or None without nvidia-smi (vLLM's CPU backend)."""
     if not seen["available"]:
         return None
-    return len(preflight._visible(seen["gpus"], visible))
+    return len(telemetry.visible_gpus(seen["gpus"], visible))
 
 
 def port_check(what, address, port):

@@ -10,13 +10,13 @@ the client steps' endpoints change together.
 """
 import json
 import os
+import socket
 
-import atomic
-import contract
-import pkgmeta
+from base import atomic, contract, pkgmeta
+from base import nodes as node_layout
+from base import server_command as launch
 from drift.server import startup
-from run.server import client, launch, prepared_cache, render
-from run.server import nodes as node_layout
+from run.server import client, prepared_cache, render
 
 #: The failure kind of a port taken when a process bound it (classify_rules.json).
 PORT_TAKEN = "port-taken"
@@ -217,9 +217,6 @@ def for_attempt(supervisor, entry):
     naming no port, or this one: its holder won a race for it once), the plan on a free port (on_port). A
     move is recorded: run.json's plan, the attempt's `port_moved` (status.json), a line in driver.log.
     vLLM's other ports need no move: it picks them anew at each start."""
-    # server_preflight imports this module: its probe, which binds as vLLM binds, is imported when used.
-    from run.server.server_preflight import port_free
-
     server_plan = supervisor.record["server"]
     port = server_plan["port"]
     last = supervisor.previous_failure or {}
@@ -244,3 +241,19 @@ def for_attempt(supervisor, entry):
     supervisor.log_marker("attempt %d: %s: the vLLM server moves to port %d (run.json's server.port; the client "
                           "steps' endpoints with it)" % (entry["attempt"], why, new_port))
     return moved
+
+
+def port_free(port):
+    """Nothing listens on 127.0.0.1:`port`: the server binds it there. Probed as vLLM binds it, with
+    SO_REUSEADDR (vllm==0.26.0 vllm/entrypoints/openai/api_server.py:582-586): the connections a server
+    that just ended leaves in TIME_WAIT do not keep the next one from the port, a listener does."""
+    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        probe.bind(("127.0.0.1", port))
+    except OSError as exc:
+        return {"name": "port", "ok": False, "detail": "127.0.0.1:%d is taken (%s)" % (port, exc.strerror or exc),
+                "advice": "stop what listens there (`ss -ltnp 'sport = :%d'` names it), or pass --port" % port}
+    finally:
+        probe.close()
+    return {"name": "port", "ok": True, "detail": "127.0.0.1:%d is free" % port, "advice": None}

@@ -35,9 +35,8 @@ import os
 import shutil
 import uuid
 
-import atomic
-from run.rundir import PRIVATE_DIR
-from run.server import prepared
+from base import atomic, prepared
+from base.rundir import PRIVATE_DIR
 
 #: The key's layout: a change of what it hashes, or how, starts a new cache.
 FORMAT = 1

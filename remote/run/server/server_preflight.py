@@ -9,16 +9,13 @@ in the staging directory (run/storage.py).
 """
 import os
 import shutil
-import socket
 
-import contract
-import pkgmeta
-from gpus import gpu_preflight
-from run import storage
-from run.server import outputs, plan
-from units import human_bytes
+from base import contract, outputs, pkgmeta
+from base.units import human_bytes
+from run import gpu_preflight, storage
+from run.server import plan
 
-#: Files the connector may hold in staging at once, per request in flight (remote/contract.py).
+#: Files the connector may hold in staging at once, per request in flight (remote/base/contract.py).
 STAGING_MARGIN = contract.STAGING_MARGIN
 
 
@@ -32,7 +29,7 @@ def checks(preflight, driver, *, workdir, server_python, samples, config):
     found.append(preflight.torch_arch(driver.get("tensor_parallel_size"),
                                       python=pkgmeta.interpreter(server_python) if server_python else None))
     found += gpu_preflight.checks(driver, server_python, config)  # topology, vLLM on the GPUs, the collective probe
-    found.append(port_free(driver.get("port") or contract.SERVER_DEFAULTS["port"]))
+    found.append(plan.port_free(driver.get("port") or contract.SERVER_DEFAULTS["port"]))
     # The disk budget is this host's share, in the run's storage (contract.stored_bytes_per_token).
     share = preflight.share(samples, driver, server=True)
     estimate = preflight.output_estimate(config, dict(driver, layer_ids=run_plan and run_plan["layer_ids"]), share,
@@ -80,22 +77,6 @@ def planned(driver, server_python):
                   "detail": "layers %s of %d (%s); %s storage by %s%s" % (
                       made["layer_ids"], made["num_hidden_layers"], made["layer_convention"], made["storage"],
                       made["connector"], flags)}
-
-
-def port_free(port):
-    """Nothing listens on 127.0.0.1:`port`: the server binds it there. Probed as vLLM binds it, with
-    SO_REUSEADDR (vllm==0.26.0 vllm/entrypoints/openai/api_server.py:582-586): the connections a server
-    that just ended leaves in TIME_WAIT do not keep the next one from the port, a listener does."""
-    probe = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        probe.bind(("127.0.0.1", port))
-    except OSError as exc:
-        return {"name": "port", "ok": False, "detail": "127.0.0.1:%d is taken (%s)" % (port, exc.strerror or exc),
-                "advice": "stop what listens there (`ss -ltnp 'sport = :%d'` names it), or pass --port" % port}
-    finally:
-        probe.close()
-    return {"name": "port", "ok": True, "detail": "127.0.0.1:%d is free" % port, "advice": None}
 
 
 def _device(preflight, path):

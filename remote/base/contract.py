@@ -3,7 +3,7 @@
 # version, so it stays in syntax that any Python parses: no f-strings, no annotations.
 
 try:
-    import versions  # the one PEP 440 parser (remote/versions.py); remote/ is sys.path[0] on a host
+    from base import versions  # the one PEP 440 parser (remote/base/versions.py); remote/ is sys.path[0] on a host
 except (ImportError, SyntaxError):
     # The laptop loads this file alone and sets `versions` itself (specrig/contract.py); a Python too
     # old for versions.py imports this module only for SENTINEL (entry.py).
@@ -12,7 +12,7 @@ except (ImportError, SyntaxError):
 #: Starts the one line of a call's stdout that holds its JSON result (entry.py/rpc.py -> transport).
 SENTINEL = "@@SPECRIG-RESULT@@"
 
-# -- run states (remote/run/rundir.py writes them; status, logs, the live view read them) -------
+# -- run states (remote/base/rundir.py writes them; status, logs, the live view read them) -------
 # Every state is named here once; code writes and compares these names, never the bare strings, so a
 # renamed state cannot go unnoticed.
 STARTING = "starting"        # the supervisor is up; the workload not yet started

@@ -154,3 +154,24 @@ def wait_released(before, pids, timeout_s):
         if (not held and not any(r["not_released"] for r in rows)) or time.monotonic() > deadline:
             return {"held": held, "gpus": sorted(rows, key=lambda r: r["index"])}
         time.sleep(0.5)
+
+
+def visible_gpus(gpu_rows, visible):
+    """The GPUs CUDA_VISIBLE_DEVICES (None: all) lets the job see, in its order: cuda:0 is the first.
+
+    Entries are nvidia-smi indices, UUIDs or unique UUID prefixes ("GPU-95e8d11f"). As CUDA does, the
+    list ends at the first entry that names no GPU, or one named before: "0,7,1" on two GPUs is GPU 0.
+    """
+    if visible is None:
+        return gpu_rows
+    shown = []
+    for item in visible.split(","):
+        item = item.strip()
+        if item.isdigit():
+            found = [gpu for gpu in gpu_rows if gpu["index"] == int(item)]
+        else:
+            found = [gpu for gpu in gpu_rows if item and (gpu["uuid"] or "").startswith(item)]
+        if len(found) != 1 or found[0] in shown:
+            break
+        shown.append(found[0])
+    return shown

@@ -1,6 +1,6 @@
 """The preflight's GPU collective checks (issue 38), before any model load: the topology's known-bad
 combinations (gpus/hazards.py), the installed vLLM on the GPUs' capability (drift/gpu_support.py) and the
-collective probe (gpus/collective.py) with the run's own environment and torch.
+collective probe (remote/gpus/collective.py) with the run's own environment and torch.
 
     checks(driver, server_python, config) -> [{name, ok, detail, advice, kind?}]
 
@@ -11,11 +11,11 @@ check says so, and its advice is `--collective-safe`, which the run then takes (
 import os
 import sys
 
-import pkgmeta
-import telemetry
-from contract import COLLECTIVE_HANG
+from base import pkgmeta, telemetry
+from base.contract import COLLECTIVE_HANG
 from drift import gpu_support
 from gpus import collective, hazards, survey
+from run.server import plan
 
 
 def check(name, ok, detail, advice=None, kind=None):
@@ -56,8 +56,6 @@ def checks(driver, server_python=None, config=None):
 
 
 def _vllm_dir(server_python):
-    from run.server import plan  # the one finding of the server's vLLM
-
     try:
         return plan.server_environment(server_python)[1]
     except plan.PlanError:

@@ -46,10 +46,10 @@ import struct
 import sys
 
 if __name__ == "__main__":
-    # Started by path, sys.path[0] is remote/run/server/: make it remote/, where contract.py is (as on a host).
-    sys.path[0] = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    # Started by path, sys.path[0] is remote/base/: make it remote/, where the package base is (as on a host).
+    sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-import contract
+from base import contract
 
 #: Bytes per element of each safetensors dtype this module understands.
 DTYPE_SIZES = {

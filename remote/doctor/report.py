@@ -9,10 +9,9 @@ import platform
 import pwd
 import shutil
 
-import model_support
-import pkgmeta
-import telemetry
+from base import pkgmeta, telemetry
 from gpus import survey
+from run import model_support
 from run.storage import existing_parent
 
 #: Read in speculators' environment (the host's `python`).

@@ -207,3 +207,26 @@ def _long_field(buffer, table, number):
     position, fields = _table(buffer, table)
     at = _field(fields, number)
     return struct.unpack_from("<q", buffer, position + at)[0] if at else None
+
+
+# -- which of the rows a share writes -----------------------------------------------------------------
+
+def client_ranks(world_size, rank, clients):
+    """(the world size, this share's ranks) its `clients` processes pass to generate-offline-data."""
+    world_size, rank = world_size or 1, rank or 0
+    return world_size * clients, [rank * clients + k for k in range(clients)]
+
+
+def shard_indices(num_samples, max_samples=None, world_size=1, rank=0, clients=1):
+    """The global sample indices this share writes: rank `rank` of `world_size`, its `clients` processes'
+    ranks together (client_ranks), as generate-offline-data splits them (speculators 0.9.0
+    data_generation/offline.py get_indices_to_process, 0.8.x the same): target = min(max_samples, N)
+    samples in contiguous chunks, the first `target % world` ranks one longer."""
+    target = num_samples if max_samples is None else min(max_samples, num_samples)
+    if target <= 0:
+        return []
+    world, ranks = client_ranks(world_size, rank, clients or 1)
+    chunk, remainder = divmod(target, world)
+    return [index for sub_rank in ranks
+            for index in range(sub_rank * chunk + min(sub_rank, remainder),
+                               sub_rank * chunk + min(sub_rank, remainder) + chunk + (sub_rank < remainder))]

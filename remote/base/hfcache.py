@@ -24,7 +24,7 @@ import hashlib
 import os
 import re
 
-from rpc import RemoteFailure
+from base.failure import RemoteFailure
 
 DEFAULT_REVISION = "main"
 #: huggingface_hub's REPO_ID_REGEX (1.x on; `\w` ASCII only): "name" or "namespace/name", each 1-96 of
