@@ -211,6 +211,15 @@ class Watch:
                      pace=self.pace.fields() if self.pace else None)
         return self.stall_failure(quiet, limit, held, idle) if stalled else None
 
+    def stopped(self):
+        """The stall failure once a process of the attempt has been stopped for STOPPED_S, else None: all that a
+        node watches whose progress another judges (a multi-node job's worker: the head counts the samples)."""
+        held = self.held(time.monotonic())
+        if not held:
+            return None
+        self.supervisor.log_marker("%s stopped for %.0f s or more: stalled" % (held, STOPPED_S))
+        return self.stall_failure(0.0, 0.0, held, None)
+
     def stall_failure(self, quiet, limit, held, idle):
         known = classify.classify(log_since(self.log_path, self.log_offset), 0, host=self.supervisor.host())
         if not known["retryable"]:

@@ -4,7 +4,7 @@ server dies or a stop comes. The head's workload is server/workload.py's ServerE
 import time
 
 from base.contract import PHASE_SERVING, PHASE_WAITING
-from run.attempt import POLL_S, NotStarted, log_size
+from run.attempt import POLL_S, NotStarted, Watch, log_size
 from run.server.attempt_jobs import SERVER, Heartbeat, Jobs, server_status
 from run.server.health import SERVER_RUNNING
 from run.server.workload import server_failure
@@ -50,10 +50,16 @@ class HeadlessServer:
         entry["pid"] = self.server.pid
         sup.started(server_state=SERVER_RUNNING)
         self.heartbeat.update(phase=PHASE_SERVING, server=SERVER_RUNNING)
+        # A stopped engine here hangs the head's collectives: named on this node, where it is seen, and the
+        # attempt ended (the head reads the failure through the node role).
+        clock = Watch(sup, self.server_log, self.offset, processes=self.jobs.processes)
         while not sup.stop_requested():
             if self.server.poll() is not None:
                 return self.server.returncode, server_failure(sup, self.offset, self.server.returncode)
             sup.look(self.jobs.members())
+            stall = clock.stopped()
+            if stall:
+                return None, stall
             time.sleep(POLL_S)
         return None, None
 
