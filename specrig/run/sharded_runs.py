@@ -264,7 +264,7 @@ def union(outcomes: Sequence[HostOutcome]) -> dict:
         problems.append(f"still running on {', '.join(active)}")
     if failed_hosts:
         problems.append(f"no answer from {', '.join(failed_hosts)}")
-    if total is None:
+    if total is None and not failed_hosts:  # a host that did not answer is the reason, said above
         problems.append("the dataset's sample count is unknown: no shard wrote its data_config.json yet")
     if len(counts) > 1:
         problems.append(f"the shards disagree on the dataset's sample count: {sorted(counts)}")
