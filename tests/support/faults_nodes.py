@@ -43,7 +43,8 @@ def job_host(path: str, directory: Path, supervision: dict) -> tuple[str, Path, 
         raise RuntimeError("the lab's Slurm is not up: `inv lab.up --runnable --hosts 3 --slurm`")
     slurm = dict(yaml.safe_load((REPO / "hosts.yaml").read_text())["hosts"][SLURM_HOST]["slurm"], nodes=2)
     inventory = private_inventory(directory, SLURM_HOST, python=str(CLIENT / "bin" / "python"),
-                                  server_python="~/venv-server-0.32/bin/python", slurm=slurm, extract=extract,
+                                  server_python="~/venv-server-0.32/bin/python", slurm=slurm,
+                                  extract=dict(extract, model=str(HOME / "models" / "tiny-llama")),  # no default there
                                   env={"VLLM_CPU_KVCACHE_SPACE": 1, **LAB_SERVER_ENV})
     return SLURM_HOST, inventory, HOME / "specrig-slurm" / "out"
 
