@@ -276,11 +276,14 @@ def settled(run: LabRun, before: dict, laptop_side: bool) -> tuple[str, dict, bo
 
 def leftovers(run: LabRun, processes: dict[int, str]) -> dict[int, str]:
     """The processes of the run before the fault that a new attempt (or a resume) should have ended: all
-    but each node's supervisor, when it is still the same one, and what started it (a Slurm job's script and
-    step); their command lines, short."""
+    but each node's supervisor, when it is still the same one, what started it (a Slurm job's script) and
+    what launched it (a Slurm step's srun, on the head's node: its ancestors are slurmstepd's); their command
+    lines, short."""
     supervisors = {run_files(directory).get("supervisor_pid") for directory in run.dirs()} - {None}
     keep = supervisors.union(*(ancestors(pid) for pid in supervisors))
-    old = {pid: args for pid, args in processes.items() if pid not in keep}
+    serving = [directory for directory in run.dirs() if run_files(directory).get("supervisor_pid") in processes]
+    old = {pid: args for pid, args in processes.items() if pid not in keep
+           and not any(f"{directory}/code/run/supervisor.py" in args for directory in serving)}
     return {pid: args[:120] for pid, args in still_running(old).items()}
 
 
