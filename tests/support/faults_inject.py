@@ -95,7 +95,11 @@ def reboot(run: LabRun, target: str, pid: int | None):
     """Every process of the run killed at once, as a host's reboot ends them (the lab user's other
     processes belong to other tests on this machine, so they are spared); target `worker-node`: those of a
     multi-node job's worker node alone."""
-    victims = run_processes(run, run.node_dirs[1:] if target == "worker-node" else None)
+    if target == "worker-node":  # a Slurm step's srun runs on the head's node (the job's script): it stays
+        victims = {pid: args for pid, args in run_processes(run, run.node_dirs[1:]).items()
+                   if not args.startswith("srun ")}
+    else:
+        victims = run_processes(run)
     for victim in victims:
         with contextlib.suppress(ProcessLookupError):
             os.kill(victim, signal.SIGKILL)
