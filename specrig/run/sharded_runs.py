@@ -210,9 +210,17 @@ def launch_shard(host: Host, request: Request, *, sharded_run_id: str, names: Se
 # ---- gather: the union of the shards --------------------------------------------------------------
 
 def verify_output(host: Host, run_id: str) -> dict:
-    """The host's run of the sharded run (or a run id): its output's sample indices, each loaded on the host."""
+    """The host's run of the sharded run (or a run id): its output's sample indices, each loaded on the host.
+
+    A run that is no shard holds the whole dataset, yet an in-process output records the dataset's count only
+    for a shard (data_config.json's `specrig.dataset_samples`): its count is then the driver's of the run's
+    samples (its heartbeat's `samples_total`), without which the union could never be complete."""
     with connect(host) as remote:
-        return runs_call(remote, host, "verify-output", {"run": run_id}, timeout=GATHER_TIMEOUT_S)
+        found = runs_call(remote, host, "verify-output", {"run": run_id}, timeout=GATHER_TIMEOUT_S)
+        if found.get("dataset_samples") is None and not found.get("shard") and not found.get("missing_dir"):
+            run = runs_call(remote, host, "status", {"run": found["run_id"]})["runs"][0]
+            found["dataset_samples"] = (run.get("heartbeat") or {}).get("samples_total")
+        return found
 
 
 def ranges(indices: Sequence[int]) -> str:
@@ -256,7 +264,7 @@ def union(outcomes: Sequence[HostOutcome]) -> dict:
         problems.append(f"still running on {', '.join(active)}")
     if failed_hosts:
         problems.append(f"no answer from {', '.join(failed_hosts)}")
-    if total is None:
+    if total is None and not failed_hosts:  # a host that did not answer is the reason, said above
         problems.append("the dataset's sample count is unknown: no shard wrote its data_config.json yet")
     if len(counts) > 1:
         problems.append(f"the shards disagree on the dataset's sample count: {sorted(counts)}")

@@ -28,29 +28,35 @@ PHASES = {
     "prepare-data-render": "prepare-data with `--render-server` (heartbeat `preparing`, the render server up)",
     "generating": "samples flowing (heartbeat `generating`, in process `extracting`), a few more written "
                   "since the cell before",
-    "last-files": "the last files (heartbeat `validating`, in process `writing`)",
+    "last-files": "the last files (heartbeat `validating`; in process `writing`, or `done` while the driver still "
+                  "runs: its last files written, vLLM's workers shutting down)",
     "backoff": "between attempts (state `restarting`)",
-    "ended": "after the run ended: stop, resume, verify-dataset",
+    "ended": "after the run ended: stop, resume, verify-dataset, gather",
 }
 
-#: One injector each in tests/support/faults.py (INJECTORS). A process target is a role of the run, found from
-#: status.json (supervisor, driver, api-server, client, prepare, render) or below it by vLLM's process title
-#: (engine-core: the API server's EngineCore; worker: in process, the driver's Worker, where the model runs).
+#: One injector each in tests/support/faults_inject.py (INJECTORS). A process target is a role of the run, found
+#: from status.json (supervisor, driver, api-server, client, prepare, render) or below it by vLLM's process title
+#: (engine-core: the API server's EngineCore; worker: in process, the driver's Worker, where the model runs); on a
+#: multi-node job's worker node (worker-server: its headless vLLM server, worker-engine: the EngineCore below it,
+#: slurm-step: the Slurm step its supervisor runs in). The `ended` phase's target is the command that reads the
+#: output back: `sample` verify-dataset, `gather` gather.
 FAULTS = {
-    "kill-9": "kill -9 of the target process",
+    "kill-9": "kill -9 of the target process (a Slurm step: `scancel --signal=KILL` of it, every process in it)",
     "sigstop": "SIGSTOP of the target process: a hang, alive and without progress (SIGCONT after the watch)",
     "freeze": "the target process frozen by the cgroup freezer: a hang that no stopped state shows (alive, state D, "
               "no progress, no CPU used), as a deadlock or a paused container; thawed after the watch",
-    "ssh-drop": "the laptop's SSH connection of the attached `inv extract` dropped (the sshd serving it killed)",
+    "ssh-drop": "the laptop's SSH connection dropped (the sshd serving it killed): the attached `inv extract`'s "
+                "(target live-view), or `inv gather`'s while its host loads the files (target gather)",
     "sshd-killed": "the host's sshd killed (started again after the watch)",
     "disk-full": "the output's filesystem (a tmpfs) filled by another file, freed after the watch",
     "port-taken": "the run's server port taken by another process, given back after the watch",
-    "file-unreadable": "a sample file made unreadable (mode 000) after the run, read back with verify-dataset",
-    "file-truncated": "a sample file cut to half after the run, read back with verify-dataset",
-    "file-removed": "a sample file removed after the run, read back with verify-dataset",
+    "file-unreadable": "a sample file made unreadable (mode 000) after the run, read back with the target's command",
+    "file-truncated": "a sample file cut to half after the run, read back with the target's command",
+    "file-removed": "a sample file removed after the run, read back with the target's command",
     "wrong-hosts": "a hosts.yaml entry whose python does not exist",
     "wrong-dataset": "a dataset path that does not exist",
-    "reboot": "every process of the run killed at once (the lab user's others belong to other tests here)",
+    "reboot": "every process of the run (target worker-node: of a multi-node job's worker node) killed at once "
+              "(the lab user's others belong to other tests here)",
 }
 
 #: Seconds the harness watches for the supervisor's reaction after a fault (a state change, a log marker, a
@@ -122,6 +128,10 @@ SERVER_RUNS_LAB = "tests/run/test_server_runs_lab.py::test_extract_survives_kill
 RUNS_LAB = "tests/run/test_runs_lab.py::test_ctrl_c_detaches_stop_leaves_no_process_resume_completes_it_and_a_kill_9_" \
            "of_the_driver_is_resumed"
 
+MULTINODE_LAB = "tests/fleet/test_multinode_lab.py::test_a_killed_node_restarts_the_whole_job_and_stop_ends_every_node"
+SLURM_MULTINODE_LAB = "tests/lab/test_lab_slurm_multinode.py::test_dp_over_two_slurm_nodes_survives_a_killed_worker_" \
+                      "step_and_its_states_equal_transformers"
+
 RUNS = (
     # CI's run: one cell of each fault kind, into one server-mode run on a host of its own (its sshd is killed),
     # attached (its SSH connection is dropped), its output on a tmpfs (filled).
@@ -191,22 +201,43 @@ RUNS = (
         "generating freeze worker",
         "generating reboot run-processes",
         "generating disk-full out",
-        "last-files kill-9 driver",
         "ended file-unreadable sample",
         "ended file-truncated sample",
         "ended file-removed sample",
     ), copies=6, tmpfs_mib=192, covered_by={"in-process/generating/kill-9/driver": RUNS_LAB}),
+    # The driver killed in its last moments (the phase lasts a second or two: the harness injects at its first
+    # sign), then `inv gather` on the run's output: its SSH connection dropped while the host loads the files,
+    # and a file damaged before it.
+    Run("in-process-ends", "in-process", cells(
+        "in-process",
+        "last-files kill-9 driver",
+        "ended ssh-drop gather",
+        "ended file-unreadable gather",
+        "ended file-truncated gather",
+        "ended file-removed gather",
+    )),
+    # Data parallel 2 over two nodes: the worker node's server killed, its engine hung, the node rebooted.
+    Run("multinode-dp", "multinode-dp", cells(
+        "multinode-dp",
+        "generating kill-9 worker-server",
+        "generating sigstop worker-engine",
+        "generating reboot worker-node",
+        "ended file-removed sample",
+        "ended file-truncated sample",
+    ), covered_by={"multinode-dp/generating/kill-9/worker-server": MULTINODE_LAB}),
+    # The same job in one allocation of two Slurm nodes, through the login node.
+    Run("slurm-dp", "slurm", cells(
+        "slurm",
+        "generating kill-9 slurm-step",
+        "generating sigstop worker-engine",
+        "generating reboot worker-node",
+        "ended file-unreadable sample",
+    ), covered_by={"slurm/generating/kill-9/slurm-step": SLURM_MULTINODE_LAB}),
 )
 
 
-#: Cells that only other lab tests inject so far (the harness does not launch Slurm jobs or multi-node jobs
-#: yet): the test that does, by cell.
+#: Cells that only other lab tests inject so far (the harness does not inject them itself): the test that does.
 ELSEWHERE = {
-    Cell("slurm", "generating", "kill-9", "slurm-step"):
-        "tests/lab/test_lab_slurm_multinode.py::test_dp_over_two_slurm_nodes_survives_a_killed_worker_step_and_its_"
-        "states_equal_transformers",
-    Cell("multinode-dp", "generating", "kill-9", "worker-server"):
-        "tests/fleet/test_multinode_lab.py::test_a_killed_node_restarts_the_whole_job_and_stop_ends_every_node",
     Cell("in-process", "generating", "ssh-drop", "live-view"):
         "tests/run/test_runs_lab.py::test_dropping_the_ssh_connection_mid_run_does_not_stop_the_job",
 }

@@ -236,6 +236,8 @@ def test_the_union_names_missing_duplicated_out_of_range_and_unloadable_indices(
     assert ranges([7, 1, 2, 3, 5]) == "1-3, 5, 7"
     unknown = union([shard("a", [], None)])
     assert not unknown["complete"] and "sample count is unknown" in unknown["problems"][0]
+    # No answer at all: that is the one problem, not a data_config.json that no shard wrote.
+    assert union([HostOutcome("c", ExitStatus.CONNECTION, 0.1)])["problems"] == ["no answer from c"]
 
 
 def test_shards_of_other_layers_dtypes_storage_or_models_are_not_merged():

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from base import procs
-from base.contract import FINAL_STATES, RESTARTING, RUNNING, STARTING
+from base.contract import FAILED, FINAL_STATES, LOST, RESTARTING, RUNNING, STARTING, STOPPED
 from base.rundir import RunDir
+from faults.cells import OUTCOMES, Cell
 from support.lab import inv
 from support.patchenv import as_lab_user
 from support.runnable_env import HOME
@@ -30,7 +31,7 @@ POLL_S = 0.1
 HEARTBEAT_PHASES = {"loading": {"loading"}, "prepare-data": {"preparing"},
                     # With a render server prepare-data runs while the model loads.
                     "prepare-data-render": {"loading", "preparing"},
-                    "generating": {"generating", "extracting"}, "last-files": {"validating", "writing"}}
+                    "generating": {"generating", "extracting"}, "last-files": {"validating", "writing", "done"}}
 #: Heartbeat phases after which a run never comes back to the cell's phase: its prepared data is whole.
 PAST = {"prepare-data": {"generating", "validating"}, "prepare-data-render": {"generating", "validating"}}
 #: Samples written since the previous cell before a `generating` cell is injected: the run is flowing.
@@ -62,23 +63,41 @@ class LabRun:
     #: Samples in the output when the previous cell was injected.
     samples_mark: int = 0
     notes: list[str] = field(default_factory=list)
+    #: A multi-node job (tests/support/faults_nodes.py): each node's run directory, the head's first; run_id is
+    #: then the job's id, which `inv stop`/`resume`/`status` take on `host` (a group, or the login node).
+    node_dirs: list[Path] = field(default_factory=list)
+    #: The command target of what looks at the output (verify-dataset, gather): (host, run id); the run's own
+    #: by default, a job's head's.
+    output_of: tuple[str, str] | None = None
+    #: The Slurm job of a job on a Slurm cluster.
+    slurm_job: str | None = None
 
     @property
     def dir(self) -> Path:
-        return self.workdir / "runs" / self.run_id
+        """The run directory whose files say the run's state and progress (a job's head's)."""
+        return self.node_dirs[0] if self.node_dirs else self.workdir / "runs" / self.run_id
+
+    def dirs(self) -> list[Path]:
+        """Every run directory of the run: a job's nodes', or the one."""
+        return self.node_dirs or [self.dir]
 
     def files(self) -> dict:
         return run_files(self.dir)
 
     def state(self) -> str:
-        """The state as `inv status` says it (a dead supervisor without an exit record is lost)."""
-        return RunDir(str(self.dir)).state()
+        """The state as `inv status` says it (a dead supervisor without an exit record is lost); a job's is its
+        head's unless a node's run ended otherwise (the head may go on waiting for a node that is gone)."""
+        states = [RunDir(str(directory)).state() for directory in self.dirs()]
+        return next((worst for worst in (LOST, FAILED, STOPPED) if worst in states), states[0])
+
+    def output_target(self) -> tuple[str, str]:
+        return self.output_of or (self.host, self.run_id)
 
     def inv(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         return inv(*args, inventory=self.inventory, timeout=timeout)
 
     def samples(self) -> int:
-        pattern = "hs_*.safetensors" if self.path == "server" else "data_*.pt"
+        pattern = "data_*.pt" if self.path == "in-process" else "hs_*.safetensors"
         return len(list(self.out.glob(pattern)))
 
 
@@ -103,6 +122,19 @@ def descendants(root: int) -> list[int]:
     return found
 
 
+def ancestors(pid: int) -> set[int]:
+    """`pid`'s live ancestors (/proc), up to init."""
+    found = set()
+    while pid > 1:
+        try:
+            text = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            break
+        pid = int(text[text.rindex(")") + 2:].split()[1])
+        found.add(pid)
+    return found
+
+
 def vllm_process(root: int | None, title: str) -> int | None:
     """vLLM's process titled `VLLM::<title>` below `root` (vllm/utils/system_utils.py set_process_title):
     the EngineCore below the API server; in process the Worker below the driver, which runs the engine."""
@@ -113,6 +145,9 @@ def vllm_process(root: int | None, title: str) -> int | None:
 
 def target_pid(run: LabRun, target: str) -> int | None:
     """The live process of the run that `target` names, or None while there is none."""
+    if target in NODE_TARGETS:
+        pid = worker_target_pid(run, target)
+        return pid if pid and procs.alive(pid) else None
     status = run.files()
     jobs = status.get("jobs") or {}
     pid = {"supervisor": status.get("supervisor_pid"), "driver": status.get("driver_pid"),
@@ -124,24 +159,37 @@ def target_pid(run: LabRun, target: str) -> int | None:
     return pid if pid and procs.alive(pid) else None
 
 
-def run_processes(run: LabRun) -> dict[int, str]:
-    """{pid: command line} of every live process of the run: whatever names the run's id (its supervisor,
-    the programs of its code/), and every member of its sessions and jobs as status.json remembers them
-    (procs.Job: vLLM's EngineCore renames itself, and may leave its parent's session)."""
-    status = run.files()
-    ids = {status.get("supervisor_pid"), status.get("driver_pgid")}
-    seen: dict = dict(status.get("job_seen") or {})
-    for job in (status.get("jobs") or {}).values():
-        ids.add(job.get("pgid"))
-        seen.update(job.get("seen") or {})
+def worker_target_pid(run: LabRun, target: str) -> int | None:
+    """The process on a multi-node job's worker node that `target` names: its vLLM server (headless), the
+    EngineCore below it (the data-parallel rank of that node), or the supervisor that its Slurm step runs."""
+    worker = run_files(run.node_dirs[1])
+    server = ((worker.get("jobs") or {}).get("server") or {}).get("pid")
+    return {"worker-server": server, "worker-engine": vllm_process(server, "EngineCore"),
+            "slurm-step": worker.get("supervisor_pid")}[target]
+
+
+def run_processes(run: LabRun, dirs: list[Path] | None = None) -> dict[int, str]:
+    """{pid: command line} of every live process of the run (of `dirs` alone, when given: a job's nodes):
+    whatever names its run directory (its supervisor, the programs of its code/), and every member of its
+    sessions and jobs as status.json remembers them (procs.Job: vLLM's EngineCore renames itself, and may
+    leave its parent's session)."""
     found = {}
-    for job_id in filter(None, ids):
-        for member in procs.Job(job_id, seen).members():
-            found[member["pid"]] = member["cmdline"]
+    directories = run.dirs() if dirs is None else dirs
+    for directory in directories:
+        status = run_files(directory)
+        ids = {status.get("supervisor_pid"), status.get("driver_pgid")}
+        seen: dict = dict(status.get("job_seen") or {})
+        for job in (status.get("jobs") or {}).values():
+            ids.add(job.get("pgid"))
+            seen.update(job.get("seen") or {})
+        for job_id in filter(None, ids):
+            for member in procs.Job(job_id, seen).members():
+                found[member["pid"]] = member["cmdline"]
     listing = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout
     for line in listing.splitlines():
         pid, _, args = line.strip().partition(" ")
-        if run.run_id in args and int(pid) != os.getpid() and "ps -eo" not in args:
+        if any(directory.name in args for directory in directories) and int(pid) != os.getpid() \
+                and "ps -eo" not in args:
             found[int(pid)] = args
     return found
 
@@ -198,7 +246,10 @@ def in_phase(run: LabRun, status: dict, state: str, phase: str) -> bool:
 
 #: Targets that are vLLM's own processes, by their titles.
 VLLM_TITLES = {"engine-core": "EngineCore", "worker": "Worker"}
-PROCESS_TARGETS = {"supervisor", "driver", "api-server", "client", "prepare", "render", *VLLM_TITLES}
+#: Targets on a multi-node job's worker node (worker_target_pid); `slurm-step` is killed through Slurm.
+NODE_TARGETS = {"worker-server", "worker-engine", "slurm-step"}
+PROCESS_TARGETS = {"supervisor", "driver", "api-server", "client", "prepare", "render", *VLLM_TITLES,
+                   *NODE_TARGETS}
 
 
 # ---- reactions ---------------------------------------------------------------------------------------------
@@ -213,13 +264,31 @@ class Reaction:
 
 def snapshot(run: LabRun) -> dict:
     status = run.files()
-    return {"state": run.state(), "failures": failures(status), "attempts": len(status.get("attempts") or []),
-            "log": log_size(run)}
+    return {"state": run.state(), "failures": failures_of(run), "by_node": node_failures(run),
+            "attempts": len(status.get("attempts") or []), "log": log_size(run)}
 
 
 def failures(status: dict) -> int:
     return sum(1 for attempt in status.get("attempts") or [] if attempt.get("failure")) + bool(
         status.get("last_failure") and not (status.get("attempts") or []))
+
+
+def node_failures(run: LabRun) -> list[int]:
+    """The failures each run directory of the run records (a job's worker records its own)."""
+    return [failures(run_files(directory)) for directory in run.dirs()]
+
+
+def failures_of(run: LabRun) -> int:
+    return sum(node_failures(run))
+
+
+def newest_failure(run: LabRun, before: dict) -> dict:
+    """The failure recorded since `before` (snapshot): the head's, else the first node's that recorded one;
+    the head's last one when none did."""
+    for directory, count, was in zip(run.dirs(), node_failures(run), before["by_node"], strict=True):
+        if count > was:
+            return run_files(directory).get("last_failure") or {}
+    return run.files().get("last_failure") or {}
 
 
 def log_size(run: LabRun) -> int:
@@ -241,10 +310,10 @@ def supervisor_reaction(run: LabRun, before: dict, at: float, watch_s: float) ->
     a marker in driver.log that is no routine one (a step started again within the attempt); None when
     nothing within `watch_s`."""
     while time.time() - at < watch_s:
-        status, state = run.files(), run.state()
+        state = run.state()
         markers = markers_since(run, before["log"])
         unusual = [marker for marker in markers if not ROUTINE.search(marker)]
-        if failures(status) > before["failures"] or state not in (before["state"], STARTING, RUNNING) or unusual:
+        if failures_of(run) > before["failures"] or state not in (before["state"], STARTING, RUNNING) or unusual:
             return Reaction(round(time.time() - at, 1), f"{state}: {(unusual or markers or [''])[-1]}".strip())
         time.sleep(POLL_S)
     return None
@@ -263,11 +332,28 @@ def markers_since(run: LabRun, offset: int) -> list[str]:
 
 def command_reaction(argv: tuple[str, ...], run: LabRun, at: float) -> Reaction:
     """A laptop command's answer as the reaction: its exit status and what it said, on one line (a table's
-    rows from `bad row(s)` on, where it has one: verify-dataset's)."""
-    done = run.inv(*argv)
-    said = " ".join((done.stdout + done.stderr).split())
-    said = said[said.find("bad row(s)") - 2:] if "bad row(s)" in said else said
-    return Reaction(round(time.time() - at, 1), f"exit {done.returncode}: {said[:300]}", done.returncode)
+    rows from `bad row(s)` on, where it has one: verify-dataset's; gather's hosts not ok and its verdict)."""
+    done = inv(*argv, inventory=run.inventory, timeout=300, env={"COLUMNS": "400"})
+    return Reaction(round(time.time() - at, 1), f"exit {done.returncode}: {said_in_a_line(done.stdout + done.stderr)}",
+                    done.returncode)
+
+
+def said_in_a_line(text: str) -> str:
+    """What a laptop command said, in a line of 300 characters at most: from a rows table's `bad row(s)` on
+    (verify-dataset's); of gather's table the hosts that are not ok, then its verdict; else all of it."""
+    if re.search(r"^gather \S+: \d+ hosts", text, re.MULTILINE):
+        text = "\n".join(line.replace("│", " ") for line in text.splitlines()
+                         if re.search(r"could not run|\(\d\)|^\s*(in)?complete:|^error:", line))
+    said = " ".join(text.split())
+    return (said[said.find("bad row(s)") - 2:] if "bad row(s)" in said else said)[:300]
+
+
+def result(cell: Cell, outcome: str, symptom: str, reaction: Reaction | None = None, **more) -> dict:
+    """A cell's result: its outcome (cells.OUTCOMES), the symptom in one line, the reaction and its seconds."""
+    assert outcome in OUTCOMES, outcome
+    return {"cell": cell.id, "outcome": outcome, "symptom": " ".join(symptom.split())[:400],
+            "detection_s": reaction.seconds if reaction else None, "reaction": reaction.what if reaction else None,
+            **more}
 
 
 # ---- what the runs need ------------------------------------------------------------------------------------

@@ -85,8 +85,7 @@ def render(rows: dict[str, dict], runs: dict[str, dict], commit: str) -> str:
     if covered:
         lines += ["", "Cells that other lab tests inject too (CI runs them there, not here):", ""]
         lines += [f"- `{cell_id}`: {test}" for cell_id, test in covered.items()]
-    lines += ["", "Cells that only other lab tests inject so far (the harness launches no Slurm or multi-node job "
-              "yet):", ""]
+    lines += ["", "Cells that only other lab tests inject so far (the harness does not inject them itself):", ""]
     lines += [f"- `{cell.id}`: {test}" for cell, test in ELSEWHERE.items()]
     return "\n".join(lines) + "\n"
 

@@ -12,6 +12,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -20,8 +21,10 @@ from pathlib import Path
 
 from base import procs
 from specrig.lab import fleet as lab_fleet
-from support.faults import VICTIM, LabRun, Reaction, command_reaction, run_processes
+from support import faults_nodes
+from support.faults import VICTIM, LabRun, Reaction, command_reaction, run_processes, said_in_a_line
 from support.patchenv import as_lab_user
+from support.paths import REPO
 
 
 @dataclass
@@ -35,6 +38,9 @@ class Fault:
 
 @contextlib.contextmanager
 def kill_9(run: LabRun, target: str, pid: int):
+    if target == "slurm-step":  # Slurm's own kill of a step: every process in it
+        yield Fault(time.time(), faults_nodes.kill_worker_step(run))
+        return
     title = procs.cmdline(pid)[:80]
     os.kill(pid, signal.SIGKILL)
     yield Fault(time.time(), f"kill -9 {pid} ({target}: {title})")
@@ -87,38 +93,66 @@ def freeze(run: LabRun, target: str, pid: int):
 @contextlib.contextmanager
 def reboot(run: LabRun, target: str, pid: int | None):
     """Every process of the run killed at once, as a host's reboot ends them (the lab user's other
-    processes belong to other tests on this machine, so they are spared)."""
-    victims = run_processes(run)
+    processes belong to other tests on this machine, so they are spared); target `worker-node`: those of a
+    multi-node job's worker node alone."""
+    if target == "worker-node":  # a Slurm step's srun runs on the head's node (the job's script): it stays
+        victims = {pid: args for pid, args in run_processes(run, run.node_dirs[1:]).items()
+                   if not args.startswith("srun ")}
+    else:
+        victims = run_processes(run)
     for victim in victims:
         with contextlib.suppress(ProcessLookupError):
             os.kill(victim, signal.SIGKILL)
-    yield Fault(time.time(), f"kill -9 of the run's {len(victims)} processes at once")
+    yield Fault(time.time(), f"kill -9 of the {'worker node' if target == 'worker-node' else 'run'}'s "
+                f"{len(victims)} processes at once")
 
 
 @contextlib.contextmanager
 def ssh_drop(run: LabRun, target: str, pid: int | None):
-    """The attached `inv extract`'s SSH connection dropped: the sshd processes serving it killed. The
-    reaction is the live view's: it ends, saying the run goes on."""
-    client = run.attached
+    """A laptop command's SSH connection dropped (the sshd processes serving it killed): the attached
+    `inv extract`'s (target live-view), whose reaction is the live view ending, saying the run goes on; or
+    `inv gather`'s while its host loads the files (target gather), whose reaction is its answer."""
+    if target == "gather":
+        host, run_id = run.output_target()
+        client = subprocess.Popen([sys.executable, "-m", "invoke", "-r", str(REPO), "gather", "--host", host,
+                                   "--run", run_id], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  env={**os.environ, "SPECRIG_HOSTS": str(run.inventory), "COLUMNS": "400"})
+        loading = wait_for_process(lambda args: "verify_output.py" in args and str(run.out) in args)
+    else:
+        client, loading = run.attached, None
     serving = sshd_serving(client.pid)
     for victim in serving:
         with contextlib.suppress(ProcessLookupError):
             os.kill(victim, signal.SIGKILL)
 
-    def live_view_ends(run: LabRun, before: dict, at: float, watch_s: float) -> Reaction | None:
+    def client_ends(run: LabRun, before: dict, at: float, watch_s: float) -> Reaction | None:
         try:
-            _, errors = client.communicate(timeout=watch_s)
+            said, errors = client.communicate(timeout=watch_s)
         except subprocess.TimeoutExpired:
             return None
+        if target == "gather":
+            line = said_in_a_line((said + errors).decode(errors="replace"))
+            return Reaction(round(time.time() - at, 1), f"exit {client.returncode}: {line}", client.returncode)
         said = " ".join(errors.decode(errors="replace").split())
         return Reaction(round(time.time() - at, 1), f"the live view exited {client.returncode}: {said[-400:]}")
 
+    doing = f"while {loading} loaded the files" if loading else "serving the live view"
     try:
-        yield Fault(time.time(), f"killed the sshd processes {sorted(serving)} serving the live view",
-                    live_view_ends)
+        yield Fault(time.time(), f"killed the sshd processes {sorted(serving)} {doing}", client_ends)
     finally:
         client.kill()
         client.wait()
+
+
+def wait_for_process(matches: Callable[[str], bool], timeout: float = 120) -> str:
+    """The first process whose command line `matches`, as `pid args` (short), once there is one."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True).stdout.splitlines():
+            if matches(line) and "ps -eo" not in line:
+                return line.strip()[:100]
+        time.sleep(0.05)
+    raise RuntimeError(f"no such process within {timeout} s")
 
 
 @contextlib.contextmanager
@@ -169,21 +203,18 @@ def port_taken(run: LabRun, target: str, pid: int | None):
 
 
 def sample_file(run: LabRun) -> Path:
-    return run.out / (f"hs_{VICTIM}.safetensors" if run.path == "server" else f"data_{VICTIM}.pt")
-
-
-def verify_dataset(run: LabRun, before: dict, at: float, watch_s: float) -> Reaction:
-    return command_reaction(("verify-dataset", "--host", run.host, "--run", run.run_id), run, at)
+    return run.out / (f"data_{VICTIM}.pt" if run.path == "in-process" else f"hs_{VICTIM}.safetensors")
 
 
 @contextlib.contextmanager
 def damaged_file(run: LabRun, damage: tuple[str, ...], what: str):
-    """A sample file damaged by the lab user (`damage` + its path) after the run; restored afterwards."""
+    """A sample file damaged by the lab user (`damage` + its path) after the run, read back by the cell's
+    command (tests/support/faults_ended.py); restored afterwards."""
     victim = sample_file(run)
     kept, owner = victim.read_bytes(), victim.stat()
     as_lab_user(*damage, str(victim))
     try:
-        yield Fault(time.time(), f"{what} {victim.name}", verify_dataset)
+        yield Fault(time.time(), f"{what} {victim.name}")
     finally:
         victim.unlink(missing_ok=True)
         victim.write_bytes(kept)

@@ -23,18 +23,20 @@ import yaml
 
 from base import outputs
 from base.contract import FAILED, FINAL_STATES, LOST, RUNNING, STALLED, STOPPED, SUCCEEDED
-from faults.cells import OUTCOMES, WATCH_S, Cell, Run
+from faults.cells import WATCH_S, Cell, Run
 from specrig.exit_status import ExitStatus
 from specrig.lab import fleet as lab_fleet
+from support import faults_nodes
 from support.faults import (
-    VICTIM,
     LabRun,
     PhaseMissed,
     Reaction,
-    command_reaction,
-    failures,
+    ancestors,
+    failures_of,
     free_port,
     json_line,
+    newest_failure,
+    result,
     run_processes,
     snapshot,
     still_running,
@@ -42,19 +44,24 @@ from support.faults import (
     tmpfs_output,
     wait_for_phase,
 )
-from support.faults_inject import INJECTORS, sample_file
+from support.faults_ended import ended_cell
+from support.faults_inject import INJECTORS
 from support.lab import host_of_its_own, inv, known_hosts_line
 from support.patchenv import as_lab_user
 from support.paths import PROGRAMS, REPO
 from support.runnable_env import HOME, private_inventory
-from support.server_lab import LAYERS, server_fleet_inventory, states_against_transformers
+from support.server_lab import LAYERS, run_files, server_fleet_inventory, states_against_transformers
 
 #: The harness's runs carry several failures each: more restarts than the default 3, and short back-offs.
 SUPERVISION = {"max_restarts": 10, "backoff_s": 5, "backoff_max_s": 10}
 SHIPPED = {"server": "lab-server", "in-process": "lab-cpu"}
+#: The paths whose run is a multi-node job (tests/support/faults_nodes.py).
+JOBS = ("slurm", "multinode-dp")
 #: Words of `inv extract` by path: server mode one request at a time, in process one sample a batch, so
 #: that samples flow for long enough to be hit (tests/run/test_runs_lab.py's settings).
-LAUNCH = {"server": ("--concurrency", "1"), "in-process": ("--batch-size", "1", "--max-len", "512")}
+#: A job's launch skips the preflight on Slurm, as tests/lab/test_lab_slurm_multinode.py's does.
+LAUNCH = {"server": ("--concurrency", "1"), "in-process": ("--batch-size", "1", "--max-len", "512"),
+          "multinode-dp": ("--concurrency", "1"), "slurm": ("--concurrency", "1", "--skip-preflight")}
 #: In process: bf16 through the tiny model's 8 layers, vLLM's kernels against transformers' (as
 #: tests/run/test_extraction_driver.py bounds it).
 IN_PROCESS_TOLERANCE = 2e-2
@@ -78,7 +85,10 @@ def lab_run(spec: Run, directory: Path) -> Iterator[LabRun]:
     """The host, inventory and output of `spec`; afterwards the run stopped if still active, the live view
     ended, the output removed (a tmpfs unmounted), a host of the harness's own removed."""
     with contextlib.ExitStack() as stack:
-        if spec.own_host:
+        if spec.path in JOBS:
+            number, (host, inventory, under) = None, faults_nodes.job_host(spec.path, directory, SUPERVISION)
+            workdir = under.parent  # the nodes' own are in the job's launch (LabRun.node_dirs)
+        elif spec.own_host:
             number, host = stack.enter_context(host_of_its_own())
             workdir = HOME / "specrig-fleet" / host
             inventory = server_fleet_inventory(directory, {host: lab_fleet.fleet_entry(number)}, [host],
@@ -92,6 +102,9 @@ def lab_run(spec: Run, directory: Path) -> Iterator[LabRun]:
                                           extract=dict(shipped["extract"], **SUPERVISION, **spec.extract))
         if spec.tmpfs_mib:
             root = stack.enter_context(tmpfs_output(spec.tmpfs_mib))
+        elif spec.path in JOBS:
+            root = faults_nodes.job_output(under)
+            stack.callback(as_lab_user, "rm", "-rf", str(root))
         else:
             root = HOME / "specrig-work" / "out" / f"faults-{uuid.uuid4().hex[:8]}"
             as_lab_user("mkdir", "-p", str(root))
@@ -118,13 +131,14 @@ def end_run(run: LabRun) -> None:
         run.attached.wait()
     if run.run_id and run.state() not in FINAL_STATES:
         run.inv("stop", "--host", run.host, "--run", run.run_id)
+    faults_nodes.end_job(run)
 
 
 def launch_words(run: LabRun, spec: Run, **changes: str) -> tuple[str, ...]:
     words = {"--out": str(run.out), **({"--port": str(run.port)} if run.port else {}),
              **({"--data": str(run.data)} if run.data else {}), **changes}
     return ("extract", "--host", run.host, *[w for pair in words.items() for w in pair], *LAUNCH[run.path],
-            *spec.flags)
+            *(faults_nodes.job_words() if run.path in JOBS else ()), *spec.flags)
 
 
 def launch(run: LabRun, spec: Run) -> None:
@@ -134,7 +148,10 @@ def launch(run: LabRun, spec: Run) -> None:
         launched = json_line(done.stdout)
         if done.returncode != 0 or not launched.get("launched"):
             raise AssertionError(f"the launch failed ({done.returncode}): {done.stdout[-2000:]} {done.stderr[-2000:]}")
-        run.run_id = launched["run_id"]
+        if spec.path in JOBS:
+            faults_nodes.take_launch(run, launched)
+        else:
+            run.run_id = launched["run_id"]
         return
     run.attached = subprocess.Popen([sys.executable, "-m", "invoke", "-r", str(REPO), *launch_words(run, spec)],
                                     cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -151,13 +168,6 @@ def launch(run: LabRun, spec: Run) -> None:
 
 
 # ---- the cells ---------------------------------------------------------------------------------------------
-
-def result(cell: Cell, outcome: str, symptom: str, reaction: Reaction | None = None, **more) -> dict:
-    assert outcome in OUTCOMES, outcome
-    return {"cell": cell.id, "outcome": outcome, "symptom": " ".join(symptom.split())[:400],
-            "detection_s": reaction.seconds if reaction else None, "reaction": reaction.what if reaction else None,
-            **more}
-
 
 def preflight_cell(run: LabRun, spec: Run, cell: Cell, directory: Path) -> dict:
     """A wrong hosts.yaml or dataset given to `inv extract`: refused with the line or the failing checks that
@@ -229,7 +239,7 @@ def settle(run: LabRun, cell: Cell, reaction: Reaction, before: dict, processes:
     lost), then resumed; the attempt's processes gone either way."""
     state, status, failed_anew = settled(run, before, laptop_side=cell.fault in ("ssh-drop", "sshd-killed"))
     failure = ({"kind": "lost", "explain": "the supervisor is gone without an exit record",
-                "advice": "inv resume"} if state == LOST else status.get("last_failure") or {})
+                "advice": "inv resume"} if state == LOST else newest_failure(run, before))
     kind = failure.get("kind")
     named = bool(kind) and kind != "unknown" and bool(failure.get("advice")) and "\n" not in failure.get(
         "explain", "")
@@ -257,7 +267,7 @@ def settled(run: LabRun, before: dict, laptop_side: bool) -> tuple[str, dict, bo
     deadline = time.monotonic() + (0 if laptop_side else SETTLE_S)
     while True:
         status, state = run.files(), run.state()
-        failed_anew = failures(status) > before["failures"]
+        failed_anew = failures_of(run) > before["failures"]
         attempts = len(status.get("attempts") or [])
         judged = failed_anew and (state not in (RUNNING, STALLED) or attempts > before["attempts"])
         if judged or state in (LOST, *FINAL_STATES) or time.monotonic() > deadline:
@@ -267,30 +277,15 @@ def settled(run: LabRun, before: dict, laptop_side: bool) -> tuple[str, dict, bo
 
 def leftovers(run: LabRun, processes: dict[int, str]) -> dict[int, str]:
     """The processes of the run before the fault that a new attempt (or a resume) should have ended: all
-    but the supervisor, when it is still the same one; its processes' command lines, short."""
-    supervisor = run.files().get("supervisor_pid")
-    old = {pid: args for pid, args in processes.items() if pid != supervisor}
+    but each node's supervisor, when it is still the same one, what started it (a Slurm job's script) and
+    what launched it (a Slurm step's srun, on the head's node: its ancestors are slurmstepd's); their command
+    lines, short."""
+    supervisors = {run_files(directory).get("supervisor_pid") for directory in run.dirs()} - {None}
+    keep = supervisors.union(*(ancestors(pid) for pid in supervisors))
+    serving = [directory for directory in run.dirs() if run_files(directory).get("supervisor_pid") in processes]
+    old = {pid: args for pid, args in processes.items() if pid not in keep
+           and not any(f"{directory}/code/run/supervisor.py" in args for directory in serving)}
     return {pid: args[:120] for pid, args in still_running(old).items()}
-
-
-def ended_cell(run: LabRun, cell: Cell, log: Callable[[str], None]) -> dict:
-    """A file damaged after the run: verify-dataset must name its row and the reason (exit 1, one line
-    each, no traceback), and pass again once the file is back."""
-    with INJECTORS[cell.fault](run, cell.target, None) as fault:
-        log(f"{cell.id}: {fault.what}")
-        reaction = fault.reaction(run, {}, fault.at, WATCH_S[cell.phase])
-    log(f"{cell.id}: reaction {reaction}")
-    victim = sample_file(run).name
-    if reaction.exit_status == 0:
-        return result(cell, "silent", f"verify-dataset passed the damaged output: {reaction.what}", reaction,
-                      fault=fault.what)
-    # Its rows table names the row by its index, then the reason.
-    if reaction.exit_status != 1 or "Traceback" in reaction.what or f" {VICTIM} " not in reaction.what:
-        return result(cell, "unnamed", f"{victim}: {reaction.what}", reaction, fault=fault.what)
-    again = command_reaction(("verify-dataset", "--host", run.host, "--run", run.run_id), run, time.time())
-    if again.exit_status != 0:
-        return result(cell, "resume-failed", f"with the file back: {again.what}", reaction, fault=fault.what)
-    return result(cell, "failed-named", reaction.what, reaction, fault=fault.what)
 
 
 # ---- the run's end -----------------------------------------------------------------------------------------
@@ -318,7 +313,7 @@ def run_end(run: LabRun) -> dict:
 
 
 def data_check(run: LabRun, status: dict) -> str:
-    if run.path == "server":
+    if run.path != "in-process":
         rows = status.get("samples_total")
         report = outputs.check_dataset(str(run.out), rows, n_layers=len(LAYERS), hidden_size=128)
         assert report["complete"] and not report["extra"], {k: report[k] for k in ("by_status", "extra")}
