@@ -14,7 +14,7 @@ from typing import Any
 
 from specrig.errors import InventoryError
 from specrig.paths import checkout_dir, config_dir
-from specrig.slurm.host_settings import SLURM, check_scheduler, check_slurm
+from specrig.slurm_settings import SLURM, check_scheduler, check_slurm
 from specrig.yamlfile import parse_yaml
 
 LOCAL = "local"

@@ -3,10 +3,10 @@ layer, imports only its own package and the layers below it, and no modules impo
 
 remote/ is sys.path[0] on a host, so a module imports another by its top-level name (`from base import
 contract`, `from run import storage`); an import inside a function counts as much as one at the top.
-docs/ARCHITECTURE.md ("Layers") draws the same order.
+docs/ARCHITECTURE.md ("Layers, host side") draws the same order; tests/test_layering_laptop.py holds
+specrig/ to its own.
 """
-import ast
-
+from support.imports import imports, module_names, strongly_connected
 from support.paths import REPO
 
 REMOTE = REPO / "remote"
@@ -27,40 +27,6 @@ LAYERS = (
 MAX_ROOT_MODULES = 4
 
 
-def module_names() -> dict:
-    """{dotted name as imported on a host: path} of every module of remote/ (a package as its __init__)."""
-    found = {}
-    for path in REMOTE.rglob("*.py"):
-        if "__pycache__" in path.parts:
-            continue
-        parts = path.relative_to(REMOTE).with_suffix("").parts
-        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    return found
-
-
-def imports(modules: dict) -> dict:
-    """{module: {(imported module, line)}}: each import statement resolved to the longest module it names."""
-
-    def resolve(name):
-        while name and name not in modules:
-            name = name.rpartition(".")[0]
-        return name or None
-
-    found = {}
-    for name, path in modules.items():
-        targets = found.setdefault(name, set())
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if isinstance(node, ast.Import):
-                named = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                assert node.level == 0, f"{path}:{node.lineno}: a relative import; the host imports by top-level name"
-                named = [f"{node.module}.{alias.name}" for alias in node.names]
-            else:
-                continue
-            targets.update((target, node.lineno) for target in map(resolve, named) if target not in (None, name))
-    return found
-
-
 def layer_of(module: str) -> int:
     """The module's layer; one in no layer is above all (the first test names it)."""
     top = module.split(".")[0]
@@ -68,7 +34,7 @@ def layer_of(module: str) -> int:
 
 
 def test_every_module_stands_in_a_layer():
-    tops = {name.split(".")[0] for name in module_names()}
+    tops = {name.split(".")[0] for name in module_names(REMOTE)}
     placed = {top for layer in LAYERS for top in layer}
     assert not tops - placed, f"remote/ packages or root modules in no layer of LAYERS (place each): {sorted(tops - placed)}"
     assert not placed - tops, f"LAYERS names what remote/ no longer holds: {sorted(placed - tops)}"
@@ -76,13 +42,13 @@ def test_every_module_stands_in_a_layer():
 
 def test_no_module_imports_a_layer_beside_or_above_its_own():
     wrong = [f"remote/{name.replace('.', '/')} line {line} imports {target}"
-             for name, targets in imports(module_names()).items() for target, line in sorted(targets)
+             for name, targets in imports(module_names(REMOTE)).items() for target, line in sorted(targets)
              if target.split(".")[0] != name.split(".")[0] and layer_of(target) >= layer_of(name)]
     assert not wrong, "imports beside or up the layers (move what both need down, into base/):\n" + "\n".join(wrong)
 
 
 def test_no_modules_import_each_other_in_a_loop():
-    graph = {name: {target for target, _ in targets} for name, targets in imports(module_names()).items()}
+    graph = {name: {target for target, _ in targets} for name, targets in imports(module_names(REMOTE)).items()}
     loops = strongly_connected(graph)
     assert not loops, f"modules importing each other in a loop: {loops}"
 
@@ -90,34 +56,3 @@ def test_no_modules_import_each_other_in_a_loop():
 def test_the_root_holds_the_entry_alone():
     loose = sorted(path.name for path in REMOTE.glob("*.py"))
     assert len(loose) <= MAX_ROOT_MODULES, f"loose modules at the root of remote/: {loose}"
-
-
-def strongly_connected(graph: dict) -> list:
-    """The loops of `graph` (Tarjan's components of more than one module, or one that imports itself)."""
-    index, low, on_stack, stack, loops = {}, {}, set(), [], []
-
-    def visit(node):
-        index[node] = low[node] = len(index)
-        stack.append(node)
-        on_stack.add(node)
-        for target in graph.get(node, ()):
-            if target not in index:
-                visit(target)
-                low[node] = min(low[node], low[target])
-            elif target in on_stack:
-                low[node] = min(low[node], index[target])
-        if low[node] == index[node]:
-            component = []
-            while True:
-                member = stack.pop()
-                on_stack.discard(member)
-                component.append(member)
-                if member == node:
-                    break
-            if len(component) > 1 or node in graph.get(node, ()):
-                loops.append(sorted(component))
-
-    for node in sorted(graph):
-        if node not in index:
-            visit(node)
-    return loops

@@ -236,7 +236,7 @@ def extraction_mode(speculators_version):
 SLURM = "slurm"
 SCHEDULERS = (SLURM,)
 #: hosts.yaml's `slurm:` settings: each one's default (None: the cluster's own) and the sbatch option it
-#: becomes (None: not an sbatch option). specrig/slurm/host_settings.py checks them, doctor's test job and the
+#: becomes (None: not an sbatch option). specrig/slurm_settings.py checks them, doctor's test job and the
 #: submission read them.
 SLURM_SETTINGS = {
     "partition": {"default": None, "sbatch": "--partition"},

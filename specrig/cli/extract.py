@@ -15,9 +15,20 @@ from specrig.contract import SERVER
 from specrig.errors import UsageError
 from specrig.exit_status import ExitStatus, most_serious
 from specrig.inventory import Host
-from specrig.run import live, node_runs, node_view, runs, sharded_runs, sharded_view, sizing, view, view_parts
+from specrig.run import (
+    live,
+    node_runs,
+    node_view,
+    runs,
+    sharded_runs,
+    sharded_view,
+    sizing,
+    slurm_job_array,
+    slurm_node_job,
+    view,
+    view_parts,
+)
 from specrig.run.settings import settings_given
-from specrig.slurm import job_array, node_job
 from specrig.slurm import view as slurm_view
 from specrig.slurm.submit import refuse_slurm_hosts, slurm_settings
 
@@ -89,9 +100,9 @@ def extract_job(spec: str, hosts: Sequence[Host], given: dict, *, mode: str, siz
                 attach: bool, as_json: bool) -> ExitStatus:
     """Check, launch the head then each worker, and follow the job's nodes as one (attach False: return at
     once). `sizes`: pp, dp_local, rendezvous_port, watch_port (None: their defaults). On one Slurm login
-    node the job is one Slurm job of slurm.nodes nodes, submitted (specrig/slurm/node_job.py)."""
+    node the job is one Slurm job of slurm.nodes nodes, submitted (specrig/run/slurm_node_job.py)."""
     if len(hosts) == 1 and slurm_settings(hosts[0]) is not None:
-        return run_on_host(hosts[0], lambda target: node_job.extract_job(
+        return run_on_host(hosts[0], lambda target: slurm_node_job.extract_job(
             target, given, mode=mode, sizes=sizes, skip_preflight=skip_preflight), slurm_view.NODE_JOB, as_json=as_json)
     refuse_slurm_hosts(hosts, "a multi-node job over several login nodes (--nodes)")
     request, records = node_runs.plan_job(hosts, given, mode=mode, **sizes)
@@ -123,7 +134,7 @@ def extract_job(spec: str, hosts: Sequence[Host], given: dict, *, mode: str, siz
 
 def extract_array(host: Host, given: dict, *, tasks: int, skip_preflight: bool, as_json: bool) -> ExitStatus:
     """A sharded run as one Slurm job array on a login node: checks, the tasks' runs, one submission."""
-    return run_on_host(host, lambda target: job_array.extract_array(target, given, tasks=tasks,
+    return run_on_host(host, lambda target: slurm_job_array.extract_array(target, given, tasks=tasks,
                                                                     skip_preflight=skip_preflight),
                        slurm_view.JOB_ARRAY, as_json=as_json)
 
@@ -132,7 +143,7 @@ def gather(hosts: Sequence[Host], run_id: str, *, as_json: bool) -> ExitStatus:
     """Each host's shard checked on its host, then their union: exit 1 unless every index is there once,
     each loading whole. On one Slurm login node, the tasks of its job array are the shards."""
     if len(hosts) == 1 and slurm_settings(hosts[0]) is not None:
-        shards, found = job_array.gather_array(hosts[0], run_id)
+        shards, found = slurm_job_array.gather_array(hosts[0], run_id)
     else:
         shards, found = sharded_runs.gather(hosts, run_id)
     sharded_view.show_gather(run_id, shards, found, as_json=as_json)

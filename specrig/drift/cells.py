@@ -1,7 +1,7 @@
 """What one cell of the compatibility matrix says: a speculators release against a vLLM release.
 
 A cell is judged from the drift analysis of the two released wheels (docs/findings.md) and the
-patchsets that claim to fix its findings (specrig/patching/catalog.py), in this order:
+patchsets that claim to fix its findings (specrig/drift/patchset_claims.py), in this order:
 
 - `no-mode`: the speculators release has no extraction mode specrig runs (0.5-0.7: repository scripts);
 - `works`: no finding of severity drift;
@@ -13,7 +13,7 @@ patchsets that claim to fix its findings (specrig/patching/catalog.py), in this 
 from __future__ import annotations
 
 from specrig.contract import IN_PROCESS, SERVER, extraction_mode
-from specrig.patching.catalog import PatchsetClaim
+from specrig.drift.patchset_claims import PatchsetClaim
 
 NO_MODE = "no-mode"
 WORKS = "works"

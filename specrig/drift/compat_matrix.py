@@ -13,9 +13,9 @@ from pathlib import Path
 from specrig.contract import extraction_mode
 from specrig.drift import analysis_cache, compat
 from specrig.drift.cells import classify, has_mode, no_mode_cell
+from specrig.drift.patchset_claims import claim_for, load_patchsets
 from specrig.drift.releases import released_versions
 from specrig.errors import UsageError
-from specrig.patching.catalog import claim_for, load_patchsets
 
 #: The oldest releases the page covers (issue 17): speculators' first in-process release specrig runs,
 #: and the vLLM speculators 0.3 pins.

@@ -1,1 +1,1 @@
-"""The run stage, laptop half: settings, preflight, supervised runs, smoke, and their views (remote/run/ does the work)."""
+"""The run stage, laptop half: settings, preflight, supervised runs, smoke, a run as Slurm jobs, and their views (remote/run/ does the work)."""

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from specrig.exit_status import ExitStatus
 from specrig.group import GroupResult
-from specrig.run.view_parts import final_verdict, show_checks, show_layers_note
+from specrig.run.view_parts import final_verdict, show_layers_note
 from specrig.ui import console, print_json
 from specrig.ui.group import outcomes_json, show_summary
+from specrig.ui.preflight_checks import show_checks
 from specrig.ui.task import TaskView
 
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from specrig.group import GroupResult, HostOutcome
-from specrig.run.view_parts import final_verdict, runs_total, show_checks
+from specrig.run.view_parts import final_verdict, runs_total
 from specrig.ui import console, print_json
 from specrig.ui.group import outcomes_json, show_summary
+from specrig.ui.preflight_checks import show_checks
 from specrig.ui.task import TaskView
 from specrig.ui.terminal import visible
 

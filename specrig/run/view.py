@@ -1,7 +1,7 @@
 """How people see one run on a host: the runs table, one run in detail, its failures, its log, what a stop
 ended; and the run tasks' views (specrig/ui/task.py) on one run: one host's output, a group's figures, the
 exit status. A sharded run's views are in sharded_view.py, a multi-node job's in node_view.py, a Slurm
-job's in specrig/slurm/view.py; what they all draw alike in view_parts.py.
+job's in specrig/slurm/view.py; what they all draw alike in view_parts.py and specrig/ui/preflight_checks.py.
 """
 from __future__ import annotations
 
@@ -28,16 +28,10 @@ from specrig.dataset.view import run_end_text
 from specrig.exit_status import ExitStatus
 from specrig.group import HostOutcome
 from specrig.inventory import Host
-from specrig.run.view_parts import (
-    final_verdict,
-    runs_total,
-    show_checks,
-    show_layers_note,
-    show_preflight_failed,
-    storage_note,
-)
+from specrig.run.view_parts import final_verdict, runs_total, show_layers_note, storage_note
 from specrig.slurm.view import show_stopped_job, slurm_job_text
 from specrig.ui import console, gpu_table, print_json
+from specrig.ui.preflight_checks import show_checks, show_preflight_failed
 from specrig.ui.task import TaskView
 from specrig.ui.terminal import markup, visible, visible_on, write_raw
 

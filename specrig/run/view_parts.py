@@ -1,32 +1,17 @@
-"""What the views of every run shape draw alike: a preflight's checks, a launch's notes on its layers and
-storage, the verdict on a run followed to its end, the samples of several runs added up. One place, so
-that one run (view.py), a sharded run (sharded_view.py), a multi-node job (node_view.py) and a Slurm job
-(specrig/slurm/view.py) say them the same way.
+"""What the views of every run shape draw alike: a launch's notes on its layers and storage, the verdict on
+a run followed to its end, the samples of several runs added up. One place, so that one run (view.py), a
+sharded run (sharded_view.py) and a multi-node job (node_view.py) say them the same way. A preflight's
+checks, which a Slurm submission's view draws too, are specrig/ui/preflight_checks.py's.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rich.table import Table
-
 from specrig.contract import SUCCEEDED
 from specrig.exit_status import ExitStatus
-from specrig.inventory import Host
-from specrig.ui import console, print_json
+from specrig.ui import console
 from specrig.ui.group import OUTPUT_LOCK
 from specrig.ui.terminal import markup
-
-
-def show_checks(checks: list[dict]) -> None:
-    """A preflight's checks as one table: each ok or FAIL, with its detail and any advice."""
-    table = Table(title="preflight")
-    for column in ("check", "", "detail"):
-        table.add_column(column, overflow="fold")
-    for item in checks:
-        mark = "[green]ok[/]" if item["ok"] else "[bold red]FAIL[/]"
-        detail = markup(item["detail"]) + (f"\n[yellow]→ {markup(item['advice'])}[/]" if item.get("advice") else "")
-        table.add_row(markup(item["name"]), mark, detail)
-    console.print(table)
 
 
 def final_verdict(result: dict) -> ExitStatus:
@@ -63,14 +48,6 @@ def show_layers_note(launched: dict, *, host: str | None = None) -> None:
     if note:
         with OUTPUT_LOCK:
             console.print(f"[bold]{markup(host)}[/]: {note}" if host else note)
-
-
-def show_preflight_failed(found, *, host: Host, as_json: bool) -> None:
-    """A failed preflight: its checks (--json: {launched: false, preflight}); nothing was launched."""
-    if as_json:
-        print_json({"launched": False, "preflight": found.payload})
-    else:
-        show_checks(found.payload)
 
 
 def runs_total(runs: Sequence[dict]) -> str | None:

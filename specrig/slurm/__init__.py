@@ -1,5 +1,6 @@
-"""Slurm, laptop half: a host that is a cluster's login node (hosts.yaml's `scheduler: slurm`). Its
-`slurm:` settings checked (settings.py); what is refused before anything is submitted (submit.py); a
-sharded run as one job array (job_array.py) and a multi-node job in one allocation (node_job.py); how
-people see a run's job and these submissions (view.py) and the cluster in `inv doctor`
-(cluster_view.py). The host half is remote/slurm/."""
+"""Slurm, laptop half: a host that is a cluster's login node (hosts.yaml's `scheduler: slurm`). What is
+refused before anything is submitted (submit.py); how people see a run's job and the submissions (view.py).
+It stands below the run stage, which launches runs as Slurm jobs (specrig/run/slurm_job_array.py,
+specrig/run/slurm_node_job.py); below it stand hosts.yaml's `slurm:` settings (specrig/slurm_settings.py,
+read by the inventory) and the cluster in `inv doctor` (specrig/ui/slurm_cluster.py). The host half is
+remote/slurm/."""

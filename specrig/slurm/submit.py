@@ -34,7 +34,7 @@ def refuse_nodes(host: Host) -> None:
 
 def refuse_slurm_hosts(hosts: Sequence[Host], what: str) -> None:
     """Sharded runs and multi-node jobs over SSH start supervisors on the hosts themselves: never on a
-    cluster's login node (one login node's multi-node job is one Slurm job: slurm/node_job.py)."""
+    cluster's login node (one login node's multi-node job is one Slurm job: specrig/run/slurm_node_job.py)."""
     for host in hosts:
         if slurm_settings(host) is not None:
             raise UsageError(f"{what} on {host.name!r}, a Slurm login node, is not built yet",

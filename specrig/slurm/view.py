@@ -1,12 +1,12 @@
 """How people see Slurm's part of a run on a cluster's login node: a run's job as Slurm says it, a stop
-that cancelled a job, and the submissions of a job array (job_array.py) and of a multi-node job in one
-allocation (node_job.py). The run itself is shown as any run's (specrig/run/view.py).
+that cancelled a job, and the submissions of a job array (specrig/run/slurm_job_array.py) and of a
+multi-node job in one allocation (specrig/run/slurm_node_job.py). The run itself is shown as any run's (specrig/run/view.py).
 """
 from __future__ import annotations
 
 from specrig.inventory import Host
-from specrig.run.view_parts import show_checks, show_preflight_failed
 from specrig.ui import console, print_json
+from specrig.ui.preflight_checks import show_checks, show_preflight_failed
 from specrig.ui.task import TaskView
 from specrig.ui.terminal import markup
 

@@ -1,5 +1,5 @@
 """How people see `inv doctor`: the host's facts, its extraction mode, its GPUs; on a Slurm login node its
-cluster too (specrig/slurm/cluster_view.py)."""
+cluster too (specrig/ui/slurm_cluster.py)."""
 from __future__ import annotations
 
 from pathlib import PurePosixPath
@@ -9,8 +9,8 @@ from rich.table import Table
 from specrig import contract
 from specrig.doctor import extraction, repository_scripts
 from specrig.inventory import Host
-from specrig.slurm.cluster_view import show_cluster
 from specrig.ui import console, gpu_table, human_bytes, print_json
+from specrig.ui.slurm_cluster import show_cluster
 from specrig.ui.task import TaskView
 from specrig.ui.terminal import markup
 

@@ -5,7 +5,7 @@ import pytest
 from specrig.contract import SLURM_SETTINGS
 from specrig.exit_status import ExitStatus
 from specrig.inventory import load_inventory
-from specrig.slurm.host_settings import formats
+from specrig.slurm_settings import formats
 from support.inventory import refused_in_one_line
 from support.lab import inv
 

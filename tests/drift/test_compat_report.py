@@ -10,7 +10,7 @@ import pytest
 
 from specrig.drift import analysis_cache, cells, compat, compat_matrix
 from specrig.drift.compat_page import HTML, label, write_pages
-from specrig.patching.catalog import claim_for, load_patchsets
+from specrig.drift.patchset_claims import claim_for, load_patchsets
 from support.lab import inv
 
 #: A pair check-compat finds clean, one a patchset fixes, one in server mode that breaks, one with no mode.

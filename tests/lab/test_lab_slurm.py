@@ -18,7 +18,7 @@ import pytest
 
 from specrig.lab import READY
 from specrig.lab import slurm as lab_slurm
-from specrig.slurm.host_settings import formats
+from specrig.slurm_settings import formats
 from specrig.transport.quoting import quote_word
 from support.lab import inv, lab_entry, require_lab
 from support.paths import REPO

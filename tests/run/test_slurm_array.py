@@ -1,7 +1,7 @@
-"""A sharded run's tasks as one job array, as data (specrig/slurm/job_array.py): each task's shard and
+"""A sharded run's tasks as one job array, as data (specrig/run/slurm_job_array.py): each task's shard and
 output, and in server mode a port of its own, since Slurm may put several tasks on one node."""
 from specrig.inventory import Host
-from specrig.slurm.job_array import own_port, task_requests
+from specrig.run.slurm_job_array import own_port, task_requests
 
 HOST = Host(name="c", python="/venv/bin/python", workdir="/shared/specrig", scheduler="slurm", slurm={"time": 30})
 

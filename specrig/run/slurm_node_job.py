@@ -1,7 +1,7 @@
 """A multi-node job inside one Slurm allocation: `inv extract --host LOGIN --nodes dp|tp-pp` on a cluster's
-login node (docs/slurm.md, "A multi-node job in one allocation"). Data only (slurm/view.py shows it).
+login node (docs/slurm.md, "A multi-node job in one allocation"). Data only (specrig/slurm/view.py shows it).
 
-The job is the one run/node_runs.py starts over SSH (one server-mode run per node under one job id, the
+The job is the one node_runs.py starts over SSH (one server-mode run per node under one job id, the
 head's settings every node's, remote/base/nodes.py records, node_roles.py's head and workers),
 with Slurm in the hosts' place: the runs are launched on the login node (runs.launch with `nodes` and
 `slurm`: their directories, not yet submitted), then `runs.submit-nodes` submits one job of
@@ -23,7 +23,7 @@ from specrig.run.sharded_runs import JOB_PREFIX, new_group_run_id
 from specrig.slurm.submit import refuse_impossible, slurm_settings
 from specrig.transport import connect
 
-#: A node's name and address before Slurm has allocated the job (allocation.py replaces them).
+#: A node's name and address before Slurm has allocated the job (remote/run/slurm_allocation.py replaces them).
 UNALLOCATED = "(allocated at the job's start)"
 
 

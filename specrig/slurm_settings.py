@@ -3,6 +3,9 @@
 The names and defaults are remote/base/contract.py's SLURM_SETTINGS; Slurm's time and memory formats are
 remote/slurm/formats.py's, the same the host reads sinfo with. Every bad value is one InventoryError
 naming the key, the value (`!r`) and the fix, as the rest of hosts.yaml.
+
+Part of the inventory's schema, so it stands beside the inventory at the top of specrig/, below every
+stage: the Slurm stage (specrig/slurm/) stands above the inventory and the transport it uses.
 """
 from __future__ import annotations
 

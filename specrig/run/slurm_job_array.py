@@ -1,7 +1,7 @@
 """A sharded run as one Slurm job array, on a cluster's login node: `inv extract --array N` and `inv gather`
-on it (docs/slurm.md, "A sharded run as a job array"). Data only (slurm/view.py shows it).
+on it (docs/slurm.md, "A sharded run as a job array"). Data only (specrig/slurm/view.py shows it).
 
-Task k of N is shard k of a sharded run (run/sharded_runs.py): its own run, launched on the login node
+Task k of N is shard k of a sharded run (sharded_runs.py): its own run, launched on the login node
 as any run (runs.launch with `array`: the run directory, not yet submitted), shard_index k and
 shard_count N (in-process: i % N == k; server mode: speculators' --world-size N --rank k), its output
 `<out>/task-<k>`, in server mode its server on port + k (tasks may share a node); then one `sbatch --array=0-(N-1)` runs each task's supervisor

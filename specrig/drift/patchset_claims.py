@@ -7,6 +7,9 @@ through the engine's own range rule (specrig.contract.in_range), and the platfor
 wheels (CUDA builds). A `when: parameter-absent/-present` condition is taken as met: it guards the edit
 against a provider whose source already agrees, and a finding that patch fixes is reported only on a
 provider whose source disagrees.
+
+It stands in drift/, beside its one reader (compat_matrix.py), rather than in patching/: the patch
+stage imports the analyze stage (the drift left after a patch), never the other way round.
 """
 from __future__ import annotations
 
