@@ -7,6 +7,7 @@ counts as applied), and produces the edited text when pending.
 import ast
 import importlib.util
 import os
+import sys
 
 from patching import patchlib
 from patching.patchlib import APPLIED, PENDING, State, conflict
@@ -241,6 +242,8 @@ class Script(Edit):
         self.file = os.path.join(folder, name)
         if not os.path.isfile(self.file):
             raise InvalidEdit("file: %r does not exist in %s" % (name, folder))
+        # Scripts written before patchlib moved into patching/ import it by its old top-level name: both work.
+        sys.modules.setdefault("patchlib", patchlib)
         module_spec = importlib.util.spec_from_file_location("patchset_script_" + name[:-3], self.file)
         self.module = importlib.util.module_from_spec(module_spec)
         module_spec.loader.exec_module(self.module)

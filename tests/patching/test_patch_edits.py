@@ -134,6 +134,12 @@ def test_script_edit_adds_members(tmp_path):
     assert edit("script", {"file": "add.py"}, partly, folder=str(tmp_path))[0].name == "conflict"
 
 
+def test_a_script_written_before_patchlib_moved_still_imports_it_by_its_old_name(tmp_path):
+    (tmp_path / "old.py").write_text("import patchlib\n\n\ndef state(source):\n    return patchlib.State('applied')"
+                                     "\n\n\ndef apply(source):\n    return source.text\n")
+    assert edit("script", {"file": "old.py"}, "x = 1\n", folder=str(tmp_path))[0] == patchlib.APPLIED
+
+
 @pytest.mark.parametrize("mutate, message", [
     (lambda d: d["patches"][0].update(id="Bad Id"), "patches[0].id: 'Bad Id' is not a patch id"),
     (lambda d: d["patches"][0].update(edit={"remove-keyword": {"call": "f"}}), "missing field 'keyword'"),
