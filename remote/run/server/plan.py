@@ -15,6 +15,7 @@ import socket
 from base import atomic, contract, pkgmeta
 from base import nodes as node_layout
 from base import server_command as launch
+from base.failure import RemoteFailure
 from drift.server import startup
 from run.server import client, prepared_cache, render
 
@@ -191,6 +192,20 @@ def make(run_path, run_id, driver_args, *, client_python, server_python=None, no
             world_size=settings["shard_count"] if sharded else None, rank=settings["shard_index"])
         if clients else None,
     }
+
+
+def of_run(run_path, run_id, driver_args, *, client_python, server_python, nodes):
+    """A launched or resumed run's plan (make) when this python's speculators takes the server path
+    (>= 0.8), or the run is a node of a multi-node job (a worker runs vLLM alone: its python needs no
+    speculators); else None. RemoteFailure bad-argument for a plan that cannot be made."""
+    speculators = pkgmeta.versions(("speculators",))["speculators"]
+    if not nodes and contract.extraction_mode(speculators) != contract.SERVER:
+        return None
+    try:
+        return make(run_path, run_id, driver_args, client_python=client_python, server_python=server_python,
+                    nodes=nodes)
+    except PlanError as exc:
+        raise RemoteFailure("bad-argument", str(exc)) from None
 
 
 def with_value(argv, flag, value):
