@@ -15,6 +15,7 @@ import socket
 from base import atomic, contract, pkgmeta, server_command
 from base import nodes as node_layout
 from base.failure import RemoteFailure
+from base.server_command import PlanError
 from drift.server import startup
 from run.server import client, prepared_cache, render
 
@@ -22,16 +23,10 @@ from run.server import client, prepared_cache, render
 PORT_TAKEN = "port-taken"
 #: Free ports the kernel is asked for before a move gives up (each is bound again as vLLM binds it).
 FREE_PORT_TRIES = 5
-#: How long reading the server environment's packages may take (a cold network disk).
-ENVIRONMENT_TIMEOUT_S = 60
 #: Which activation a stored layer id is, on this path (docs/server-mode.md §3 and §12, measured on
 #: vLLM 0.32: id k is the output of decoder layer k-1 within bf16 rounding).
 LAYER_CONVENTION = ("id k = the input of decoder layer k (the output of layer k-1, before the final "
                     "norm); 0 = the embeddings; L = the last layer's output")
-
-
-class PlanError(Exception):
-    """Settings that cannot make a server-mode run; the message names the value and the fix."""
 
 
 def overridden(config, overrides):
@@ -46,40 +41,6 @@ def overridden(config, overrides):
         else:
             merged[key] = value
     return merged
-
-
-def server_environment(server_python, storage=contract.BF16):
-    """(distribution providing `import vllm`, its `vllm/` directory, its version) in the server's
-    environment; with fp8 `storage`, that environment must hold hs-connectors' fp8 connector too (vLLM
-    imports it there)."""
-    wanted = ["vllm", contract.HS_CONNECTORS] if storage == contract.FP8 else ["vllm"]
-    other = None
-    if server_python:
-        try:
-            other = pkgmeta.other_environment(server_python, wanted, ENVIRONMENT_TIMEOUT_S)
-        except pkgmeta.EnvironmentUnreadable as exc:
-            raise PlanError("server_python %s: %s" % (server_python, exc)) from None
-    installed = other["installed"] if other else dict((name, pkgmeta.installed(name)) for name in wanted)
-    where = server_python or "python"
-    found = installed["vllm"]
-    if not found:
-        raise PlanError("no vLLM in the server's environment (%s): install vLLM there, or set server_python in "
-                        "hosts.yaml to the environment that has it" % where)
-    if storage == contract.FP8:
-        fp8_connector(installed[contract.HS_CONNECTORS], where)
-    return found["name"], os.path.join(found["root"], "vllm"), found["version"]
-
-
-def fp8_connector(hs_connectors, where):
-    """Refuse fp8 storage when the server's environment lacks hs-connectors' FP8HiddenStatesConnector
-    (`hs_connectors`: pkgmeta's record of hs-connectors there, or None)."""
-    module = server_command.FP8_CONNECTOR_MODULE.replace(".", "/") + ".py"
-    if hs_connectors and os.path.isfile(os.path.join(hs_connectors["root"], module)):
-        return
-    has = "hs-connectors %s (without it)" % hs_connectors["version"] if hs_connectors else "no hs-connectors"
-    raise PlanError("storage %r: vLLM imports %s from the server's environment (%s), which has %s: install "
-                    "'hs-connectors>=0.9.0' there, or use storage 'bf16'"
-                    % (contract.FP8, server_command.FP8_CONNECTOR, where, has))
 
 
 def settings_of(driver_args):
@@ -129,7 +90,7 @@ def make(run_path, run_id, driver_args, *, client_python, server_python=None, no
                         "at least one request in flight" % (settings["clients"], settings["concurrency"]))
     if storage not in contract.STORAGES:
         raise PlanError("storage %r: expected one of %s" % (storage, ", ".join(contract.STORAGES)))
-    distribution, vllm_dir, vllm_version = server_environment(server_python, storage)
+    distribution, vllm_dir, vllm_version = server_command.server_environment(server_python, storage)
     # What this vLLM's own source asks of the command (drift/server/startup.py): --enable-scale-out where the
     # parser has it, and the flags turning off settings it refuses at start-up with the connector.
     decided = startup.installed_launch_settings(vllm_package_dir=vllm_dir, distribution=distribution,
