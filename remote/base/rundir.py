@@ -20,14 +20,17 @@ A run is its user's alone: runs/ and every run directory 0700, every file 0600 (
 0755/0644, and for code/, copied with the bundle's modes). run.json keeps the names of the
 hosts.yaml `env:` variables (`env_keys`), never their values.
 """
+import contextlib
 import datetime
+import fcntl
 import os
 import random
+import shutil
 import string
 import time
 
 from base import procs, slurm_queries
-from base.atomic import read_json
+from base.atomic import read_json, write_json
 from base.contract import (
     ACTIVE_STATES,
     FINAL_STATES,
@@ -243,3 +246,49 @@ def writers_of(workdir, output_dir, *, excluding=None):
     return [run for run in all_runs(workdir)
             if run.run_id != excluding and run.is_active()
             and os.path.realpath(run.record.get("out") or "") == target]
+
+
+# -- a launch's run made --------------------------------------------------------------------------
+
+def lock(workdir):
+    """Serialise launches and resumes on this host: the output-directory check and the start are one step."""
+    root = runs_root(workdir)
+    # The workdir is the user's (hosts.yaml names it; made 0700 when specrig makes it); runs/ is
+    # specrig's: its user's alone, even where an older specrig made it 0755.
+    os.makedirs(root, mode=PRIVATE_DIR, exist_ok=True)
+    os.chmod(root, PRIVATE_DIR)
+    handle = open(os.path.join(root, ".lock"), "w")
+    os.fchmod(handle.fileno(), PRIVATE_FILE)
+    fcntl.flock(handle, fcntl.LOCK_EX)
+    return handle
+
+
+@contextlib.contextmanager
+def claiming(workdir, output_dir):
+    """The launches' lock held while a new run writing `output_dir` is made and started, no active run
+    writing it (RemoteFailure output-busy)."""
+    with lock(workdir):
+        busy = writers_of(workdir, output_dir)
+        if busy:
+            raise RemoteFailure("output-busy", "run %s is already writing %s" % (busy[0].run_id, output_dir),
+                                run=busy[0].run_id)
+        yield
+
+
+def create(run, record, code):
+    """A new run's directory made, its user's alone, with what its supervisor reads: code/ (copy_code from
+    `code`), driver-args.json (the record's driver_args) and run.json (`record`), last: a directory is
+    a run (all_runs) once it is whole."""
+    os.makedirs(run.path, mode=PRIVATE_DIR)
+    copy_code(run, code)
+    write_json(run.file("driver-args.json"), record["driver_args"])
+    write_json(run.file("run.json"), record)
+
+
+def copy_code(run, code):
+    """A fresh copy of the bundle's remote/ (`code`) as the run's code/, which its supervisor runs: bundles
+    may be replaced while the run goes on, and a resume picks up fixes of the driver."""
+    copied = run.file("code")
+    shutil.rmtree(copied, ignore_errors=True)
+    shutil.copytree(code, copied, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    make_private(copied)  # copytree keeps the bundle's modes: 0644 in a bundle of older specrig

@@ -52,6 +52,9 @@ Settings (dict):
 import json
 import os
 
+from base import pkgmeta
+from base.contract import BF16, FP8, HS_CONNECTORS
+
 METHOD = "extract_hidden_states"
 CONNECTOR = "ExampleHiddenStatesConnector"
 KV_ROLE = "kv_producer"
@@ -224,3 +227,48 @@ def read_model_config(model_dir):
     """config.json of a model directory, as a dict."""
     with open(os.path.join(model_dir, "config.json")) as f:
         return json.load(f)
+
+
+# -- the server's environment: which vLLM the command runs ----------------------------------------
+
+#: How long reading the server environment's packages may take (a cold network disk).
+ENVIRONMENT_TIMEOUT_S = 60
+
+
+class PlanError(Exception):
+    """Settings that cannot make a server-mode run (run/server/plan.py); the message names the value and
+    the fix."""
+
+
+def server_environment(server_python, storage=BF16):
+    """(distribution providing `import vllm`, its `vllm/` directory, its version) in the server's
+    environment; with fp8 `storage`, that environment must hold hs-connectors' fp8 connector too (vLLM
+    imports it there)."""
+    wanted = ["vllm", HS_CONNECTORS] if storage == FP8 else ["vllm"]
+    other = None
+    if server_python:
+        try:
+            other = pkgmeta.other_environment(server_python, wanted, ENVIRONMENT_TIMEOUT_S)
+        except pkgmeta.EnvironmentUnreadable as exc:
+            raise PlanError("server_python %s: %s" % (server_python, exc)) from None
+    installed = other["installed"] if other else dict((name, pkgmeta.installed(name)) for name in wanted)
+    where = server_python or "python"
+    found = installed["vllm"]
+    if not found:
+        raise PlanError("no vLLM in the server's environment (%s): install vLLM there, or set server_python in "
+                        "hosts.yaml to the environment that has it" % where)
+    if storage == FP8:
+        fp8_connector(installed[HS_CONNECTORS], where)
+    return found["name"], os.path.join(found["root"], "vllm"), found["version"]
+
+
+def fp8_connector(hs_connectors, where):
+    """Refuse fp8 storage when the server's environment lacks hs-connectors' FP8HiddenStatesConnector
+    (`hs_connectors`: pkgmeta's record of hs-connectors there, or None)."""
+    module = FP8_CONNECTOR_MODULE.replace(".", "/") + ".py"
+    if hs_connectors and os.path.isfile(os.path.join(hs_connectors["root"], module)):
+        return
+    has = "hs-connectors %s (without it)" % hs_connectors["version"] if hs_connectors else "no hs-connectors"
+    raise PlanError("storage %r: vLLM imports %s from the server's environment (%s), which has %s: install "
+                    "'hs-connectors>=0.9.0' there, or use storage 'bf16'"
+                    % (FP8, FP8_CONNECTOR, where, has))

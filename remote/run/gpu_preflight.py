@@ -11,11 +11,10 @@ check says so, and its advice is `--collective-safe`, which the run then takes (
 import os
 import sys
 
-from base import pkgmeta, telemetry
+from base import pkgmeta, server_command, telemetry
 from base.contract import COLLECTIVE_HANG
 from drift import gpu_support
 from gpus import collective, hazards, survey
-from run.server import plan
 
 
 def check(name, ok, detail, advice=None, kind=None):
@@ -57,8 +56,8 @@ def checks(driver, server_python=None, config=None):
 
 def _vllm_dir(server_python):
     try:
-        return plan.server_environment(server_python)[1]
-    except plan.PlanError:
+        return server_command.server_environment(server_python)[1]
+    except server_command.PlanError:
         return None
 
 

@@ -26,72 +26,64 @@ the supervisor and its jobs inherit, as the call's own `env` does; run.json keep
 (`env_keys`): a token in `env:` is never written on the host. A resume's environment is its call's
 (hosts.yaml `env:` now), as a launch's.
 
-Runs live in <workdir>/runs/<run-id>/ (see rundir.py). The supervisor is started in a new session
-with stdio on files and stdin from /dev/null, so closing the SSH connection that launched it does not
-reach it. On a Slurm login node it is a job's program instead (slurm/submission.py): submitted here,
-started by Slurm on a node of the allocation.
+Runs live in <workdir>/runs/<run-id>/ (see rundir.py). The supervisor is started detached, or on a
+Slurm login node submitted as a job's program (run/supervisor_start.py).
 """
-import fcntl
 import os
 import shutil
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from typing import Optional
 
-from base import atomic, contract, hfcache, pkgmeta, rundir
-from base.contract import ACTIVE_STATES, FAILED, SUCCEEDED, SUPERVISOR_DEFAULTS, UNRESPONSIVE
+from base import atomic, hfcache, rundir
+from base.contract import ACTIVE_STATES, SUCCEEDED, SUPERVISOR_DEFAULTS, UNRESPONSIVE
 from base.failure import RemoteFailure
-from run import budget, processes
+from run import budget, processes, supervisor_start
 from run.server import plan
-from slurm import submission
 
 #: The bundle's remote/ (this file is remote/run/launching.py): what a run copies into its code/.
 REMOTE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: Driver arguments that are paths on the host (`~` is expanded here, where it means the host user's home);
 #: the model is a path or a Hugging Face repo id (hfcache.resolve).
 PATH_ARGS = ("dataset", "output_dir")
-SUPERVISOR_START_S = 15
 
 
 @dataclass(frozen=True)
 class LaunchRequest:
-    """A `runs.launch` call, checked and made this host's before anything is written: what run.json
-    records of the launch (run_record), and what the launch reads to start it."""
+    """A `runs.launch` call, checked and made this host's before anything is written: the run it starts
+    (its directory not made yet), what the launch's stages read, and the run.json they write."""
 
     workdir: str
-    #: The inventory's name of this host.
-    host: Optional[str]
-    #: The driver's arguments, its paths absolute here and its model a directory (host_paths).
+    #: The new run, its id chosen: its directory is made once the launch holds the lock (rundir.create).
+    run: rundir.RunDir
+    #: The driver's arguments, its paths absolute here, its model a directory (host_paths) and its heartbeat
+    #: the run's: driver-args.json.
     driver_args: dict
-    #: The supervisor's options: SUPERVISOR_DEFAULTS, the call's over them.
-    options: dict
-    #: The names of the job's variables (hosts.yaml `env:`), already in this call's environment: their
-    #: values are never stored.
-    env_keys: list
     #: Another program in the driver's place (same argv and heartbeat contract), absolute: smoke and
     #: process-mechanics checks. None: the bundled extract_driver.py.
     driver_program: Optional[str]
     #: The python of the vLLM server (server mode), when not this call's.
     server_python: Optional[str]
-    #: One shard of a sharded run: {sharded_run_id, hosts, shard_index, shard_count}; else None.
-    shard: Optional[dict]
     #: One node of a multi-node job (base/nodes.py record: job_id, role, node_rank, ...); else None.
     nodes: Optional[dict]
-    #: hosts.yaml's `slurm:` settings of a login node: the run is a Slurm job; else None.
-    slurm: Optional[dict]
-    #: {task, tasks}: this run is task `task` of a sharded run's job array (runs.submit-array); else None.
-    array: Optional[dict]
+    #: run.json of the launch but for what its stages fill in: the server-mode plan ("server": None:
+    #: in-process, or another driver program) and when it was written ("created_at").
+    record: dict
+
+    @property
+    def out(self):
+        return self.driver_args["output_dir"]
 
     @classmethod
     def from_call(cls, args):
         """The request of a call's `args`; RemoteFailure bad-argument for what no launch could take.
         The job's variables go into this call's environment first: the model's snapshot is looked up
         with them (HF_HOME, a token)."""
-        workdir = rundir.workdir_of(args)
         env_keys = job_environment(args.get("env"))
         driver_args = host_paths(args.get("driver_args"))
+        workdir = rundir.workdir_of(args)
+        run = rundir.RunDir(os.path.join(rundir.runs_root(workdir), rundir.new_run_id()))
+        driver_args["heartbeat"] = run.file("heartbeat.json")
         if not driver_args.get("output_dir"):
             raise RemoteFailure("bad-argument", "no output directory given (driver_args.output_dir)")
         unknown = sorted(set(args.get("options") or {}) - set(SUPERVISOR_DEFAULTS))
@@ -101,23 +93,19 @@ class LaunchRequest:
         options = dict(SUPERVISOR_DEFAULTS)
         options.update(args.get("options") or {})
         program = args.get("driver_program")
-        return cls(workdir=workdir, host=args.get("host"), driver_args=driver_args, options=options,
-                   env_keys=env_keys, driver_program=os.path.abspath(os.path.expanduser(program)) if program else None,
-                   server_python=args.get("server_python"), shard=args.get("shard"), nodes=args.get("nodes"),
-                   slurm=args.get("slurm"), array=args.get("array"))
-
-    def run_record(self, run, driver_args, server):
-        """run.json of `run`, launched with `driver_args` (the request's, with the run's heartbeat) and the
-        server-mode plan `server` (None: in-process, or another driver program)."""
-        return {
-            "run_id": run.run_id, "created_at": rundir.now_iso(), "host": self.host,
-            "python": sys.executable, "workdir": self.workdir, "out": driver_args["output_dir"],
-            "driver_args": driver_args, "options": self.options, "env_keys": self.env_keys,
-            "shard": self.shard, "nodes": self.nodes, "driver_program": self.driver_program,
-            "server": server, "server_python": self.server_python,
+        driver_program = os.path.abspath(os.path.expanduser(program)) if program else None
+        slurm = args.get("slurm")
+        record = {
+            "run_id": run.run_id, "created_at": None, "host": args.get("host"),
+            "python": sys.executable, "workdir": workdir, "out": driver_args["output_dir"],
+            "driver_args": driver_args, "options": options, "env_keys": env_keys,
+            "shard": args.get("shard"), "nodes": args.get("nodes"), "driver_program": driver_program,
+            "server": None, "server_python": args.get("server_python"),
             # The Slurm job's id is filled in once it is submitted; a resume submits another (job_ids).
-            "slurm": {"settings": self.slurm, "job_id": None, "job_ids": [], "array": self.array}
-            if self.slurm else None}
+            "slurm": {"settings": slurm, "job_id": None, "job_ids": [], "array": args.get("array")}
+            if slurm else None}
+        return cls(workdir=workdir, run=run, driver_args=driver_args, driver_program=driver_program,
+                   server_python=args.get("server_python"), nodes=args.get("nodes"), record=record)
 
 
 def host_paths(driver_args):
@@ -144,38 +132,22 @@ def job_environment(env):
     return sorted(env)
 
 
-def lock(workdir):
-    """Serialise launches and resumes on this host: the output-directory check and the start are one step."""
-    root = rundir.runs_root(workdir)
-    # The workdir is the user's (hosts.yaml names it; made 0700 when specrig makes it); runs/ is
-    # specrig's: its user's alone, even where an older specrig made it 0755.
-    os.makedirs(root, mode=rundir.PRIVATE_DIR, exist_ok=True)
-    os.chmod(root, rundir.PRIVATE_DIR)
-    handle = open(os.path.join(root, ".lock"), "w")
-    os.fchmod(handle.fileno(), rundir.PRIVATE_FILE)
-    fcntl.flock(handle, fcntl.LOCK_EX)
-    return handle
-
-
 # -- launch -------------------------------------------------------------------------------------
 
 def launch(args):
+    """A new run, in stages that each take what they need from the call's LaunchRequest: the request read
+    (checked, made this host's); under the launches' lock, the output claimed (rundir.claiming), the
+    server-mode plan made, the run's directory made and its files written (rundir.create), its supervisor
+    started (or its Slurm job submitted)."""
     request = LaunchRequest.from_call(args)
-    out = request.driver_args["output_dir"]
-    with lock(request.workdir):
-        busy = rundir.writers_of(request.workdir, out)
-        if busy:
-            raise RemoteFailure("output-busy", "run %s is already writing %s" % (busy[0].run_id, out),
-                                run=busy[0].run_id)
-        run = rundir.RunDir(os.path.join(rundir.runs_root(request.workdir), rundir.new_run_id()))
-        os.makedirs(run.path, mode=rundir.PRIVATE_DIR)
-        driver_args = dict(request.driver_args, heartbeat=run.file("heartbeat.json"))
-        atomic.write_json(run.file("driver-args.json"), driver_args)
-        server = None if request.driver_program else server_plan(run, driver_args, request.server_python,
-                                                                 request.nodes)
-        atomic.write_json(run.file("run.json"), request.run_record(run, driver_args, server))
+    run = request.run
+    with rundir.claiming(request.workdir, request.out):
+        server = None if request.driver_program else plan.of_run(
+            run.path, run.run_id, request.driver_args, client_python=sys.executable,
+            server_python=request.server_python, nodes=request.nodes)
+        rundir.create(run, dict(request.record, created_at=rundir.now_iso(), server=server), REMOTE_ROOT)
         try:
-            pid = start_supervisor(run)
+            pid = supervisor_start.start(run)
         except RemoteFailure:
             if run.record.get("slurm"):
                 shutil.rmtree(run.path, ignore_errors=True)  # Slurm refused the job: nothing was launched
@@ -192,7 +164,7 @@ def launch(args):
 
 def resume(args):
     workdir = rundir.workdir_of(args)
-    with lock(workdir):
+    with rundir.lock(workdir):
         run = rundir.find_run(workdir, args.get("run"))
         stored = scrub_env(run)  # before anything may refuse: a finished or active run is scrubbed too
         state = run.state()
@@ -234,15 +206,16 @@ def resume(args):
             record["slurm"]["settings"] = args["slurm"]
         resumed_environment(record, stored)
         if record.get("server"):
-            record["server"] = server_plan(run, record["driver_args"], record.get("server_python"),
-                                           record.get("nodes"))
+            record["server"] = plan.of_run(run.path, run.run_id, record["driver_args"], client_python=sys.executable,
+                                           server_python=record.get("server_python"), nodes=record.get("nodes"))
         atomic.write_json(run.file("run.json"), record)
         for name in ("exit.json", "stop.request"):
             try:
                 os.unlink(run.file(name))
             except FileNotFoundError:
                 pass
-        pid = start_supervisor(run)
+        rundir.copy_code(run, REMOTE_ROOT)
+        pid = supervisor_start.start(run)
     return {"run_id": run.run_id, "path": run.path, "supervisor_pid": pid, "resumed_from": state,
             "slurm": run.record.get("slurm")}
 
@@ -269,59 +242,3 @@ def resumed_environment(record, stored):
     nodes = record.get("nodes") or {}
     if nodes.get("addresses"):
         os.environ["VLLM_HOST_IP"] = str(nodes["addresses"][nodes["node_rank"]])
-
-
-# -- what both start with -----------------------------------------------------------------------
-
-def server_plan(run, driver_args, server_python, nodes=None):
-    """The server-mode plan when this python's speculators takes the server path (>= 0.8), or the run is a
-    node of a multi-node job (a worker runs vLLM alone: its python needs no speculators); else None.
-    A plan that cannot be made removes the run directory: nothing was launched."""
-    speculators = pkgmeta.versions(("speculators",))["speculators"]
-    if not nodes and contract.extraction_mode(speculators) != contract.SERVER:
-        return None
-    try:
-        return plan.make(run.path, run.run_id, driver_args, client_python=sys.executable,
-                         server_python=server_python, nodes=nodes)
-    except plan.PlanError as exc:
-        if not os.path.exists(run.file("run.json")):
-            shutil.rmtree(run.path, ignore_errors=True)
-        raise RemoteFailure("bad-argument", str(exc)) from None
-
-
-def start_supervisor(run):
-    """Copy the code the run needs into the run directory, then start the supervisor detached: its pid.
-    A run on a Slurm cluster is submitted as a job instead (its pid unknown here: None)."""
-    code = run.file("code")
-    # A fresh copy of this bundle's remote/: bundles may be replaced while the run goes on,
-    # and a resume picks up fixes of the driver.
-    shutil.rmtree(code, ignore_errors=True)
-    shutil.copytree(REMOTE_ROOT, code, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    rundir.make_private(code)  # copytree keeps the bundle's modes: 0644 in a bundle of older specrig
-    if run.record.get("slurm"):
-        submission.submit_run(run)
-        return None
-    with open(run.file("supervisor.log"), "ab") as log:
-        proc = subprocess.Popen([sys.executable, os.path.join(code, "run", "supervisor.py"), run.path],
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                cwd=run.path, start_new_session=True, close_fds=True)
-    deadline = time.monotonic() + SUPERVISOR_START_S
-    while time.monotonic() < deadline:
-        status_now = run.status
-        if status_now.get("supervisor_pid") == proc.pid:
-            if status_now.get("state") == FAILED:
-                # Refused before its first attempt (supervisor_loop.py `refused`: the output cannot be
-                # written, or has no room): the run's record says why, and so does this call, in one line.
-                failure = status_now["last_failure"]
-                raise RemoteFailure("run-refused", "run %s: %s; %s" % (run.run_id, failure["explain"],
-                                                                      failure["advice"]),
-                                    run=run.run_id, failure=failure)
-            return proc.pid
-        if proc.poll() is not None:
-            break
-        time.sleep(0.05)
-    with open(run.file("supervisor.log"), encoding="utf-8", errors="replace") as handle:
-        output = handle.read()[-4000:]
-    raise RemoteFailure("supervisor-failed", "the supervisor of run %s did not start (exit %s): %s"
-                        % (run.run_id, proc.poll(), output.strip().splitlines()[-1:] or "no output"),
-                        traceback=output)

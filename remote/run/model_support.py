@@ -16,7 +16,7 @@ import ast
 import json
 import os
 
-from base import hfcache, telemetry
+from base import hfcache, server_command, telemetry
 from base.failure import RemoteFailure
 
 #: Files whose `auto_map` names custom code, and what loads each.
@@ -38,8 +38,6 @@ def host_checks(model, *, server_python=None, tp=None, visible=None):
     """Both checks for `model` (a directory or a repo id in the hub cache) on this host: the vLLM of
     `server_python` (default: this environment), the GPUs nvidia-smi shows (`visible`: CUDA_VISIBLE_DEVICES).
     [] when the model cannot be found or read: the model check says why."""
-    from run.server import plan
-
     try:
         model_dir = hfcache.resolve(model, os.environ).path
     except RemoteFailure:
@@ -48,8 +46,8 @@ def host_checks(model, *, server_python=None, tp=None, visible=None):
     if not config:
         return []
     try:
-        vllm_dir = plan.server_environment(server_python)[1]
-    except plan.PlanError:
+        vllm_dir = server_command.server_environment(server_python)[1]
+    except server_command.PlanError:
         vllm_dir = None
     caps = telemetry.compute_caps(timeout=15)
     return [remote_code_check(model_dir, vllm_dir), quantization_check(config, telemetry.visible_gpus(caps["gpus"], visible), tp)]

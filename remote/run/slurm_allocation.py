@@ -17,7 +17,7 @@ sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from base import atomic, rundir
 from base.slurm_queries import SlurmError, slurm_output
-from run.launching import server_plan
+from run.server import plan
 
 
 def place(run, *, hosts, addresses):
@@ -26,7 +26,8 @@ def place(run, *, hosts, addresses):
     again with them, as run/launching.py resume() makes it."""
     record = run.record
     record["nodes"].update(hosts=list(hosts), addresses=list(addresses), master_addr=addresses[0])
-    record["server"] = server_plan(run, record["driver_args"], record.get("server_python"), record["nodes"])
+    record["server"] = plan.of_run(run.path, run.run_id, record["driver_args"], client_python=sys.executable,
+                                   server_python=record.get("server_python"), nodes=record["nodes"])
     atomic.write_json(run.file("run.json"), record)
 
 

@@ -282,8 +282,9 @@ def submit_nodes(settings, *, directory, job_id, run_paths, python):
 
 def resubmit_task(script_path, task, settings):
     """Task `task` of an array alone, from the array's script: its job id."""
+    argv = task_argv(script_path, task, settings)
     try:
-        printed = slurm_output(task_argv(script_path, task, settings))
+        printed = slurm_output(argv)
     except SlurmError as failure:
         raise JobRefused(str(failure)) from None
     return "%s_%d" % (printed.strip().split(";")[0], task)

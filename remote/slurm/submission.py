@@ -7,8 +7,8 @@ recorded in its run.json. The job scripts and sbatch are slurm/jobs.py's.
     runs.submit-nodes {"workdir", "job_id"}       a multi-node job's runs (launched with `nodes` and
                                                   `slurm`) submitted as one job of its nodes
 
-A run launched (or resumed) with `slurm` alone is submitted by its launch (run/launching.py
-start_supervisor, submit_run here).
+A run launched (or resumed) with `slurm` alone is submitted by its launch (run/supervisor_start.py
+start, submit_run here).
 """
 import os
 import shutil

@@ -336,11 +336,9 @@ def test_the_sources_digest_follows_the_files_prepare_data_runs(tmp_path):
 
 
 def test_a_plan_keys_this_environments_speculators_and_its_sources():
-    """plan.prepared_key reads the client's own environment (the supervisor's, hosts.yaml `python`)."""
-    from run.server import plan
-
+    """prepared_cache.key_of reads the client's own environment (the supervisor's, hosts.yaml `python`)."""
     settings = {"dataset": "/d.jsonl", "model": "/m", "max_length": 1024, "max_samples": None, "seed": 0}
-    wanted = plan.prepared_key(settings, "0.32.0")
+    wanted = prepared_cache.key_of(settings, "0.32.0")
     assert wanted["vllm"] == "0.32.0" and wanted["seq_length"] == 1024 and wanted["dataset"] == "/d.jsonl"
     assert set(wanted) == {"dataset", "model", "seq_length", "max_samples", "seed", "speculators",
                            "speculators_sources", "datasets", "vllm"}

@@ -20,7 +20,7 @@ import select
 import socket
 import time
 
-from base import contract, hfcache, pkgmeta, telemetry
+from base import contract, hfcache, pkgmeta, server_command, telemetry
 from base import nodes as node_layout
 from base.failure import RemoteFailure
 from base.units import human_bytes
@@ -44,8 +44,8 @@ def facts(args):
     checks.append(preflight.torch_arch(need, python=pkgmeta.interpreter(server_python) if server_python else None))
     if nodes["pipeline_parallel_size"] > 1:
         try:
-            checks.append(pipeline_check(plan.server_environment(server_python)[1], model["config"]))
-        except plan.PlanError as exc:
+            checks.append(pipeline_check(server_command.server_environment(server_python)[1], model["config"]))
+        except server_command.PlanError as exc:
             checks.append(preflight.check("pipeline-parallel", False, str(exc), "install vLLM on this node"))
     if args["driver_args"].get("storage") == contract.FP8:
         checks.append(fp8_check(server_python))
@@ -63,8 +63,8 @@ def fp8_check(server_python):
     """Every node's engine imports hs-connectors' fp8 connector: a worker without it would fail at its own
     launch, after the head's model load."""
     try:
-        plan.server_environment(server_python, contract.FP8)
-    except plan.PlanError as exc:
+        server_command.server_environment(server_python, contract.FP8)
+    except server_command.PlanError as exc:
         return preflight.check("storage", False, str(exc), "install 'hs-connectors>=0.9.0' in this node's server "
                                                            "environment, or use storage 'bf16'")
     return preflight.check("storage", True, "fp8: the server's environment has hs-connectors' fp8 connector")
@@ -73,7 +73,7 @@ def fp8_check(server_python):
 def environment(server_python):
     """(the versions every node must share, the packages check: vLLM and torch in the server's environment)."""
     try:
-        other = pkgmeta.other_environment(server_python, list(PACKAGES), plan.ENVIRONMENT_TIMEOUT_S) \
+        other = pkgmeta.other_environment(server_python, list(PACKAGES), server_command.ENVIRONMENT_TIMEOUT_S) \
             if server_python else None
     except pkgmeta.EnvironmentUnreadable as exc:
         return dict.fromkeys(PACKAGES), preflight.check(

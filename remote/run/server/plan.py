@@ -12,9 +12,10 @@ import json
 import os
 import socket
 
-from base import atomic, contract, pkgmeta
+from base import atomic, contract, pkgmeta, server_command
 from base import nodes as node_layout
-from base import server_command as launch
+from base.failure import RemoteFailure
+from base.server_command import PlanError
 from drift.server import startup
 from run.server import client, prepared_cache, render
 
@@ -22,16 +23,10 @@ from run.server import client, prepared_cache, render
 PORT_TAKEN = "port-taken"
 #: Free ports the kernel is asked for before a move gives up (each is bound again as vLLM binds it).
 FREE_PORT_TRIES = 5
-#: How long reading the server environment's packages may take (a cold network disk).
-ENVIRONMENT_TIMEOUT_S = 60
 #: Which activation a stored layer id is, on this path (docs/server-mode.md §3 and §12, measured on
 #: vLLM 0.32: id k is the output of decoder layer k-1 within bf16 rounding).
 LAYER_CONVENTION = ("id k = the input of decoder layer k (the output of layer k-1, before the final "
                     "norm); 0 = the embeddings; L = the last layer's output")
-
-
-class PlanError(Exception):
-    """Settings that cannot make a server-mode run; the message names the value and the fix."""
 
 
 def overridden(config, overrides):
@@ -46,40 +41,6 @@ def overridden(config, overrides):
         else:
             merged[key] = value
     return merged
-
-
-def server_environment(server_python, storage=contract.BF16):
-    """(distribution providing `import vllm`, its `vllm/` directory, its version) in the server's
-    environment; with fp8 `storage`, that environment must hold hs-connectors' fp8 connector too (vLLM
-    imports it there)."""
-    wanted = ["vllm", contract.HS_CONNECTORS] if storage == contract.FP8 else ["vllm"]
-    other = None
-    if server_python:
-        try:
-            other = pkgmeta.other_environment(server_python, wanted, ENVIRONMENT_TIMEOUT_S)
-        except pkgmeta.EnvironmentUnreadable as exc:
-            raise PlanError("server_python %s: %s" % (server_python, exc)) from None
-    installed = other["installed"] if other else dict((name, pkgmeta.installed(name)) for name in wanted)
-    where = server_python or "python"
-    found = installed["vllm"]
-    if not found:
-        raise PlanError("no vLLM in the server's environment (%s): install vLLM there, or set server_python in "
-                        "hosts.yaml to the environment that has it" % where)
-    if storage == contract.FP8:
-        fp8_connector(installed[contract.HS_CONNECTORS], where)
-    return found["name"], os.path.join(found["root"], "vllm"), found["version"]
-
-
-def fp8_connector(hs_connectors, where):
-    """Refuse fp8 storage when the server's environment lacks hs-connectors' FP8HiddenStatesConnector
-    (`hs_connectors`: pkgmeta's record of hs-connectors there, or None)."""
-    module = launch.FP8_CONNECTOR_MODULE.replace(".", "/") + ".py"
-    if hs_connectors and os.path.isfile(os.path.join(hs_connectors["root"], module)):
-        return
-    has = "hs-connectors %s (without it)" % hs_connectors["version"] if hs_connectors else "no hs-connectors"
-    raise PlanError("storage %r: vLLM imports %s from the server's environment (%s), which has %s: install "
-                    "'hs-connectors>=0.9.0' there, or use storage 'bf16'"
-                    % (contract.FP8, launch.FP8_CONNECTOR, where, has))
 
 
 def settings_of(driver_args):
@@ -97,35 +58,89 @@ def staging_dir(settings, key):
         settings["output_dir"], ".specrig-staging", key)))
 
 
-def prepared_key(settings, vllm_version):
-    """What the prepared data's cache key hashes (prepared_cache.py), read in this, the client's, environment."""
-    speculators = pkgmeta.installed("speculators")
-    return prepared_cache.key_settings(
-        settings, speculators=speculators and speculators["version"], vllm=vllm_version,
-        speculators_sources=prepared_cache.sources_digest(speculators["root"]) if speculators else None,
-        datasets=pkgmeta.versions(("datasets",))["datasets"])
-
-
 def make(run_path, run_id, driver_args, *, client_python, server_python=None, nodes=None):
     """The plan of run `run_id` in `run_path` ({"server_argv", "prepare_argv", "generate_argvs", ...});
     `nodes`: this node's part of a multi-node job (server/nodes.py record), whose workers run the server
-    alone (no client steps: None)."""
+    alone (no client steps: None). What the plan holds is gathered a module at a time: the settings here;
+    the model's layers and the connector (base/server_command.py); the server's environment; the server's
+    command, the render server's, the prepared data's key, the client steps'. PlanError refuses the model
+    first, then the clients, the storage, the server's environment."""
     settings = settings_of(driver_args)
     model, out = settings["model"], settings["output_dir"]
+    staging = staging_dir(settings, nodes["job_id"] if nodes else run_id)
+    prepared_dir = os.path.join(run_path, "prepared")
+    server_python_path = os.path.expanduser(server_python or client_python)
+    serve_program = os.path.join(run_path, "code", "run", "server", "vllm_serve.py")
+    sharded = settings["shard_count"] is not None
+    clients = not nodes or nodes["role"] == node_layout.HEAD
+    storage = settings["storage"]
+    extra = server_extra_args(settings, driver_args)
     try:
-        config = overridden(launch.read_model_config(model), settings["hf_overrides"])
-        layers, layer_ids = launch.resolve_layer_ids({"model_config": config, "layer_ids": settings["layer_ids"]})
+        config = overridden(server_command.read_model_config(model), settings["hf_overrides"])
+        layers, layer_ids = server_command.resolve_layer_ids({"model_config": config,
+                                                               "layer_ids": settings["layer_ids"]})
     except (OSError, ValueError) as exc:
         raise PlanError("model %s: %s" % (model, exc)) from None
+    # What speculators' training reads by default (launch_vllm.py's choice): other ids must be told to it.
+    training_layer_ids = server_command.default_layer_ids(layers)
+    hidden_size = server_command.text_config(config).get("hidden_size")
+    connector = server_command.kv_transfer_config(staging, storage=storage)["kv_connector"]
     if not 1 <= settings["clients"] <= settings["concurrency"]:
         raise PlanError("clients %r: a whole number from 1 to the concurrency (%d): each client process keeps "
                         "at least one request in flight" % (settings["clients"], settings["concurrency"]))
-    storage = settings["storage"]
     if storage not in contract.STORAGES:
         raise PlanError("storage %r: expected one of %s" % (storage, ", ".join(contract.STORAGES)))
-    distribution, vllm_dir, vllm_version = server_environment(server_python, storage)
-    staging = staging_dir(settings, nodes["job_id"] if nodes else run_id)
-    prepared_dir = os.path.join(run_path, "prepared")
+    distribution, vllm_dir, vllm_version = server_command.server_environment(server_python, storage)
+    # What this vLLM's own source asks of the command (drift/server/startup.py): --enable-scale-out where the
+    # parser has it, and the flags turning off settings it refuses at start-up with the connector.
+    decided = startup.installed_launch_settings(vllm_package_dir=vllm_dir, distribution=distribution,
+                                                version=vllm_version)
+    server_argv = server_command.server_argv({
+        "model": model, "python": server_python_path,
+        "distribution": distribution, "enable_scale_out": decided["enable_scale_out"],
+        "num_hidden_layers": layers, "layer_ids": layer_ids, "hidden_states_path": staging,
+        "writer_threads": settings["writer_threads"], "storage": storage,
+        "tensor_parallel_size": settings["tensor_parallel_size"],
+        "port": settings["port"], "host": "127.0.0.1",
+        "extra_args": extra + [entry["flag"] for entry in decided["startup_flags"]]})
+    if nodes:
+        server_argv = node_layout.server_argv(
+            server_argv, nodes, distribution=distribution, invocation=server_command.INVOCATIONS[distribution][0],
+            serve_program=serve_program)
+    # The GPU-less render server prepare-data renders through while the model loads (render.py), its port
+    # added at each attempt; None: prepare-data renders through the model's server at /health.
+    render_argv = render.server_argv(server_argv, python=server_python_path, program=serve_program,
+                                     model=model) if clients and settings["render_server"] else None
+    # What the prepared data's cache key hashes (prepared_cache.py); None: no cache (turned off, or a worker).
+    key = prepared_cache.key_of(settings, vllm_version) if clients and settings["prepared_cache"] else None
+    prepare_argv = client.prepare_argv(
+        client_python, model=model, dataset=settings["dataset"], output=prepared_dir, port=settings["port"],
+        seq_length=settings["max_length"], max_samples=settings["max_samples"],
+        seed=settings["seed"]) if clients else None
+    generate_argvs = client.generate_argvs(
+        client_python, clients=settings["clients"], model=model, prepared=prepared_dir, output=out,
+        port=settings["port"], concurrency=settings["concurrency"], request_timeout=settings["request_timeout"],
+        max_retries=settings["max_retries"], max_samples=settings["max_samples"],
+        world_size=settings["shard_count"] if sharded else None, rank=settings["shard_index"]) if clients else None
+    return {
+        "vllm_version": vllm_version, "port": settings["port"], "staging": staging, "prepared": prepared_dir,
+        "out": out,
+        "num_hidden_layers": layers, "layer_ids": layer_ids, "layer_convention": LAYER_CONVENTION,
+        "training_layer_ids": training_layer_ids,
+        "startup_flags": decided["startup_flags"],
+        # How the files hold the states, and the connector that writes them (docs/server-mode.md, "fp8 storage").
+        "storage": storage, "connector": connector, "hidden_size": hidden_size,
+        "max_samples": settings["max_samples"], "allow_skipped": bool(settings["allow_skipped"]),
+        "world_size": settings["shard_count"] if sharded else 1, "rank": settings["shard_index"] if sharded else 0,
+        "clients": settings["clients"],
+        "server_argv": server_argv, "prepare_argv": prepare_argv, "render_argv": render_argv,
+        "prepared_key": key, "generate_argvs": generate_argvs,
+    }
+
+
+def server_extra_args(settings, driver_args):
+    """The server's flags of the driver's own settings (load format, overrides, memory, batching, eager,
+    collective_safe), passed after its command's (server_command.server_argv's extra_args)."""
     extra = []
     if settings["load_format"]:
         extra += ["--load-format", settings["load_format"]]
@@ -139,58 +154,21 @@ def make(run_path, run_id, driver_args, *, client_python, server_python=None, no
         extra += ["--enforce-eager"]
     if settings["collective_safe"]:  # with NCCL_P2P_DISABLE=1 in the env: vLLM #33041's workaround
         extra += ["--disable-custom-all-reduce"]
-    # What this vLLM's own source asks of the command (drift/server/startup.py): --enable-scale-out where the
-    # parser has it, and the flags turning off settings it refuses at start-up with the connector.
-    decided = startup.installed_launch_settings(vllm_package_dir=vllm_dir, distribution=distribution,
-                                                version=vllm_version)
-    extra += [entry["flag"] for entry in decided["startup_flags"]]
-    server_argv = launch.server_argv({
-        "model": model, "python": os.path.expanduser(server_python or client_python),
-        "distribution": distribution, "enable_scale_out": decided["enable_scale_out"],
-        "num_hidden_layers": layers, "layer_ids": layer_ids, "hidden_states_path": staging,
-        "writer_threads": settings["writer_threads"], "storage": storage,
-        "tensor_parallel_size": settings["tensor_parallel_size"],
-        "port": settings["port"], "host": "127.0.0.1",
-        "extra_args": extra})
-    if nodes:
-        server_argv = node_layout.server_argv(
-            server_argv, nodes, distribution=distribution, invocation=launch.INVOCATIONS[distribution][0],
-            serve_program=os.path.join(run_path, "code", "run", "server", "vllm_serve.py"))
-    sharded = settings["shard_count"] is not None
-    clients = not nodes or nodes["role"] == node_layout.HEAD
-    return {
-        "vllm_version": vllm_version, "port": settings["port"], "staging": staging, "prepared": prepared_dir,
-        "out": out,
-        "num_hidden_layers": layers, "layer_ids": layer_ids, "layer_convention": LAYER_CONVENTION,
-        # What speculators' training reads by default (launch_vllm.py's choice): other ids must be told to it.
-        "training_layer_ids": launch.default_layer_ids(layers),
-        "startup_flags": decided["startup_flags"],
-        # How the files hold the states, and the connector that writes them (docs/server-mode.md, "fp8 storage").
-        "storage": storage,
-        "connector": launch.kv_transfer_config(staging, storage=storage)["kv_connector"],
-        "hidden_size": launch.text_config(config).get("hidden_size"),
-        "max_samples": settings["max_samples"], "allow_skipped": bool(settings["allow_skipped"]),
-        "world_size": settings["shard_count"] if sharded else 1, "rank": settings["shard_index"] if sharded else 0,
-        "clients": settings["clients"],
-        "server_argv": server_argv,
-        "prepare_argv": client.prepare_argv(
-            client_python, model=model, dataset=settings["dataset"], output=prepared_dir, port=settings["port"],
-            seq_length=settings["max_length"], max_samples=settings["max_samples"], seed=settings["seed"])
-        if clients else None,
-        # The GPU-less render server prepare-data renders through while the model loads (render.py), its port
-        # added at each attempt; None: prepare-data renders through the model's server at /health.
-        "render_argv": render.server_argv(server_argv, python=os.path.expanduser(server_python or client_python),
-                                          program=os.path.join(run_path, "code", "run", "server", "vllm_serve.py"),
-                                          model=model) if clients and settings["render_server"] else None,
-        # What the prepared data's cache key hashes (prepared_cache.py); None: no cache (turned off, or a worker).
-        "prepared_key": prepared_key(settings, vllm_version) if clients and settings["prepared_cache"] else None,
-        "generate_argvs": client.generate_argvs(
-            client_python, clients=settings["clients"], model=model, prepared=prepared_dir, output=out,
-            port=settings["port"], concurrency=settings["concurrency"], request_timeout=settings["request_timeout"],
-            max_retries=settings["max_retries"], max_samples=settings["max_samples"],
-            world_size=settings["shard_count"] if sharded else None, rank=settings["shard_index"])
-        if clients else None,
-    }
+    return extra
+
+
+def of_run(run_path, run_id, driver_args, *, client_python, server_python, nodes):
+    """A launched or resumed run's plan (make) when this python's speculators takes the server path
+    (>= 0.8), or the run is a node of a multi-node job (a worker runs vLLM alone: its python needs no
+    speculators); else None. RemoteFailure bad-argument for a plan that cannot be made."""
+    speculators = pkgmeta.versions(("speculators",))["speculators"]
+    if not nodes and contract.extraction_mode(speculators) != contract.SERVER:
+        return None
+    try:
+        return make(run_path, run_id, driver_args, client_python=client_python, server_python=server_python,
+                    nodes=nodes)
+    except PlanError as exc:
+        raise RemoteFailure("bad-argument", str(exc)) from None
 
 
 def with_value(argv, flag, value):

@@ -35,7 +35,7 @@ import os
 import shutil
 import uuid
 
-from base import atomic, prepared
+from base import atomic, pkgmeta, prepared
 from base.rundir import PRIVATE_DIR
 
 #: The key's layout: a change of what it hashes, or how, starts a new cache.
@@ -72,6 +72,16 @@ def key_settings(settings, **releases):
     `releases` (speculators, speculators_sources, datasets, vllm)."""
     return dict({"dataset": settings["dataset"], "model": settings["model"], "seq_length": settings["max_length"],
                  "max_samples": settings["max_samples"], "seed": settings["seed"]}, **releases)
+
+
+def key_of(settings, vllm_version):
+    """What the prepared data's cache key hashes (key_settings), the releases read in this, the client's,
+    environment: its speculators (and the digest of its sources) and datasets; the server's vLLM."""
+    speculators = pkgmeta.installed("speculators")
+    return key_settings(
+        settings, speculators=speculators and speculators["version"], vllm=vllm_version,
+        speculators_sources=sources_digest(speculators["root"]) if speculators else None,
+        datasets=pkgmeta.versions(("datasets",))["datasets"])
 
 
 def sources_digest(site_packages):

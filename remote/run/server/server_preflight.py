@@ -10,7 +10,7 @@ in the staging directory (run/storage.py).
 import os
 import shutil
 
-from base import contract, outputs, pkgmeta
+from base import contract, outputs, pkgmeta, server_command
 from base.units import human_bytes
 from run import gpu_preflight, storage
 from run.server import plan
@@ -47,7 +47,7 @@ def environments(preflight, server_python):
     """speculators (and its CLI's needs) in `python`; vLLM and torch in the server's environment."""
     client = pkgmeta.versions(("speculators", "transformers", "datasets"))
     try:
-        other = pkgmeta.other_environment(server_python, ["vllm", "torch"], plan.ENVIRONMENT_TIMEOUT_S) \
+        other = pkgmeta.other_environment(server_python, ["vllm", "torch"], server_command.ENVIRONMENT_TIMEOUT_S) \
             if server_python else None
     except pkgmeta.EnvironmentUnreadable as exc:
         return preflight.check("packages", False, "server_python %s: %s" % (server_python, exc),
