@@ -15,18 +15,12 @@ is "unknown", never guessed.
 import ast
 import os
 
+from drift import syntax
+
 HAS, IS, FAMILY = "has_device_capability", "is_device_capability", "is_device_capability_family"
 TRUE_ON_CUDA = ("is_cuda", "is_cuda_alike")
 FALSE_ON_CUDA = ("is_rocm", "is_cpu", "is_xpu", "is_tpu")
 COMMUNICATORS = os.path.join("distributed", "device_communicators")
-
-
-def _parse(path):
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return ast.parse(handle.read(), path)
-    except (OSError, SyntaxError, ValueError):
-        return None
 
 
 def ref(vllm_dir, path, node, end=False):
@@ -132,7 +126,7 @@ def _taken(body, cap, taken):
 def mla_priorities(vllm_dir, cap):
     """{"backends": [names, vLLM's order], "ref"} for MLA at `cap`, or None where the source has no such table."""
     path = os.path.join(vllm_dir, "platforms", "cuda.py")
-    function = _function(_parse(path), "_get_backend_priorities")
+    function = _function(syntax.parse_file(path), "_get_backend_priorities")
     branch = next((n for n in ast.walk(function) if isinstance(n, ast.If) and isinstance(n.test, ast.Name)
                    and n.test.id == "use_mla"), None) if function else None
     if branch is None:
@@ -150,7 +144,7 @@ def mla_priorities(vllm_dir, cap):
 def backend_support(vllm_dir, name, cap):
     """{"backend", "supports": bool or None, "ref"}: the backend's supports_compute_capability at `cap`."""
     registry = os.path.join(vllm_dir, "v1", "attention", "backends", "registry.py")
-    enum = _class(_parse(registry), "AttentionBackendEnum")
+    enum = _class(syntax.parse_file(registry), "AttentionBackendEnum")
     dotted = None
     for node in (enum.body if enum else ()):
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets) \
@@ -160,7 +154,7 @@ def backend_support(vllm_dir, name, cap):
         return {"backend": name, "supports": None, "ref": "not in %s" % os.path.relpath(registry, vllm_dir)}
     module, cls = dotted.rsplit(".", 1)
     path = os.path.join(os.path.dirname(vllm_dir), *module.split(".")) + ".py"
-    tree = _parse(path)
+    tree = syntax.parse_file(path)
     klass = _class(tree, cls)
     method = _function(klass, "supports_compute_capability") if klass else None
     if method is None:  # inherited from the base class: every capability
@@ -201,7 +195,7 @@ def _assigned(vllm_dir, name):
         path = os.path.join(folder, file_name)
         if not file_name.endswith(".py"):
             continue
-        for node in ast.walk(_parse(path) or ast.Module(body=[], type_ignores=[])):
+        for node in ast.walk(syntax.parse_file(path) or ast.Module(body=[], type_ignores=[])):
             if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == name for t in node.targets):
                 return node.value, ref(vllm_dir, path, node)
     return None, None
@@ -210,7 +204,7 @@ def _assigned(vllm_dir, name):
 def _env_default(vllm_dir, variable):
     """(the default text of vLLM's environment variable, ref) from envs.py's getenv(variable, default)."""
     path = os.path.join(vllm_dir, "envs.py")
-    for node in ast.walk(_parse(path) or ast.Module(body=[], type_ignores=[])):
+    for node in ast.walk(syntax.parse_file(path) or ast.Module(body=[], type_ignores=[])):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "getenv" \
                 and len(node.args) == 2 and isinstance(node.args[0], ast.Constant) \
                 and node.args[0].value == variable and isinstance(node.args[1], ast.Constant):
@@ -279,7 +273,7 @@ def int4_moe_check(vllm_dir, cap):
             path = os.path.join(root, file_name)
             if not file_name.endswith(".py") or ("compressed_tensors_moe" not in file_name and "marlin" not in file_name):
                 continue
-            tree = _parse(path)
+            tree = syntax.parse_file(path)
             if tree is None:
                 continue
             if method is None and "compressed_tensors_moe" in file_name:

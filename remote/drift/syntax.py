@@ -16,6 +16,16 @@ def parse(source, filename="<unknown>"):
     return compile(source, filename, "exec", PyCF_ONLY_AST)
 
 
+def parse_file(path):
+    """The tree of the Python file at `path`, or None where it cannot be read or parsed: an installed
+    release's file missing or broken is what the reader reports, not a crash."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return parse(handle.read(), path)
+    except (OSError, SyntaxError, ValueError):
+        return None
+
+
 def unparse(node):
     """ast.unparse(node)."""
     import ast

@@ -18,6 +18,7 @@ import os
 
 from base import hfcache, server_command, telemetry
 from base.failure import RemoteFailure
+from drift import syntax
 
 #: Files whose `auto_map` names custom code, and what loads each.
 AUTO_MAP_FILES = ("config.json", "tokenizer_config.json", "preprocessor_config.json", "processor_config.json")
@@ -122,26 +123,18 @@ def remote_code_check(model_dir, vllm_dir=None):
 def vllm_registries(vllm_dir):
     """{architectures, config_types}: the names vLLM serves with its own classes, read from its source (ast)."""
     names = {"architectures": set(), "config_types": set()}
-    registry = _parse(os.path.join(vllm_dir, "model_executor", "models", "registry.py"))
+    registry = syntax.parse_file(os.path.join(vllm_dir, "model_executor", "models", "registry.py"))
     for node in ast.walk(registry) if registry else ():
         if isinstance(node, ast.Dict):
             names["architectures"].update(k.value for k in node.keys
                                           if isinstance(k, ast.Constant) and isinstance(k.value, str))
-    configs = _parse(os.path.join(vllm_dir, "transformers_utils", "config.py"))
+    configs = syntax.parse_file(os.path.join(vllm_dir, "transformers_utils", "config.py"))
     for node in ast.walk(configs) if configs else ():
         if (isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Call)
                 and any(isinstance(t, ast.Name) and t.id == "_CONFIG_REGISTRY"
                         for t in (node.targets if isinstance(node, ast.Assign) else [node.target]))):
             names["config_types"].update(k.arg for k in node.value.keywords if k.arg)
     return names
-
-
-def _parse(path):
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return ast.parse(handle.read(), path)
-    except (OSError, SyntaxError, ValueError):
-        return None
 
 
 # -- quantization against the GPUs ------------------------------------------------------------------------
