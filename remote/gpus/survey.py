@@ -50,12 +50,13 @@ def visible_indices(rows, visible):
     return [gpu["index"] for gpu in telemetry.visible_gpus(rows, visible)]
 
 
-def facts(server_python=None, tp=None, extra_env=None, nccl=True):
+def facts(server_python=None, tp=None, extra_env=None, nccl=True, caps=None):
     """{available, reason, topology, topology_text, used, p2p, driver, cuda, nccl, caps, pcie, pcie_text, env,
     hazards}: the GPUs a run would use (CUDA_VISIBLE_DEVICES' first `tp`, default all); `extra_env`: what the run
-    adds (--collective-safe's NCCL_P2P_DISABLE=1); `nccl`: False leaves NCCL's version unread (the probe says it)."""
+    adds (--collective-safe's NCCL_P2P_DISABLE=1); `nccl`: False leaves NCCL's version unread (the probe says it); `caps`: telemetry.compute_caps' answer where
+    the caller has it already."""
     seen = topology.read()
-    caps = telemetry.compute_caps(timeout=15)
+    caps = caps or telemetry.compute_caps(timeout=15)
     env = dict(run_env(), **(extra_env or {}))
     found = {"available": seen["topology"] is not None or caps["available"], "reason": seen["error"],
              "driver": seen["driver"], "cuda": seen["cuda"], "env": env, "p2p": seen["p2p"],

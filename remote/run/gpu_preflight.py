@@ -34,7 +34,7 @@ def checks(driver, server_python=None, config=None):
     caps = telemetry.compute_caps(timeout=15)
     if not caps["available"]:
         return [collective_check(tp or 1, False, python, safe)]
-    found = survey.facts(tp=tp, extra_env=extra, nccl=False)
+    found = survey.facts(tp=tp, extra_env=extra, nccl=False, caps=caps)  # nvidia-smi asked once
     world = len(found["used"]) or 1
     bad = [h for h in found["hazards"] if not h["ok"]]
     found_checks = [check("gpu-topology", not bad, "%s%s" % (found["topology_text"] or "topology unknown (%s)" % (
