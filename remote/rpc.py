@@ -41,6 +41,8 @@ COMMANDS = {
     "runs.submit-nodes": "slurm.submission:submit_nodes",   # run: a multi-node job's runs as one Slurm job
     "slurm.check": "slurm.jobs:check_request",              # run: could a job of `slurm:` run, its paths shared
     "dataset.verify": "dataset.verify:verify",              # train: is an output trainable, and with which command
+    "train.launch": "run.training.launch:launch",           # train: the trainer, supervised, on a verified dataset
+    "accept.launch": "run.acceptance.launch:launch",        # train: a draft's acceptance in vLLM, against an untrained one
 }
 #: The deadline's timer thread may emit while the main thread does. A lock of `_thread`: `threading`
 #: (and `signal`) are imported only by a call that arms a deadline.

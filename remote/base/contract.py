@@ -36,6 +36,22 @@ ACTIVE_STATES = (STARTING, RUNNING, RESTARTING, STALLED, UNRESPONSIVE)
 #: The supervisor ended the run.
 FINAL_STATES = (SUCCEEDED, FAILED, STOPPED)
 
+# -- what a run does (run.json "kind"; remote/run/supervisor.py picks the workload by it) -----------
+#: An extraction: the in-process driver or the vLLM server and speculators' client steps. run.json of
+#: a specrig before kinds has no "kind": it is an extraction.
+KIND_EXTRACT = "extract"
+#: speculators' trainer on a verified dataset (remote/run/training/): run.json "train" holds its plan.
+KIND_TRAIN = "train"
+#: The target served with a draft, its acceptance measured (remote/run/acceptance/): run.json "accept".
+KIND_ACCEPT = "accept"
+RUN_KINDS = (KIND_EXTRACT, KIND_TRAIN, KIND_ACCEPT)
+
+
+def run_kind(record):
+    """The kind of the run whose run.json is `record` (KIND_EXTRACT when it names none)."""
+    return record.get("kind") or KIND_EXTRACT
+
+
 # -- the pace of a run's samples (status.json "pace", written by the supervisor's watch) -----------
 #: Without a new sample for this many median gaps between samples (and at least PACE_STALE_S), a run's rate
 #: and ETA say nothing any more: `inv status` and the live view show how long since the last sample instead.

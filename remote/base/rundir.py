@@ -41,6 +41,7 @@ from base.contract import (
     SUPERVISOR_SILENT_S,
     UNRESPONSIVE,
     pace_now,
+    run_kind,
 )
 from base.failure import RemoteFailure
 
@@ -179,7 +180,7 @@ class RunDir:
         """What `status` shows: the status file with the corrected state, the heartbeat and the exit record."""
         status = dict(self.status)
         record = self.record
-        status.update(run_id=self.run_id, path=self.path, state=self.state(), heartbeat=self.heartbeat,
+        status.update(run_id=self.run_id, kind=run_kind(record), path=self.path, state=self.state(), heartbeat=self.heartbeat,
                       exit=self.exit_record, created_at=record.get("created_at"), out=record.get("out"),
                       driver_args=record.get("driver_args"), options=record.get("options"))
         if self.slurm_job_id():

@@ -427,9 +427,10 @@ def _write_command(out, result):
 
 def at_run_end(run):
     """What a run's end records of its dataset (exit.json's "dataset"): the verdict of `verify` on the run, in
-    a few fields, or why it could not be had; None for a multi-node job's worker, whose head holds the output.
+    a few fields, or why it could not be had; None for a multi-node job's worker, whose head holds the output,
+    and for a run that extracts nothing (a training, an acceptance measurement).
     Never raises: a run's end is not the place to fail."""
-    if (run.record.get("nodes") or {}).get("role") == nodes.WORKER:
+    if (run.record.get("nodes") or {}).get("role") == nodes.WORKER or contract.run_kind(run.record) != contract.KIND_EXTRACT:
         return None
     try:
         found = verify({"workdir": os.path.dirname(os.path.dirname(run.path.rstrip("/"))), "run": run.run_id,

@@ -86,12 +86,7 @@ class LaunchRequest:
         driver_args["heartbeat"] = run.file("heartbeat.json")
         if not driver_args.get("output_dir"):
             raise RemoteFailure("bad-argument", "no output directory given (driver_args.output_dir)")
-        unknown = sorted(set(args.get("options") or {}) - set(SUPERVISOR_DEFAULTS))
-        if unknown:
-            raise RemoteFailure("bad-argument", "unknown supervisor option(s) %r; known: %s"
-                                % (unknown, ", ".join(SUPERVISOR_DEFAULTS)))
-        options = dict(SUPERVISOR_DEFAULTS)
-        options.update(args.get("options") or {})
+        options = supervisor_options(args.get("options"))
         program = args.get("driver_program")
         driver_program = os.path.abspath(os.path.expanduser(program)) if program else None
         slurm = args.get("slurm")
@@ -106,6 +101,15 @@ class LaunchRequest:
             if slurm else None}
         return cls(workdir=workdir, run=run, driver_args=driver_args, driver_program=driver_program,
                    server_python=args.get("server_python"), nodes=args.get("nodes"), record=record)
+
+
+def supervisor_options(given):
+    """The supervisor's options: SUPERVISOR_DEFAULTS with the call's `given` ones; bad-argument for an unknown one."""
+    unknown = sorted(set(given or {}) - set(SUPERVISOR_DEFAULTS))
+    if unknown:
+        raise RemoteFailure("bad-argument", "unknown supervisor option(s) %r; known: %s"
+                            % (unknown, ", ".join(SUPERVISOR_DEFAULTS)))
+    return dict(SUPERVISOR_DEFAULTS, **(given or {}))
 
 
 def host_paths(driver_args):
@@ -158,6 +162,35 @@ def launch(args):
             "startup_flags": server["startup_flags"] if server else [],
             "layers": {"ids": server["layer_ids"], "training_default": server["training_layer_ids"]} if server else None,
             "storage": {"type": server["storage"], "connector": server["connector"]} if server else None}
+
+
+def launch_kind(args, *, kind, out, plan):
+    """A new run of another kind than an extraction (base/contract.py RUN_KINDS: a training, an acceptance
+    measurement), through the same stages as launch: `out` is the directory it writes, claimed as an
+    extraction's output is (no two active runs write one); `plan(run)` its part of run.json (run.json[kind]),
+    made once the run's id and directory are known, under the lock. The call's `env`, `options`, `host` and
+    `slurm` are an extraction's."""
+    workdir = rundir.workdir_of(args)
+    env_keys = job_environment(args.get("env"))
+    options = supervisor_options(args.get("options"))
+    run = rundir.RunDir(os.path.join(rundir.runs_root(workdir), rundir.new_run_id()))
+    slurm = args.get("slurm")
+    with rundir.claiming(workdir, out):
+        record = {
+            "run_id": run.run_id, "kind": kind, kind: plan(run), "created_at": rundir.now_iso(),
+            "host": args.get("host"), "python": sys.executable, "workdir": workdir, "out": out,
+            "driver_args": {"output_dir": out}, "options": options, "env_keys": env_keys, "shard": None,
+            "nodes": None, "driver_program": None, "server": None, "server_python": args.get("server_python"),
+            "slurm": {"settings": slurm, "job_id": None, "job_ids": [], "array": None} if slurm else None}
+        rundir.create(run, record, REMOTE_ROOT)
+        try:
+            pid = supervisor_start.start(run)
+        except RemoteFailure:
+            if slurm:
+                shutil.rmtree(run.path, ignore_errors=True)  # Slurm refused the job: nothing was launched
+            raise
+    return {"run_id": run.run_id, "path": run.path, "supervisor_pid": pid, "slurm": run.record.get("slurm"),
+            "kind": kind, kind: run.record[kind]}
 
 
 # -- resume -------------------------------------------------------------------------------------

@@ -10,6 +10,9 @@ the run's record names, with the node role of a multi-node job:
                               steps (run/server/workload.py)
     "nodes", node_rank 0      the same                                   the head (run/server/node_roles.py)
     "nodes", node_rank > 0    a headless vLLM server (the same file)     a worker (the same file)
+    kind "train"              speculators' trainer (run/training/)        -
+    kind "accept"             vLLM serving the target with drafts          -
+                              (run/acceptance/)
 """
 import os
 import sys
@@ -19,6 +22,7 @@ import sys
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from base import rundir
+from base.contract import KIND_ACCEPT, KIND_TRAIN, run_kind
 from run.in_process import InProcessDriver
 from run.server.headless import HeadlessServer
 from run.server.node_roles import Head, Worker
@@ -36,6 +40,14 @@ def main(argv):
 
 def parts(record):
     """(workload, node role or None) of the run whose record (run.json) this is."""
+    kind = run_kind(record)
+    # Imported by the kind that needs them: an extraction's supervisor does not read the trainer's parts.
+    if kind == KIND_TRAIN:
+        from run.training.workload import Trainer
+        return Trainer, None
+    if kind == KIND_ACCEPT:
+        from run.acceptance.workload import Acceptance
+        return Acceptance, None
     if record.get("nodes"):
         return (ServerExtraction, Head) if record["nodes"]["node_rank"] == 0 else (HeadlessServer, Worker)
     if record.get("server"):
