@@ -17,6 +17,7 @@ import getpass
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -32,6 +33,11 @@ TRAINER_TIMEOUT_S = 3600
 SAMPLE_ROWS = 16
 #: The file verify-dataset writes beside the output: the training command, for a shell.
 COMMAND_FILE = "specrig-train-command.sh"
+#: The verdict beside the command, for `inv train` (run/training/launch.py): trainable or not, the command, the
+#: counts, and the states' fingerprint then, so that states changed since are verified again before a training.
+VERDICT_FILE = "specrig-verified.json"
+#: The sample files of either format (server mode's hs_{i}.safetensors, in-process data_{i}.pt).
+SAMPLE_NAME = re.compile(r"^(?:hs_[0-9]+\.safetensors|data_[0-9]+\.pt)$")
 #: The collate's buffer length in the check: speculators train's --total-seq-len default.
 MAX_LEN = 8192
 LAYERS_FILE = "specrig-layers.json"
@@ -113,6 +119,7 @@ def verify(args):
     }
     if words:
         result["command_file"] = _write_command(search, result)
+        _write_verdict(search, result)
     return result
 
 
@@ -423,6 +430,40 @@ def _write_command(out, result):
     # and write this same file (one fixed temporary name let one host's rename take the other's file away).
     atomic.write_bytes(path, text.encode(), mode=atomic.PRIVATE)
     return path
+
+
+def _write_verdict(out, result):
+    """The verdict file (VERDICT_FILE, 0600) beside the command: what a training's launch reads."""
+    loaded = result["counts"]["loaded"]
+    verdict = {"trainable": result["trainable"], "verified_at": rundir.now_iso(), "full": result["full"],
+               "command": result["command"], "counts": result["counts"], "plan": result["plan"],
+               "bad_rows": len(result["bad"]), "problems": result["refusals"] + result["problems"],
+               "notes": result["notes"], "vocab": result["vocab"], "hidden_states_path": out,
+               # The tokens of the whole dataset, from the rows the trainer's code loaded: a training plans its
+               # steps per epoch with it.
+               "tokens_per_row": result["counts"]["tokens"] / loaded if loaded else None,
+               "fingerprint": fingerprint(out)}
+    atomic.write_bytes(os.path.join(out, VERDICT_FILE), json.dumps(verdict, indent=1).encode(), mode=atomic.PRIVATE)
+
+
+def fingerprint(out):
+    """{"files", "bytes", "newest"} of the sample files in `out` (links followed: a merged directory's are
+    links): two fingerprints differ when a file was added, removed, rewritten or grew since."""
+    files = size = 0
+    newest = 0.0
+    try:
+        with os.scandir(out) as entries:
+            for entry in entries:
+                if not SAMPLE_NAME.match(entry.name):
+                    continue
+                try:
+                    stat = entry.stat()
+                except OSError:
+                    continue
+                files, size, newest = files + 1, size + stat.st_size, max(newest, stat.st_mtime)
+    except OSError:
+        return None
+    return {"files": files, "bytes": size, "newest": newest}
 
 
 def at_run_end(run):

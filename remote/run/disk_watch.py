@@ -73,6 +73,8 @@ class DiskWatch:
     def measure(self):
         """The largest sample file so far; each file's size is read once (a run's output may hold
         hundreds of thousands: they are listed again, not read again)."""
+        if self.sample_file is None:
+            return  # a workload without sample files (a training): its guess stands
         try:
             with os.scandir(self.out) as entries:
                 for entry in entries:

@@ -349,11 +349,14 @@ class Supervisor:
         if failure["kind"] == DISK_LOW:
             self.workload.ran_low()
         previous, self.previous_failure = self.previous_failure, failure
-        repeated = (failure["retryable"] and previous is not None and not entry["samples_written"]
+        # Progress kept between the two: new samples, or a training's new checkpoint.
+        progressed = entry.get("samples_written") or entry.get("checkpoints_written")
+        repeated = (failure["retryable"] and previous is not None and not progressed
                     and previous["signature"] == failure["signature"])
         if repeated:
             failure.update(retryable=False, repeats_attempt=previous["attempt"])
-            failure["explain"] += "; the same failure as attempt %d, with no new sample since" % previous["attempt"]
+            failure["explain"] += "; the same failure as attempt %d, with no new %s since" % (
+                previous["attempt"], "checkpoint" if "checkpoints_written" in entry else "sample")
             failure["advice"] += "; a restart would fail the same way, so there was none: `inv resume` once the " \
                                  "cause is fixed"
         retry = failure["retryable"] and self.status["restarts"] < self.options["max_restarts"]

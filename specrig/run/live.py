@@ -30,6 +30,7 @@ from specrig.run.view import (
     samples,
     show_run,
 )
+from specrig.run.view_parts import training_text
 from specrig.slurm.view import slurm_job_text
 from specrig.ui import console, gpu_table
 from specrig.ui.group import outcome_word
@@ -82,7 +83,8 @@ def render(run: dict, tail: str, progress: Progress, bar) -> Panel:
                               + (f"  server [bold]{markup(beat['server'])}[/]" if beat.get("server") else "")
                               + (f"  [yellow]stalled {run.get('seconds_since_progress')} s[/]"
                                  if run.get("stalled") else ""))
-    parts = [header, progress]
+    training = training_text(run.get("training"), run.get("checkpoint_plan"))
+    parts = [header, Text(visible(training)) if training else progress]
     if run.get("slurm"):
         parts.insert(1, Text(visible(slurm_job_text(run["slurm"]))))
     failure = run.get("last_failure")

@@ -175,6 +175,13 @@ def settings_given(host: Host, given: dict, names=tuple(SETTINGS)) -> tuple[dict
     return driver_args, sources
 
 
+def supervisor_options(host: Host) -> dict:
+    """The supervision options hosts.yaml's `extract:` sets for the host (max_restarts, stall_timeout_s, ...):
+    every supervised run of the host takes them, a training's too."""
+    return {name: _coerce(name, host.extract[name], kind, f"hosts.yaml: hosts.{host.name}.extract.{name}")
+            for name, kind in OPTIONS.items() if name in host.extract}
+
+
 def build_request(host: Host, given: dict) -> Request:
     """Command-line values over hosts.yaml's `extract:` defaults; every bad value named."""
     defaults = dict(host.extract)
@@ -183,10 +190,7 @@ def build_request(host: Host, given: dict) -> Request:
         raise UsageError(f"hosts.yaml: hosts.{host.name}.extract.{unknown[0]}: unknown key",
                          hint=f"allowed: {', '.join([*SETTINGS, *OPTIONS])}")
     driver_args, sources = settings_given(host, given)
-    options = {}
-    for name, kind in OPTIONS.items():
-        if name in defaults:
-            options[name] = _coerce(name, defaults[name], kind, f"hosts.yaml: hosts.{host.name}.extract.{name}")
+    options = supervisor_options(host)
     clients, concurrency = driver_args.get("clients"), driver_args.get("concurrency", SERVER_DEFAULTS["concurrency"])
     if clients is not None and clients > concurrency:
         raise UsageError(f"{sources['clients']} {clients!r}: more client processes than requests in flight "

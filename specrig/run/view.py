@@ -28,7 +28,7 @@ from specrig.dataset.view import run_end_text
 from specrig.exit_status import ExitStatus
 from specrig.group import HostOutcome
 from specrig.inventory import Host
-from specrig.run.view_parts import final_verdict, runs_total, show_layers_note, storage_note
+from specrig.run.view_parts import final_verdict, runs_total, show_layers_note, storage_note, training_text
 from specrig.slurm.view import show_stopped_job, slurm_job_text
 from specrig.ui import console, gpu_table, print_json
 from specrig.ui.preflight_checks import show_checks, show_preflight_failed
@@ -106,11 +106,19 @@ def show_runs(runs: list[dict], host: Host) -> None:
         if run.get("slurm") and run["state"] in ACTIVE_STATES:
             state += f"\n[dim]{markup(slurm_job_text(run['slurm']))}[/]"
         table.add_row(markup(run["run_id"]), state,
-                      markup((run.get("heartbeat") or {}).get("phase") or "-"), samples(run.get("heartbeat") or {}),
+                      markup((run.get("heartbeat") or {}).get("phase") or "-"), progress_cell(run),
                       str(len(run.get("attempts") or [])), *((markup(short_path(run.get("out"))),) if wide else ()),
                       markup(failure["kind"] + (f" ({failure['callee']})" if failure.get("callee") else ""))
                       if failure else "")
     console.print(table)
+
+
+def progress_cell(run: dict) -> str:
+    """The runs table's progress: a training's steps, an extraction's samples."""
+    training = run.get("training")
+    if training and training.get("global_step") is not None:
+        return f"step {training['global_step']}/{training.get('total_steps') or '?'}"
+    return samples(run.get("heartbeat") or {})
 
 
 def show_run(run: dict, *, log_tail: str | None = None) -> None:
@@ -122,6 +130,9 @@ def show_run(run: dict, *, log_tail: str | None = None) -> None:
     speed, eta = pace_texts(run)
     grid.add_row("phase", ", ".join(filter(None, (markup(beat.get("phase") or "-"), f"{samples(beat)} samples",
                                                   speed, eta and f"ETA {eta}"))))
+    training = training_text(run.get("training"), run.get("checkpoint_plan"))
+    if training:
+        grid.add_row("training", markup(training))
     if beat.get("server"):
         grid.add_row("server", f"vLLM server {markup(beat['server'])}")
     started = beat.get("startup") or {}

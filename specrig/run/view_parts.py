@@ -64,3 +64,49 @@ def runs_total(runs: Sequence[dict]) -> str | None:
         return None
     return (f"total: {done}/{total or '?'} samples over {hosts} host(s) ("
             + ", ".join(f"{n} {state}" for state, n in states.items()) + ")")
+
+
+def training_text(training: dict | None, plan: dict | None = None) -> str | None:
+    """A training run's progress in one line (status.json "training", remote/run/training/progress.py): epoch,
+    step, loss, the trainer's first accuracy figure, tokens/s, ETA and the last checkpoint; None before any."""
+    if not training:
+        return None
+    parts = []
+    if training.get("epoch") is not None:
+        parts.append(f"epoch {training['epoch'] + 1}/{training.get('epochs') or '?'}")
+    if training.get("step") is not None:
+        parts.append(f"step {training['step']}/{training.get('steps_per_epoch') or '?'}")
+    if training.get("global_step") is not None:
+        parts.append(f"{training['global_step']}/{training.get('total_steps') or '?'} in all")
+    if training.get("loss") is not None:
+        parts.append(f"loss {training['loss']:.3f}")
+    accuracy = training.get("accuracy") or {}
+    if "full_acc_0" in accuracy:
+        parts.append(f"acc@1 {accuracy['full_acc_0']:.2f}")
+    if training.get("tokens_per_s"):
+        parts.append(f"{training['tokens_per_s']:,.0f} tok/s")
+    if training.get("eta_s") is not None:
+        parts.append(f"ETA {_duration(training['eta_s'])}")
+    if training.get("memory_mib"):
+        parts.append(f"{training['memory_mib'] / 1024:.1f} GiB")
+    checkpoint = training.get("last_checkpoint")
+    parts.append(f"checkpoint: epoch {checkpoint['epoch'] + 1} step {checkpoint['local_step'] or 'end'}"
+                 if checkpoint else "no checkpoint yet")
+    if plan:
+        parts.append(checkpoint_plan_text(plan))
+    return ", ".join(parts)
+
+
+def checkpoint_plan_text(plan: dict) -> str:
+    """How often the trainer checkpoints, and the work a crash may lose at that rate."""
+    lost = plan["every_steps"] * plan["step_s"]
+    rate = "measured" if plan["basis"] == "measured" else "planned"
+    return (f"a checkpoint every {plan['every_steps']} steps: a crash loses at most ~{_duration(lost)} "
+            f"at the {rate} {plan['step_s']:.2f} s/step")
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
+    return f"{seconds // 60}m {seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"

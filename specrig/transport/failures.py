@@ -74,6 +74,9 @@ FAILURE_KINDS: dict[str, FailureKind] = {
     "backup-corrupt": _PATCH_FINDINGS,
     # A resume whose output cannot hold the files still missing (remote/run/budget.py): its advice says what.
     "no-room": FailureKind(Findings),
+    # A training refused before anything was written (remote/run/training/launch.py): states not verified, no
+    # accelerator, a save path that cannot hold its checkpoints; the checks it ran, where it ran them.
+    "train-refused": FailureKind(Findings, payload="checks"),
     "smoke-failed": FailureKind(Findings, "`inv verify-signatures` names static drift, `inv apply-patches` fixes "
                                           "known drift; see docs/extraction-drift.md", payload="failure"),
     # -- someone else holds it -----------------------------------------------------------------

@@ -363,3 +363,81 @@ def test_a_0_3_output_handed_to_a_0_9_trainer_is_refused(in_process_run):
     assert code == 1 and result["command"] is None, result
     assert result["refusals"][0].startswith("data_{i}.pt files are the output of speculators 0.3-0.4, which "
                                             "`speculators train` (0.8+) cannot read"), result["refusals"]
+
+
+# ---- inv train on the verified states (issue 36): refusals, then the real trainer up to its first CUDA call ----
+
+def _runs_now() -> set[str]:
+    return set(os.listdir(RUNS)) if RUNS.exists() else set()
+
+
+def _train(*more: str) -> subprocess.CompletedProcess:
+    return inv("train", "--host", "lab-server", *more, timeout=300)
+
+
+def test_train_refuses_in_one_line_what_it_cannot_train_and_writes_nothing(server_runs, copies):
+    """States verify-dataset never passed, states changed since it did, a save path holding an earlier training's
+    checkpoints or too small for the checkpoints kept, a host whose torch sees no GPU, bad numbers: each refused in
+    one line, exit 1 (2 for bad input), no run made."""
+    run = server_runs["bf16"]
+    copy = copies(run["out"])
+    data = ("--data", run["record"]["server"]["prepared"])
+    before = _runs_now()
+    unverified = _train("--out", str(copy))
+    assert unverified.returncode == 1 and unverified.stderr.count("\n") == 1, unverified.stderr
+    assert "has not passed verify-dataset (no specrig-verified.json there)" in unverified.stderr, unverified.stderr
+    assert _verify("lab-server", "--out", str(copy), *data)[0] == 0
+    too_many = _train("--out", str(copy), "--epochs", "100000000")
+    assert too_many.returncode == 1 and too_many.stderr.count("\n") == 1, too_many.stderr
+    assert "100000000 checkpoint(s) of about" in too_many.stderr and "lower --epochs" in too_many.stderr
+    assert "no GPU the trainer can use: torch 2.13.0+cpu sees no accelerator" in too_many.stderr, too_many.stderr
+    earlier = copy.parent / (copy.name + "-earlier")
+    as_lab_user("mkdir", "-p", str(earlier / "2"))
+    as_lab_user("sh", "-c", f"echo '{{\"epoch\": 2, \"local_step\": 40, \"global_step\": 140}}' > {earlier}/2/"
+                            "training_state.json")
+    held = _train("--out", str(copy), "--save-path", str(earlier), "--skip-preflight")
+    assert held.returncode == 1 and "already holds an earlier training's checkpoints (epoch 2, step 40)" \
+        in held.stderr, held.stderr
+    shutil.rmtree(earlier)
+    os.unlink(copy / outputs.file_name(2))
+    changed = _train("--out", str(copy))
+    assert changed.returncode == 1 and "changed since verify-dataset passed it" in changed.stderr, changed.stderr
+    assert f"({ROWS} files" in changed.stderr and f"{ROWS - 1} files" in changed.stderr, changed.stderr
+    for bad, line in ((("--checkpoint-minutes", "0"), "--checkpoint-minutes '0'"), (("--gpus", "0"), "--gpus 0"),
+                      (("--epochs", "x"), "--epochs 'x'")):
+        refused = _train("--run", run["run_id"], *bad)
+        assert refused.returncode == 2 and line in refused.stderr, refused.stderr
+    assert _runs_now() == before
+
+
+def test_the_real_trainer_is_supervised_stopped_and_resumed_and_no_gpu_is_named_not_retried(server_runs, copies):
+    """--skip-preflight launches the real trainer: frozen (SIGSTOP) before its first CUDA call, `inv stop` ends it
+    and the run is stopped; `inv resume` starts it again, and its own failure for want of an accelerator is
+    classified from its real log and not restarted."""
+    run = server_runs["bf16"]
+    copy = copies(run["out"])
+    assert _verify("lab-server", "--out", str(copy), "--data", run["record"]["server"]["prepared"])[0] == 0
+    code, launched = inv_json("train", "--host", "lab-server", "--out", str(copy), "--skip-preflight",
+                              "--checkpoint-minutes", "0.5", timeout=300)
+    assert code == 0 and launched["kind"] == "train", launched
+    plan = launched["train"]
+    assert plan["save_path"] == f"{copy}-draft" and plan["checkpoint"]["basis"] == "planned", plan
+    assert plan["words"][:2] == ["speculators", "train"] and "--log-dir" in plan["words"], plan["words"]
+    run_dir = RUNS / launched["run_id"]
+    trainer = wait_for("the trainer to start", lambda: json.loads((run_dir / "status.json").read_text())
+                       .get("driver_pid"), timeout=60, interval=0.2)
+    as_lab_user("kill", "-STOP", str(trainer))
+    code, stopped = inv_json("stop", "--host", "lab-server", "--run", launched["run_id"], timeout=300)
+    assert code == 0 and stopped["state"] == contract.STOPPED, stopped
+    code, resumed = inv_json("resume", "--host", "lab-server", "--run", launched["run_id"], timeout=300)
+    assert code == 0, resumed
+    ended = wait_for("the resumed run to end", lambda: (run_dir / "exit.json").exists() and run_files(run_dir),
+                     timeout=300, interval=0.5)
+    assert ended["state"] == contract.FAILED and len(ended["attempts"]) == 2, json.dumps(ended)[-3000:]
+    failure = ended["last_failure"]
+    assert failure["kind"] == "no-accelerator" and not failure["retryable"] and not failure["restarted"], failure
+    assert failure["evidence"] == "RuntimeError: Cannot access accelerator device when none is available."
+    code, status = inv_json("status", "--host", "lab-server", "--run", launched["run_id"])
+    shown = status["runs"][0]
+    assert shown["kind"] == "train" and shown["checkpoint_plan"]["every_steps"] >= 1, shown
+    shutil.rmtree(f"{copy}-draft", ignore_errors=True)

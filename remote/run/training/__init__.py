@@ -1,0 +1,1 @@
+"""A training run: speculators' trainer on a verified dataset, supervised as an extraction is (issue 36)."""
