@@ -53,6 +53,8 @@ def own_workdir(tmp_path_factory):
     shipped = yaml.safe_load((REPO / "hosts.yaml").read_text())
     hosts = {name: dict(shipped["hosts"][name], identity_file=str(REPO / shipped["hosts"][name]["identity_file"]),
                         workdir=WORKDIR) for name in ("lab-server", "lab-cpu")}
+    # lab-server's environment behind the lab's Slurm login node: a training submitted as a job (issue 36).
+    hosts["lab-slurm-train"] = dict(hosts["lab-server"], scheduler="slurm", slurm=shipped["hosts"]["lab-slurm"]["slurm"])
     (directory / "hosts.yaml").write_text(yaml.safe_dump({"defaults": shipped["defaults"], "hosts": hosts}))
     (directory / ".specrig").mkdir()
     shutil.copy(REPO / ".specrig" / "known_hosts", directory / ".specrig" / "known_hosts")
@@ -371,8 +373,8 @@ def _runs_now() -> set[str]:
     return set(os.listdir(RUNS)) if RUNS.exists() else set()
 
 
-def _train(*more: str) -> subprocess.CompletedProcess:
-    return inv("train", "--host", "lab-server", *more, timeout=300)
+def _train(*more: str, host: str = "lab-server") -> subprocess.CompletedProcess:
+    return inv("train", "--host", host, *more, timeout=300)
 
 
 def test_train_refuses_in_one_line_what_it_cannot_train_and_writes_nothing(server_runs, copies):
@@ -383,9 +385,13 @@ def test_train_refuses_in_one_line_what_it_cannot_train_and_writes_nothing(serve
     copy = copies(run["out"])
     data = ("--data", run["record"]["server"]["prepared"])
     before = _runs_now()
+    copied = _train("--out", str(copy))  # the copy holds the verdict of the run's own output
+    assert copied.returncode == 1 and copied.stderr.count("\n") == 1, copied.stderr
+    assert f"has not passed verify-dataset: the verdict there is {run['out']}'s (a copy?)" in copied.stderr
+    os.unlink(copy / "specrig-verified.json")
     unverified = _train("--out", str(copy))
-    assert unverified.returncode == 1 and unverified.stderr.count("\n") == 1, unverified.stderr
-    assert "has not passed verify-dataset (no specrig-verified.json there)" in unverified.stderr, unverified.stderr
+    assert unverified.returncode == 1 and "has not passed verify-dataset (no specrig-verified.json there)" \
+        in unverified.stderr, unverified.stderr
     assert _verify("lab-server", "--out", str(copy), *data)[0] == 0
     too_many = _train("--out", str(copy), "--epochs", "100000000")
     assert too_many.returncode == 1 and too_many.stderr.count("\n") == 1, too_many.stderr
@@ -402,7 +408,7 @@ def test_train_refuses_in_one_line_what_it_cannot_train_and_writes_nothing(serve
     os.unlink(copy / outputs.file_name(2))
     changed = _train("--out", str(copy))
     assert changed.returncode == 1 and "changed since verify-dataset passed it" in changed.stderr, changed.stderr
-    assert f"({ROWS} files" in changed.stderr and f"{ROWS - 1} files" in changed.stderr, changed.stderr
+    assert f"({ROWS} files of" in changed.stderr and f"{ROWS - 1} files of" in changed.stderr, changed.stderr
     for bad, line in ((("--checkpoint-minutes", "0"), "--checkpoint-minutes '0'"), (("--gpus", "0"), "--gpus 0"),
                       (("--epochs", "x"), "--epochs 'x'")):
         refused = _train("--run", run["run_id"], *bad)
@@ -440,4 +446,28 @@ def test_the_real_trainer_is_supervised_stopped_and_resumed_and_no_gpu_is_named_
     code, status = inv_json("status", "--host", "lab-server", "--run", launched["run_id"])
     shown = status["runs"][0]
     assert shown["kind"] == "train" and shown["checkpoint_plan"]["every_steps"] >= 1, shown
+    shutil.rmtree(f"{copy}-draft", ignore_errors=True)
+
+
+def test_torchrun_over_the_gpus_and_a_slurm_job_run_the_real_trainer_to_its_first_cuda_call(server_runs, copies):
+    """--gpus 2: torchrun's two ranks, each failing for want of an accelerator, classified from torchrun's log. Through
+    the Slurm login node: a job must ask for the GPUs it trains on (slurm.gres), and the trainer runs in the job."""
+    run = server_runs["bf16"]
+    copy = copies(run["out"])
+    assert _verify("lab-server", "--out", str(copy), "--data", run["record"]["server"]["prepared"])[0] == 0
+    for host, more in (("lab-server", ("--gpus", "2", "--skip-preflight")), ("lab-slurm-train", ())):
+        code, launched = inv_json("train", "--host", host, "--out", str(copy), *more, timeout=300)
+        assert code == 0, launched
+        run_dir = RUNS / launched["run_id"]
+        ended = wait_for(f"{host}'s training to end", lambda run_dir=run_dir: (run_dir / "exit.json").exists()
+                         and run_files(run_dir), timeout=300, interval=0.5)
+        failure = ended["last_failure"]
+        assert failure["kind"] == "no-accelerator" and not failure["restarted"], failure
+        record = json.loads((run_dir / "run.json").read_text())
+        assert bool(record["slurm"]) == (host == "lab-slurm-train"), record["slurm"]
+        log = (run_dir / "driver.log").read_text()
+        assert ("speculators.train FAILED" in log) == (host == "lab-server"), log[-2000:]
+    wider = _train("--out", str(copy), "--gpus", "2", host="lab-slurm-train")
+    assert wider.returncode == 1 and "slurm.gres 'gpu:1' asks the job for 1 GPU(s), and the trainer needs 2" \
+        in wider.stderr, wider.stderr
     shutil.rmtree(f"{copy}-draft", ignore_errors=True)

@@ -16,6 +16,7 @@ nothing written (kind "train-refused", the checks in the failure):
   (one per epoch; plan.checkpoint_bytes);
 - without --skip-preflight: no accelerator that this python's torch can use, or fewer than --gpus
   (accelerator.py): speculators 0.9's trainer needs one, and finds it missing only after building the draft.
+  On a Slurm login node, which has no GPU of its own, the job's `slurm.gres` must ask for --gpus of them.
 """
 import json
 import os
@@ -64,7 +65,7 @@ def launch(args):
     kept = max(1, min(epochs, -(-total_steps // steps)))
     if not args.get("skip_preflight"):
         checks.append(_room_check(save_path, ckpt_bytes, kept))
-        checks.append(_accelerator_check(gpus))
+        checks.append(_gres_check(args["slurm"], gpus) if args.get("slurm") else _accelerator_check(gpus))
     failed = [check for check in checks if not check["ok"]]
     if failed:
         raise RemoteFailure("train-refused", "; ".join(check["detail"] for check in failed), checks=checks)
@@ -115,6 +116,10 @@ def _verdict(states):
     if not verdict:
         raise RemoteFailure("train-refused", "%s has not passed verify-dataset (no %s there): run %s first"
                             % (states, dataset_verify.VERDICT_FILE, verify))
+    verified = verdict.get("hidden_states_path")
+    if verified and os.path.realpath(verified) != os.path.realpath(states):
+        raise RemoteFailure("train-refused", "%s has not passed verify-dataset: the verdict there is %s's (a copy?): "
+                            "run %s" % (states, verified, verify))
     if not verdict.get("trainable") or not verdict.get("command"):
         raise RemoteFailure("train-refused", "verify-dataset found %s NOT trainable (%d bad rows; %s): fix it, then "
                             "run %s again" % (states, verdict.get("bad_rows") or 0,
@@ -122,12 +127,17 @@ def _verdict(states):
     now = dataset_verify.fingerprint(states)
     then = verdict.get("fingerprint")
     if now != then:
-        raise RemoteFailure("train-refused", "%s changed since verify-dataset passed it at %s (%s files, %s then; "
-                            "%s files, %s now): run %s again" % (
-                                states, verdict.get("verified_at"), (then or {}).get("files"),
-                                human_bytes((then or {}).get("bytes") or 0), (now or {}).get("files"),
-                                human_bytes((now or {}).get("bytes") or 0), verify))
+        raise RemoteFailure("train-refused", "%s changed since verify-dataset passed it at %s (%s): run %s again"
+                            % (states, verdict.get("verified_at"), _change(then or {}, now or {}), verify))
     return verdict
+
+
+def _change(then, now):
+    """How the states changed between two fingerprints, in words."""
+    if (then.get("files"), then.get("bytes")) == (now.get("files"), now.get("bytes")):
+        return "as many files and bytes, but written again since"
+    return "%s files of %s then, %s files of %s now" % (then.get("files"), human_bytes(then.get("bytes") or 0),
+                                                      now.get("files"), human_bytes(now.get("bytes") or 0))
 
 
 def _nearest_existing(path):
@@ -169,6 +179,23 @@ def _room_check(save_path, ckpt_bytes, kept):
     if not ok:
         detail += ": free space there, lower --epochs, or pass a --save-path on a larger disk"
     return {"name": "room", "ok": ok, "detail": detail}
+
+
+def _gres_check(slurm, gpus):
+    """A training on a Slurm cluster asks its job for the GPUs it trains on (`slurm.gres`): the login node, where
+    this runs, has none of its own to ask torch about."""
+    gres = slurm.get("gres") or ""
+    asked = [part for part in gres.split(",") if part.split(":")[0] == "gpu"]
+    count = 0
+    for part in asked:
+        last = part.split(":")[-1]
+        count += int(last) if last.isdigit() else 1
+    if count < gpus:
+        return {"name": "accelerator", "ok": False,
+                "detail": "slurm.gres %r asks the job for %d GPU(s), and the trainer needs %d: set `gres: gpu:%d` "
+                          "under slurm: of the host in hosts.yaml" % (gres, count, gpus, gpus)}
+    return {"name": "accelerator", "ok": True, "detail": "the job asks for %s (slurm.gres); training on %d"
+                                                         % (gres, gpus)}
 
 
 def _accelerator_check(gpus):
