@@ -102,6 +102,9 @@ PHASE_GENERATING = "generating"    # server mode: speculators generate-offline-d
 PHASE_VALIDATING = "validating"    # server mode: every file of the share is checked
 PHASE_SERVING = "serving"          # a multi-node worker: its server serves the head's attempt
 PHASE_WAITING = "waiting"          # a multi-node worker: between the head's attempts
+PHASE_TRAINING = "training"        # a training: the trainer takes steps (remote/run/training/workload.py)
+PHASE_VALIDATING = "validating"    # a training: the trainer validates an epoch
+PHASE_CHECKPOINTING = "checkpointing"  # a training: the trainer saves a checkpoint
 
 # -- the extraction driver's arguments (remote/run/extract_driver.py reads them) ------------------
 DRIVER_REQUIRED = ("model", "dataset", "output_dir")

@@ -23,6 +23,7 @@ import subprocess
 import time
 
 from base import procs
+from base.contract import PHASE_CHECKPOINTING, PHASE_STARTING, PHASE_TRAINING, PHASE_VALIDATING
 from run import classify
 from run.attempt import POLL_S, NotStarted, Watch, child_env, log_since
 from run.training import plan, progress
@@ -32,7 +33,6 @@ RULES_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rules.jso
 CHECKPOINTS_EVERY_S = 5.0
 #: The log's tail read to learn where a stopped trainer was (its step, epoch, local step).
 RESUME_TAIL_BYTES = 16 * 2 ** 20
-PHASE_STARTING, PHASE_TRAINING, PHASE_VALIDATING, PHASE_SAVING = "starting", "training", "validating", "checkpointing"
 VALIDATION = re.compile(r"Validation epoch \d+/\d+ started")
 SAVING = re.compile(r"Saving checkpoint to ")
 #: torch's out-of-memory message: what was asked for, the GPU's capacity and what was free, and what PyTorch held.
@@ -161,7 +161,7 @@ class Trainer:
         if VALIDATION.search(text):
             phase = PHASE_VALIDATING
         if SAVING.search(text):
-            phase = PHASE_SAVING
+            phase = PHASE_CHECKPOINTING
         return phase
 
     def classified(self, exit_status):
