@@ -22,7 +22,7 @@ import re
 import subprocess
 import time
 
-from base import procs
+from base import atomic, procs
 from base.contract import PHASE_CHECKPOINTING, PHASE_STARTING, PHASE_TRAINING, PHASE_VALIDATING
 from run import classify
 from run.attempt import POLL_S, NotStarted, Watch, child_env, log_since
@@ -108,8 +108,7 @@ class Trainer:
         """Follow the trainer until it exits; (exit status, its failure classified, or a stall, or None)."""
         sup = self.supervisor
         clock = Watch(sup, self.log, self.log_offset, processes=self.job.members)
-        phase, looked = PHASE_STARTING, 0.0
-        clock.enter(phase)
+        phase, looked = None, 0.0
         checkpoint = self.checkpoint_before
         while True:
             exit_status = self.proc.poll()
@@ -124,7 +123,11 @@ class Trainer:
                 if newest != checkpoint:
                     checkpoint = newest
                     clock.progress()
-            phase = self.phase(phase, text, stepped=self.reader.global_step != steps_before)
+            now = self.phase(phase or PHASE_STARTING, text, stepped=self.reader.global_step != steps_before)
+            if now != phase:
+                # The phase `inv status` shows, as an extraction's driver writes its own.
+                atomic.write_json(sup.run.file("heartbeat.json"), {"phase": now, "pid": self.proc.pid})
+            phase = now
             clock.enter(phase)
             if phase == PHASE_TRAINING:
                 clock.samples(self.reader.steps_seen)
