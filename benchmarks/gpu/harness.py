@@ -118,10 +118,10 @@ def inv(*args, timeout=600):
             "stderr_tail": err[-2000:] if rc else None}
 
 
-def extract_args(out, n, concurrency=None, port=None, settings=None):
-    """`inv extract` on --host local; `settings`: more of its options as a spec writes them, {"writer_threads":
-    "16", "render_server": "1", ...} (a flag of the task's as inv takes it: arms.inv_options)."""
-    args = ["extract", "--host", "local", "--model", MODEL, "--data", DATA, "--out", out,
+def extract_args(out, n, concurrency=None, port=None, settings=None, data=None):
+    """`inv extract` on --host local (of `data`, default DATA); `settings`: more of its options as a spec writes
+    them, {"writer_threads": "16", "render_server": "1", ...} (a flag of the task's as inv takes it: arms.inv_options)."""
+    args = ["extract", "--host", "local", "--model", MODEL, "--data", data or DATA, "--out", out,
             "--max-len", "2048", "--max-samples", str(n), "--port", str(port or PORT), "--json"]
     if concurrency:
         args += ["--concurrency", str(concurrency)]

@@ -1,0 +1,453 @@
+"""Issue 36, point 4, on the GPU: specrig's own `inv train` killed and resumed, then `inv accept` of the trained
+draft against an untrained one, on the 8B shape (vLLM 0.26, speculators 0.9). Two phases of device_run.py:
+
+    trainrun   a short extraction of N_TRAIN rows (train_step._short_extraction, of a file holding only the
+               data's first N_TRAIN rows, so that the held-out prompts are the data's rows from N_TRAIN on
+               whatever prepare-data's sampling), `inv verify-dataset --run RUN --json`, `inv train --run RUN
+               --detach --json --epochs TRAIN_EPOCHS --total-seq-len 2048 --checkpoint-minutes
+               CHECKPOINT_MINUTES`; `inv status` polled until the trainer has written a checkpoint and taken
+               MORE_STEPS steps after it; `kill -9` of the trainer (status `driver_pid`); the supervisor's
+               restart seen (an attempt more) and the step it resumed from (status `training.resumed_from`,
+               and the log's "Resuming mid-epoch from epoch=E local_step=S global_step=G"); once it has taken
+               MORE_STEPS steps, `inv stop` (the trainer saves on SIGTERM) and `inv resume --detach`; waited
+               to its end.
+    accept     `inv accept --draft DRAFT --untrained auto --prompts DATA --first-row N_TRAIN --num-prompts
+               ACCEPT_PROMPTS --max-tokens ACCEPT_TOKENS --json`: the per-position acceptance of both drafts,
+               the mean acceptance length, prompts and tokens, the verdict, the seconds. DRAFT is the train
+               run's last epoch directory (<save_path>/<E-1>), else checkpoint_best, else the newest
+               directory with weights. A draft trained on token-shifted states (the control) is not run: a
+               fourth trainer start and a third engine start do not fit the two calls; the results say so.
+
+The calls: `device.sh prep trainrun` (BUDGET_S=570), then `device.sh trainrun accept` (BUDGET_S=570).
+`trainrun` is resumable: every step it has done is in the results ($SG/results.json, which the next call
+reads back), so in the second call it picks up where the first stopped (a wait cut by the budget, most
+likely the resumed trainer's last epoch: the trainer runs in its own session and goes on between the calls)
+and returns at once when all is done. With `accept` after it in the same call, its waits leave
+ACCEPT_RESERVE_S for it; a trainer still running then is stopped (`inv stop`, its checkpoint saved) and said
+so (`finished` false), so that the acceptance is still measured.
+
+**The budget** (estimates from the H200's earlier calls, docs/gpu.md; the device may be an H100):
+call 1: prep 10-20 s (the model built in stage.sh's background; 21 s if not), the extraction about 175-200 s
+(the 64-row one took 175 s, nearly all vLLM's start; prefill of 128 rows is seconds), verify-dataset (no
+--full) about 15 s, the first trainer start to its first checkpoint about 60-90 s + 0.5 min, the kill and the
+supervisor's restart (back-off) with its start 70-100 s, stop about 10 s, resume's start 60-90 s: about
+450-520 s, so the resumed trainer's last steps usually run past call 1's end (the trainer's 4-step call took
+105.7 s, start-up nearly all of it). call 2: what is left of the training (2 epochs of about 80 packed
+2048-token batches each at an estimated 0.3-0.6 s a step, plus each epoch's validation and checkpoint: 60-150
+s in all), then `inv accept`: two vLLM engine starts with the 8B target and a draft (60-120 s each) and
+64 prompts x 128 tokens per draft (seconds of decoding): 200-300 s. ACCEPT_RESERVE_S (300) is held back.
+
+**Will the draft learn?** The target is random weights (gpu_tools.build_model) and the data pseudo-words, so
+the text has no structure a draft could use; but speculators 0.9 trains the draft against the target's own
+next-token distribution (the stored last layer's states through the verifier's lm_head, which the draft
+shares), given the target's states of layers 2, 16 and 29. In a random pre-norm Llama the residual stream is
+the sum of every layer's output, so layer 29's states hold most of layer 32's, and the target's next token
+is a deterministic function of the states the draft sees: learnable without structure in the text. The
+untrained draft (random fc and decoder layer) picks tokens unrelated to the target's: near 0 at position 0.
+What is not known before the run: how fast 2 epochs over 128 rows at speculators' default learning rate
+get there, and whether the target's greedy generation (its own tokens, which may lie outside the 8 170
+tokens the data uses) stays where the draft was trained. The results say it with numbers either way.
+
+Environment: TRAINRUN_FRESH=1 (start trainrun over, forgetting an earlier call's), DRAFT (accept's draft
+instead of trainrun's), N_TRAIN (128 here), TRAIN_EPOCHS (2), CHECKPOINT_MINUTES (0.5), TOTAL_SEQ_LEN (2048),
+MORE_STEPS (3), ACCEPT_PROMPTS (64), ACCEPT_TOKENS (128), ACCEPT_RESERVE_S (300). The results' keys:
+`trainrun` and `accept`; issue36_summary.py makes the committed file of them.
+"""
+import glob
+import itertools
+import json
+import os
+import re
+import signal
+import time
+
+import harness
+import train_step
+
+N_TRAIN = int(os.environ.get("N_TRAIN", "128"))
+TRAIN_EPOCHS = int(os.environ.get("TRAIN_EPOCHS", "2"))
+CHECKPOINT_MINUTES = os.environ.get("CHECKPOINT_MINUTES", "0.5")
+TOTAL_SEQ_LEN = os.environ.get("TOTAL_SEQ_LEN", "2048")
+MORE_STEPS = int(os.environ.get("MORE_STEPS", "3"))
+ACCEPT_PROMPTS = int(os.environ.get("ACCEPT_PROMPTS", "64"))
+ACCEPT_TOKENS = int(os.environ.get("ACCEPT_TOKENS", "128"))
+ACCEPT_RESERVE_S = int(os.environ.get("ACCEPT_RESERVE_S", "300"))
+#: Seconds between two `inv status` (each is a process of its own, about a second).
+POLL_S = 3.0
+#: A wait ends with this much of the budget left (harness.budget_left already keeps device.sh's margin).
+END_MARGIN_S = 6
+#: speculators' trainer on resuming (speculators/train/trainer.py, 0.9.0).
+RESUMING = re.compile(r"Resuming mid-epoch from epoch=(\d+) local_step=(\d+) global_step=(\d+)")
+RESUMING_EPOCH = re.compile(r"Resuming training on epoch (\d+)")
+TOTAL_LOSS = re.compile(r"\btrain/loss=([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf))")
+KEY = "trainrun"
+
+
+# -- the run, as `inv status` says it -------------------------------------------------------------------
+
+def run_of(found, run_id):
+    """The run object in what `inv status --run ID --json` printed ({"runs": [...]}, a list, or the run)."""
+    if isinstance(found, dict) and isinstance(found.get("runs"), list):
+        found = found["runs"]
+    if isinstance(found, list):
+        return next((item for item in found if isinstance(item, dict) and item.get("run_id") == run_id),
+                    found[0] if found and isinstance(found[0], dict) else {})
+    return found if isinstance(found, dict) else {}
+
+
+def step_of(point):
+    """global_step of a checkpoint or resume point ({"global_step": G, ...}), else None."""
+    return point.get("global_step") if isinstance(point, dict) else None
+
+
+class Watch:
+    """`inv status` of one run, each answer kept short in `timeline` ([t, state, attempts, global_step, loss,
+    last checkpoint's global_step, resumed_from's global_step, driver_pid]); `last` is the whole run object."""
+
+    def __init__(self, entry, run_id):
+        self.entry, self.run_id, self.last, self.log_tail = entry, run_id, {}, ""
+        entry.setdefault("timeline", [])
+
+    def poll(self):
+        done = harness.inv("status", "--host", "local", "--run", self.run_id, "--json", timeout=120)
+        found = done["json"] or {}
+        self.log_tail = (found.get("log_tail") or "") if isinstance(found, dict) else ""
+        self.last = run_of(found, self.run_id) or self.last
+        training = self.training()
+        self.entry["timeline"].append([round(time.time() - harness.T0, 1), self.last.get("state"),
+                                       len(self.last.get("attempts") or []), training.get("global_step"),
+                                       training.get("loss"), step_of(training.get("last_checkpoint")),
+                                       step_of(training.get("resumed_from")), self.last.get("driver_pid")])
+        return self.last
+
+    def training(self):
+        return self.last.get("training") or {}
+
+    def until(self, holds, timeout, reserve=0):
+        """Poll until `holds(run)`; False at `timeout` or with less than `reserve` + END_MARGIN_S of the budget."""
+        deadline = time.time() + timeout
+        while True:
+            run = self.poll()
+            if holds(run):
+                harness.save()
+                return True
+            left = harness.budget_left()
+            if time.time() > deadline or (left is not None and left < reserve + END_MARGIN_S + POLL_S):
+                harness.save()
+                return False
+            time.sleep(POLL_S)
+
+
+def snapshot(run):
+    training = run.get("training") or {}
+    return {"state": run.get("state"), "attempts": len(run.get("attempts") or []),
+            "global_step": training.get("global_step"), "epoch": training.get("epoch"),
+            "step": training.get("step"), "loss": training.get("loss"),
+            "last_checkpoint": training.get("last_checkpoint"), "resumed_from": training.get("resumed_from"),
+            "driver_pid": run.get("driver_pid"), "at_s": round(time.time() - harness.T0, 1)}
+
+
+def log_text(run_path):
+    """Everything the run's logs say (driver.log and any other *.log of the run directory), oldest first."""
+    text = []
+    for path in sorted(glob.glob(os.path.join(run_path or "", "*.log")), key=os.path.getmtime):
+        try:
+            with open(path, errors="replace") as handle:
+                text.append(handle.read())
+        except OSError:
+            continue
+    return "\n".join(text)
+
+
+def resumes_in_log(run_path):
+    """Each resume the trainer logged, in order: {"epoch", "local_step", "global_step"} (mid-epoch) or
+    {"epoch", "next_epoch": True}."""
+    text = log_text(run_path)
+    found = [(m.start(), {"epoch": int(m[1]), "local_step": int(m[2]), "global_step": int(m[3])})
+             for m in RESUMING.finditer(text)]
+    found += [(m.start(), {"epoch": int(m[1]), "next_epoch": True}) for m in RESUMING_EPOCH.finditer(text)]
+    return [point for _, point in sorted(found, key=lambda pair: pair[0])]
+
+
+def process(pid):
+    """The command line of a process and its children's, from /proc (what was killed)."""
+    table = harness.proc_table()
+    if pid not in table:
+        return None
+    return {"pid": pid, "cmd": table[pid][3][:300],
+            "children": [{"pid": child, "cmd": row[3][:200]} for child, row in table.items() if row[0] == pid]}
+
+
+# -- trainrun ---------------------------------------------------------------------------------------------
+
+def first_rows(rows):
+    """A file of the data's first `rows` rows: what the extraction reads (the rest is the accept's)."""
+    path = os.path.join(harness.SG, "data", "train-first-%d.jsonl" % rows)
+    with open(harness.DATA) as source:
+        lines = list(itertools.islice(source, rows))
+    with open(path, "w") as out:
+        out.writelines(lines)
+    return path
+
+
+def phase_trainrun(spec="trainrun", later=()):
+    """The phase (resumable: each step done is in results["trainrun"]); `later`: the call's phases after it."""
+    if os.environ.get("TRAINRUN_FRESH") == "1":
+        harness.results.pop(KEY, None)
+    entry = harness.results.setdefault(KEY, {"n_train": N_TRAIN, "epochs": TRAIN_EPOCHS,
+                                             "checkpoint_minutes": CHECKPOINT_MINUTES,
+                                             "total_seq_len": TOTAL_SEQ_LEN, "more_steps": MORE_STEPS})
+    entry.setdefault("calls", []).append({"started_s": round(time.time() - harness.T0, 1), "later": list(later)})
+    reserve = ACCEPT_RESERVE_S if any(p.startswith("accept") for p in later) else 0
+    harness.record(KEY, entry)
+    if entry.get("done"):
+        harness.log("trainrun: done in an earlier call (%s)" % entry.get("finished"))
+        return
+    if (entry.get("extraction") or {}).get("state") != "succeeded":
+        if not train_step._short_extraction(harness, entry, rows=N_TRAIN, key=KEY, name="issue36",
+                                            data=first_rows(N_TRAIN)):
+            return
+    run_id = entry["extraction"]["run_id"]
+    if (entry.get("verify") or {}).get("exit") != 0:
+        verify = harness.inv("verify-dataset", "--host", "local", "--run", run_id, "--json", timeout=600)
+        found = verify["json"] or {}
+        entry["verify"] = dict({key: verify[key] for key in ("argv", "exit", "seconds", "stderr_tail")},
+                               **{key: found.get(key) for key in ("trainable", "counts", "bad", "problems",
+                                                                  "refusals", "trainer", "command")})
+        harness.record(KEY, entry)
+        harness.log("verify-dataset: exit %d, %s" % (verify["exit"], json.dumps(found.get("counts"))))
+        if verify["exit"] != 0:
+            return
+    if not (entry.get("launch") or {}).get("run_id"):
+        launched = harness.inv("train", "--host", "local", "--run", run_id, "--detach", "--json",
+                               "--epochs", str(TRAIN_EPOCHS), "--total-seq-len", TOTAL_SEQ_LEN,
+                               "--checkpoint-minutes", CHECKPOINT_MINUTES, timeout=600)
+        info = launched["json"] or {}
+        entry["launch"] = {"argv": launched["argv"], "exit": launched["exit"], "seconds": launched["seconds"],
+                           "stderr_tail": launched["stderr_tail"], "json": info, "run_id": info.get("run_id"),
+                           "path": info.get("path"), "save_path": (info.get("train") or {}).get("save_path"),
+                           "at_s": round(time.time() - harness.T0, 1)}
+        harness.record(KEY, entry)
+        harness.log("inv train: exit %d, %s" % (launched["exit"], json.dumps(info)[:600]))
+        if not info.get("launched") or not info.get("run_id"):
+            return
+    watch = Watch(entry, entry["launch"]["run_id"])
+    if not kill_and_restart(entry, watch, reserve) or not stop_and_resume(entry, watch, reserve):
+        return
+    finish(entry, watch, reserve)
+
+
+def driver_pid(run):
+    """The trainer's pid as `inv status` names it (driver_pid; tolerant of a nested driver record)."""
+    pid = run.get("driver_pid") or (run.get("driver") or {}).get("pid")
+    return int(pid) if pid else None
+
+
+def resume_point(run, path, seen):
+    """Where the newest trainer resumed from: the status's training.resumed_from, else the log's resume line
+    beyond the first `seen` ones; None before it logged one."""
+    logged = resumes_in_log(path)
+    point = (run.get("training") or {}).get("resumed_from")
+    if len(logged) <= seen:
+        return None
+    # The trainer's own line first (the status's may still be an earlier attempt's); an end-of-epoch
+    # resume's line has no step: the status's then.
+    return logged[-1] if "global_step" in logged[-1] else (point or logged[-1])
+
+
+def kill_and_restart(entry, watch, reserve):
+    """The trainer killed once it has a checkpoint and MORE_STEPS steps after it; the restart's resume point."""
+    path = entry["launch"]["path"]
+    if not entry.get("kill"):
+        def checkpointed_and_on(run):
+            training = run.get("training") or {}
+            point = step_of(training.get("last_checkpoint"))
+            return (point is not None and (training.get("global_step") or 0) >= point + MORE_STEPS
+                    and driver_pid(run) and run.get("state") == "running")
+
+        if not watch.until(lambda run: checkpointed_and_on(run) or run.get("state") in harness.FINAL, 900, reserve):
+            entry["cut"] = "waiting for a checkpoint before the kill"
+            return False
+        before = snapshot(watch.last)
+        if watch.last.get("state") in harness.FINAL:
+            entry["kill"] = {"done": False, "why": "the run ended (%s) before a checkpoint and %d steps after it"
+                             % (watch.last.get("state"), MORE_STEPS), "before": before}
+            harness.record(KEY, entry)
+            return True
+        pid = driver_pid(watch.last)
+        killed = process(pid)
+        before["resumes_logged"] = len(resumes_in_log(path))
+        try:
+            os.kill(pid, signal.SIGKILL)
+            entry["kill"] = {"done": True, "signal": "SIGKILL", "pid": pid, "process": killed, "before": before,
+                             "at_epoch": time.time(), "at_s": round(time.time() - harness.T0, 1)}
+        except ProcessLookupError:
+            entry["kill"] = {"done": False, "why": "driver_pid %d was gone" % pid, "before": before}
+        harness.record(KEY, entry)
+        harness.log("kill -9 of the trainer %s at global step %s, last checkpoint %s" % (
+            pid, before["global_step"], json.dumps(before["last_checkpoint"])))
+    kill = entry["kill"]
+    if kill.get("done") and not kill.get("restart"):
+        attempts, seen = kill["before"]["attempts"], kill["before"].get("resumes_logged", 0)
+
+        def restarted_and_on(run):
+            point = resume_point(run, path, seen)
+            return (len(run.get("attempts") or []) > attempts and point is not None
+                    and ((run.get("training") or {}).get("global_step") or 0) >= (step_of(point) or 0) + MORE_STEPS
+                    ) or run.get("state") in harness.FINAL
+
+        reached = watch.until(restarted_and_on, 600, reserve)
+        if not reached:
+            entry["cut"] = "waiting for the restarted trainer"
+            harness.record(KEY, entry)
+            return False
+        listed = watch.last.get("attempts") or []
+        kill["restart"] = dict(snapshot(watch.last), resumed_from=resume_point(watch.last, path, seen),
+                               seconds_after_kill=round(time.time() - kill["at_epoch"], 1),
+                               killed_attempt=listed[attempts - 1] if len(listed) >= attempts else None,
+                               logged_resumes=resumes_in_log(path))
+        harness.record(KEY, entry)
+        harness.log("after the kill: %s" % json.dumps(kill["restart"])[:800])
+    return True
+
+
+def stop_and_resume(entry, watch, reserve):
+    """`inv stop` (the trainer saves a checkpoint on SIGTERM), then `inv resume --detach`."""
+    run_id, path = entry["launch"]["run_id"], entry["launch"]["path"]
+    if not entry.get("stop"):
+        watch.poll()
+        before = snapshot(watch.last)
+        if before["state"] in harness.FINAL:
+            entry["stop"] = {"done": False, "why": "the run had ended (%s)" % before["state"], "before": before}
+        else:
+            stopped = harness.inv("stop", "--host", "local", "--run", run_id, "--json", timeout=300)
+            watch.poll()
+            entry["stop"] = {"done": True, "before": before, "argv": stopped["argv"], "exit": stopped["exit"],
+                             "seconds": stopped["seconds"], "json": stopped["json"],
+                             "stderr_tail": stopped["stderr_tail"], "after": snapshot(watch.last),
+                             "checkpoints_on_disk": checkpoints(entry["launch"].get("save_path"))}
+        harness.record(KEY, entry)
+        harness.log("stop: %s" % json.dumps(entry["stop"])[:800])
+    if entry["stop"].get("done") and not entry.get("resume"):
+        resumed = harness.inv("resume", "--host", "local", "--run", run_id, "--detach", "--json", timeout=300)
+        entry["resume"] = {"argv": resumed["argv"], "exit": resumed["exit"], "seconds": resumed["seconds"],
+                           "json": resumed["json"], "stderr_tail": resumed["stderr_tail"],
+                           "attempts_before": len(watch.last.get("attempts") or []),
+                           "resumes_logged": len(resumes_in_log(path)), "at_s": round(time.time() - harness.T0, 1)}
+        harness.record(KEY, entry)
+        harness.log("resume: exit %d, %s" % (resumed["exit"], json.dumps(resumed["json"])[:400]))
+    return True
+
+
+def checkpoints(save_path):
+    """The checkpoint directories under the save path with their training_state.json (what a resume reads)."""
+    if not save_path or not os.path.isdir(save_path):
+        return None
+    return {name: harness.read_json(os.path.join(save_path, name, "training_state.json"))
+            for name in sorted(os.listdir(save_path)) if os.path.isdir(os.path.join(save_path, name))}
+
+
+def finish(entry, watch, reserve):
+    """Waited to the run's end (or, with the accept after it and too little left, stopped for it)."""
+    resume, path = entry.get("resume") or {}, entry["launch"]["path"]
+
+    def note_resume(run):
+        if resume and "after" not in resume and len(run.get("attempts") or []) > resume["attempts_before"]:
+            point = resume_point(run, path, resume["resumes_logged"])
+            if point is not None:
+                resume["after"] = dict(snapshot(run), resumed_from=point)
+        return run.get("state") in harness.FINAL
+
+    ended = watch.until(note_resume, 3600, reserve)
+    run = watch.last
+    if not ended:
+        if not reserve:
+            entry["cut"] = "waiting for the resumed trainer's end"
+            harness.record(KEY, entry)
+            return
+        stopped = harness.inv("stop", "--host", "local", "--run", entry["launch"]["run_id"], "--json", timeout=300)
+        entry["stopped_for_accept"] = {"exit": stopped["exit"], "seconds": stopped["seconds"],
+                                       "before": snapshot(run)}
+        run = watch.poll()
+    entry.pop("cut", None)
+    text = log_text(run.get("path") or path)
+    losses = [train_step._number(value) for value in TOTAL_LOSS.findall(text)]
+    entry.update(done=True, finished=run.get("state") == "succeeded", final=snapshot(run),
+                 attempts=run.get("attempts"), exit=run.get("exit"), logged_resumes=resumes_in_log(path),
+                 losses={"count": len(losses), "first": losses[:5], "last": losses[-5:]},
+                 checkpoints_on_disk=checkpoints(entry["launch"].get("save_path")),
+                 draft=draft_dir(entry["launch"].get("save_path"), run))
+    harness.keep_run_files("issue36-train", path)
+    entry["passed"] = passed(entry)
+    harness.record(KEY, entry)
+    harness.log("trainrun: %s, draft %s, losses %s -> %s; passed %s" % (
+        run.get("state"), entry["draft"].get("path"), losses[:1], losses[-1:], entry["passed"]))
+
+
+def draft_dir(save_path, run):
+    """The trained draft: the last epoch's directory, else checkpoint_best, else the newest with weights."""
+    save_path = save_path or ((run.get("training") or {}).get("save_path"))
+    if not save_path or not os.path.isdir(save_path):
+        return {"path": None, "save_path": save_path, "why": "no save path"}
+    epochs = sorted((int(name) for name in os.listdir(save_path) if name.isdigit()
+                     and os.path.exists(os.path.join(save_path, name, "model.safetensors"))), reverse=True)
+    best = os.path.join(save_path, "checkpoint_best")
+    best_target = os.path.realpath(best) if os.path.exists(best) else None
+    if epochs:
+        chosen, how = os.path.join(save_path, str(epochs[0])), "the last epoch's directory"
+    elif best_target:
+        chosen, how = best, "checkpoint_best"
+    else:
+        found = sorted(glob.glob(os.path.join(save_path, "*", "model.safetensors")), key=os.path.getmtime)
+        chosen, how = (os.path.dirname(found[-1]), "the newest directory with weights") if found else (None, "none")
+    state = harness.read_json(os.path.join(chosen, "training_state.json")) if chosen else None
+    return {"path": chosen, "how": how, "save_path": save_path, "checkpoint_best": best_target,
+            "training_state": state, "entries": sorted(os.listdir(save_path))}
+
+
+def passed(entry):
+    """Finished; killed with a checkpoint before it; the restart resumed at or after that checkpoint; stopped
+    and resumed at or after the last checkpoint before the stop; a draft to measure."""
+    kill, stop, resume = entry.get("kill") or {}, entry.get("stop") or {}, entry.get("resume") or {}
+    before = step_of((kill.get("before") or {}).get("last_checkpoint"))
+    after = step_of((kill.get("restart") or {}).get("resumed_from"))
+    before_stop = step_of((stop.get("before") or {}).get("last_checkpoint"))
+    resumed = step_of((resume.get("after") or {}).get("resumed_from"))
+    return bool(entry.get("finished") and kill.get("done") and before is not None and after is not None
+                and after >= before and stop.get("done") and stop.get("exit") == 0 and resume.get("exit") == 0
+                and resumed is not None and before_stop is not None and resumed >= before_stop
+                and (entry.get("draft") or {}).get("path"))
+
+
+# -- accept ---------------------------------------------------------------------------------------------
+
+def phase_accept(spec="accept"):
+    train = harness.results.get(KEY) or {}
+    draft = os.environ.get("DRAFT") or (train.get("draft") or {}).get("path")
+    first_row = train.get("n_train") or N_TRAIN  # the rows after those the draft was trained on
+    entry = {"draft": draft, "prompts": harness.DATA, "first_row": first_row, "num_prompts": ACCEPT_PROMPTS,
+             "max_tokens": ACCEPT_TOKENS, "train_finished": train.get("finished"),
+             "shifted_control": "not run: a fourth trainer start and a third engine start do not fit the calls"}
+    harness.record("accept", entry)
+    if not draft:
+        entry["error"] = "no trained draft (trainrun: %s)" % (train.get("cut") or "not done")
+        harness.record("accept", entry)
+        return
+    harness.wait_idle(timeout=60)
+    left = harness.budget_left()
+    done = harness.inv("accept", "--host", "local", "--draft", draft, "--untrained", "auto", "--prompts",
+                       harness.DATA, "--first-row", str(first_row), "--num-prompts", str(ACCEPT_PROMPTS),
+                       "--max-tokens", str(ACCEPT_TOKENS), "--json",
+                       timeout=int(max(60, (left or 1200) - END_MARGIN_S)))
+    entry.update(argv=done["argv"], exit=done["exit"], seconds=done["seconds"], stderr_tail=done["stderr_tail"],
+                 json=done["json"])
+    harness.record("accept", entry)
+    found = done["json"] or {}
+    if not found.get("drafts") and found.get("path"):  # a run of kind accept: its end holds the result
+        harness.wait_run(found["path"], lambda beat, status: harness.run_state(found["path"]) in harness.FINAL,
+                         timeout=max(30, (harness.budget_left() or 600) - END_MARGIN_S))
+        status = harness.inv("status", "--host", "local", "--run", found.get("run_id") or "", "--json", timeout=120)
+        entry["run"] = run_of(status["json"], found.get("run_id"))
+        harness.keep_run_files("issue36-accept", found["path"])
+        harness.record("accept", entry)
+    harness.log("accept: exit %d in %.0f s: %s" % (done["exit"], done["seconds"], json.dumps(found)[:1500]))
