@@ -29,7 +29,7 @@ so (`finished` false), so that the acceptance is still measured.
 **The budget** (estimates from the H200's earlier calls, docs/gpu.md; the device may be an H100):
 call 1: prep 10-20 s (the model built in stage.sh's background; 21 s if not), the extraction about 175-200 s
 (the 64-row one took 175 s, nearly all vLLM's start; prefill of 128 rows is seconds), verify-dataset (no
---full) about 15 s, the first trainer start to its first checkpoint about 60-90 s + 0.5 min, the kill and the
+--full) about 15 s, the first trainer start to its first checkpoint about 60-90 s + 0.4 min, the kill and the
 supervisor's restart (back-off) with its start 70-100 s, stop about 10 s, resume's start 60-90 s: about
 450-520 s, so the resumed trainer's last steps usually run past call 1's end (the trainer's 4-step call took
 105.7 s, start-up nearly all of it). call 2: what is left of the training (2 epochs of about 80 packed
@@ -49,7 +49,7 @@ get there, and whether the target's greedy generation (its own tokens, which may
 tokens the data uses) stays where the draft was trained. The results say it with numbers either way.
 
 Environment: TRAINRUN_FRESH=1 (start trainrun over, forgetting an earlier call's), DRAFT (accept's draft
-instead of trainrun's), N_TRAIN (128 here), TRAIN_EPOCHS (2), CHECKPOINT_MINUTES (0.5), TOTAL_SEQ_LEN (2048),
+instead of trainrun's), N_TRAIN (128 here), TRAIN_EPOCHS (2), CHECKPOINT_MINUTES (0.4), TOTAL_SEQ_LEN (2048),
 MORE_STEPS (1), ACCEPT_PROMPTS (64), ACCEPT_TOKENS (128), ACCEPT_RESERVE_S (300). The results' keys:
 `trainrun` and `accept`; issue36_summary.py makes the committed file of them.
 """
@@ -66,7 +66,7 @@ import train_step
 
 N_TRAIN = int(os.environ.get("N_TRAIN", "128"))
 TRAIN_EPOCHS = int(os.environ.get("TRAIN_EPOCHS", "2"))
-CHECKPOINT_MINUTES = os.environ.get("CHECKPOINT_MINUTES", "0.5")
+CHECKPOINT_MINUTES = os.environ.get("CHECKPOINT_MINUTES", "0.4")
 TOTAL_SEQ_LEN = os.environ.get("TOTAL_SEQ_LEN", "2048")
 MORE_STEPS = int(os.environ.get("MORE_STEPS", "1"))
 ACCEPT_PROMPTS = int(os.environ.get("ACCEPT_PROMPTS", "64"))
@@ -148,9 +148,9 @@ def snapshot(run):
 
 
 def log_text(run_path):
-    """Everything the run's logs say (driver.log and any other *.log of the run directory), oldest first."""
+    """Everything the run's logs say (driver.log and any other *.log* of the run directory), oldest first."""
     text = []
-    for path in sorted(glob.glob(os.path.join(run_path or "", "*.log")), key=os.path.getmtime):
+    for path in sorted(glob.glob(os.path.join(run_path or "", "*.log*")), key=os.path.getmtime):
         try:
             with open(path, errors="replace") as handle:
                 text.append(handle.read())
@@ -170,12 +170,29 @@ def resumes_in_log(run_path):
 
 
 def process(pid):
-    """The command line of a process and its children's, from /proc (what was killed)."""
+    """The command line of a process and its descendants', from /proc (what was killed)."""
     table = harness.proc_table()
     if pid not in table:
         return None
-    return {"pid": pid, "cmd": table[pid][3][:300],
-            "children": [{"pid": child, "cmd": row[3][:200]} for child, row in table.items() if row[0] == pid]}
+    below, front = [], [pid]
+    while front:
+        parent = front.pop()
+        children = [child for child, row in table.items() if row[0] == parent]
+        below += [{"pid": child, "cmd": table[child][3][:200]} for child in children]
+        front += children
+    return {"pid": pid, "comm": table[pid][2], "cmd": table[pid][3][:300], "descendants": below}
+
+
+#: A driver_pid that is one of these is a wrapper: the trainer is the python below it.
+WRAPPERS = ("bash", "sh", "env", "timeout", "setsid", "nohup")
+
+
+def trainer_pid(pid, found):
+    """The process to kill: `pid` itself, unless it is a shell or env wrapper with the trainer below it."""
+    if not found or found["comm"] not in WRAPPERS:
+        return pid, "driver_pid"
+    trainers = [row["pid"] for row in found["descendants"] if "speculators" in row["cmd"] or "python" in row["cmd"]]
+    return (trainers[0], "the trainer below driver_pid's %s" % found["comm"]) if trainers else (pid, "driver_pid")
 
 
 # -- trainrun ---------------------------------------------------------------------------------------------
@@ -243,27 +260,33 @@ def driver_pid(run):
     return int(pid) if pid else None
 
 
-def resume_point(run, path, seen):
-    """Where the newest trainer resumed from: the status's training.resumed_from, else the log's resume line
-    beyond the first `seen` ones; None before it logged one."""
+def resume_point(run, path, seen, stale=None, save_path=None):
+    """Where the newest trainer resumed from, once it said so: its log's resume line beyond the first `seen`
+    ones (an end-of-epoch resume's line has no step: the status's point, else the step in the epoch before's
+    training_state.json), else the status's training.resumed_from when it is not `stale` (an earlier
+    attempt's); None before either."""
     logged = resumes_in_log(path)
     point = (run.get("training") or {}).get("resumed_from")
-    if len(logged) <= seen:
-        return None
-    # The trainer's own line first (the status's may still be an earlier attempt's); an end-of-epoch
-    # resume's line has no step: the status's then.
-    return logged[-1] if "global_step" in logged[-1] else (point or logged[-1])
+    if len(logged) > seen:
+        line = logged[-1]
+        if "global_step" in line:
+            return line
+        if step_of(point) is not None and point != stale:
+            return dict(point, logged=line)
+        state = harness.read_json(os.path.join(save_path or "", str(line["epoch"] - 1), "training_state.json"))
+        return dict(line, global_step=step_of(state), from_training_state=bool(state))
+    return point if point and point != stale else None
 
 
 def kill_and_restart(entry, watch, reserve):
     """The trainer killed once it has a checkpoint and MORE_STEPS steps after it; the restart's resume point."""
-    path = entry["launch"]["path"]
+    path, save_path = entry["launch"]["path"], entry["launch"].get("save_path")
     if not entry.get("kill"):
         def checkpointed_and_on(run):
             training = run.get("training") or {}
             point = step_of(training.get("last_checkpoint"))
             return (point is not None and (training.get("global_step") or 0) >= point + MORE_STEPS
-                    and driver_pid(run) and run.get("state") == "running")
+                    and driver_pid(run) and run.get("state") not in harness.FINAL)
 
         if not watch.until(lambda run: checkpointed_and_on(run) or run.get("state") in harness.FINAL, 900, reserve):
             entry["cut"] = "waiting for a checkpoint before the kill"
@@ -274,12 +297,13 @@ def kill_and_restart(entry, watch, reserve):
                              % (watch.last.get("state"), MORE_STEPS), "before": before}
             harness.record(KEY, entry)
             return True
-        pid = driver_pid(watch.last)
-        killed = process(pid)
+        killed = process(driver_pid(watch.last))
+        pid, which = trainer_pid(driver_pid(watch.last), killed)
         before["resumes_logged"] = len(resumes_in_log(path))
         try:
             os.kill(pid, signal.SIGKILL)
-            entry["kill"] = {"done": True, "signal": "SIGKILL", "pid": pid, "process": killed, "before": before,
+            entry["kill"] = {"done": True, "signal": "SIGKILL", "pid": pid, "which": which, "process": killed,
+                             "before": before,
                              "at_epoch": time.time(), "at_s": round(time.time() - harness.T0, 1)}
         except ProcessLookupError:
             entry["kill"] = {"done": False, "why": "driver_pid %d was gone" % pid, "before": before}
@@ -291,7 +315,7 @@ def kill_and_restart(entry, watch, reserve):
         attempts, seen = kill["before"]["attempts"], kill["before"].get("resumes_logged", 0)
 
         def restarted_and_on(run):
-            point = resume_point(run, path, seen)
+            point = resume_point(run, path, seen, save_path=save_path)
             return (len(run.get("attempts") or []) > attempts and point is not None
                     and ((run.get("training") or {}).get("global_step") or 0) >= (step_of(point) or 0) + MORE_STEPS
                     ) or run.get("state") in harness.FINAL
@@ -302,7 +326,9 @@ def kill_and_restart(entry, watch, reserve):
             harness.record(KEY, entry)
             return False
         listed = watch.last.get("attempts") or []
-        kill["restart"] = dict(snapshot(watch.last), resumed_from=resume_point(watch.last, path, seen),
+        kill["restart"] = dict(snapshot(watch.last), resumed_from=resume_point(watch.last, path, seen,
+                                                                                 save_path=save_path),
+                               status_resumed_from=(watch.last.get("training") or {}).get("resumed_from"),
                                seconds_after_kill=round(time.time() - kill["at_epoch"], 1),
                                killed_attempt=listed[attempts - 1] if len(listed) >= attempts else None,
                                logged_resumes=resumes_in_log(path))
@@ -351,10 +377,12 @@ def checkpoints(save_path):
 def finish(entry, watch, reserve):
     """Waited to the run's end (or, with the accept after it and too little left, stopped for it)."""
     resume, path = entry.get("resume") or {}, entry["launch"]["path"]
+    stale = ((entry.get("kill") or {}).get("restart") or {}).get("status_resumed_from")
 
     def note_resume(run):
         if resume and "after" not in resume and len(run.get("attempts") or []) > resume["attempts_before"]:
-            point = resume_point(run, path, resume["resumes_logged"])
+            point = resume_point(run, path, resume["resumes_logged"], stale=stale,
+                                 save_path=entry["launch"].get("save_path"))
             if point is not None:
                 resume["after"] = dict(snapshot(run), resumed_from=point)
         return run.get("state") in harness.FINAL

@@ -12,6 +12,8 @@ checks: the pipeline is what the committed file will come from.
 import copy
 import importlib
 import json
+import os
+import signal
 import subprocess
 import sys
 
@@ -232,3 +234,39 @@ def test_a_resume_before_the_checkpoint_fails_its_check(device):
     raw["trainrun"]["kill"]["restart"]["resumed_from"] = {"epoch": 0, "local_step": 0, "global_step": before - 2}
     summary = issue36_summary.build(raw, device_minutes=1.0, date="2026-12-06")
     assert summary["checks"]["restart_resumed_at_or_after_the_checkpoint"] is False and not summary["passed"]
+
+
+def test_a_wrapper_as_driver_pid_has_the_trainer_below_it_killed(device):
+    wrapper = subprocess.Popen(["bash", "-c", "python3 -c 'import time; time.sleep(120)'; true"])
+    found = None
+    try:
+        phase = device.train_accept_phase
+        for _ in range(100):  # until bash has started its child
+            found = phase.process(wrapper.pid)
+            if found and found["descendants"]:
+                break
+            __import__("time").sleep(0.05)
+        pid, which = phase.trainer_pid(wrapper.pid, found)
+        assert pid != wrapper.pid and which == "the trainer below driver_pid's bash"
+        assert "python3" in next(row["cmd"] for row in found["descendants"] if row["pid"] == pid)
+    finally:
+        for row in (found or {}).get("descendants") or []:  # the python this test's bash started
+            try:
+                os.kill(row["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        wrapper.kill()
+        wrapper.wait()
+
+
+def test_an_end_of_epoch_resume_takes_its_step_from_the_epoch_befores_training_state(device, tmp_path):
+    phase = device.train_accept_phase
+    run, save = tmp_path / "run", tmp_path / "save"
+    (save / "0").mkdir(parents=True)
+    run.mkdir()
+    (save / "0" / "training_state.json").write_text(json.dumps({"epoch": 0, "local_step": 0, "global_step": 80}))
+    (run / "driver.log").write_text("Resuming training on epoch 1.\n")
+    assert phase.resume_point({"training": {}}, str(run), 0, save_path=str(save))["global_step"] == 80
+    assert phase.resume_point({"training": {}}, str(run), 1, save_path=str(save)) is None
+    stale = {"epoch": 0, "local_step": 6, "global_step": 6}
+    assert phase.resume_point({"training": {"resumed_from": stale}}, str(run), 1, stale=stale) is None
