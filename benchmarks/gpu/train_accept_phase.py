@@ -18,40 +18,35 @@ draft against an untrained one, on the 8B shape (vLLM 0.26, speculators 0.9). Tw
                directory with weights. A draft trained on token-shifted states (the control) is not run: a
                fourth trainer start and a third engine start do not fit the two calls; the results say so.
 
-The calls: `device.sh prep trainrun` (BUDGET_S=570), then `device.sh trainrun accept` (BUDGET_S=570).
-`trainrun` is resumable: every step it has done is in the results ($SG/results.json, which the next call
-reads back), so in the second call it picks up where the first stopped (a wait cut by the budget, most
-likely the resumed trainer's last epoch: the trainer runs in its own session and goes on between the calls)
-and returns at once when all is done. With `accept` after it in the same call, its waits leave
-ACCEPT_RESERVE_S for it; a trainer still running then is stopped (`inv stop`, its checkpoint saved) and said
-so (`finished` false), so that the acceptance is still measured.
+The calls: `device.sh prep trainrun`, then `device.sh trainrun accept` (BUDGET_S=570 each). `trainrun` is
+resumable: each step done is in $SG/results.json, which the next call reads back, so the second call picks up
+where the first stopped (most likely waiting for the resumed trainer's last epoch: the trainer runs in its own
+session and goes on between the calls). With `accept` after it, its waits leave ACCEPT_RESERVE_S; a trainer
+still running then is stopped (`inv stop`, its checkpoint saved) and said so (`finished` false).
 
-**The budget** (estimates from the H200's earlier calls, docs/gpu.md; the device may be an H100):
-call 1: prep 10-20 s (the model built in stage.sh's background; 21 s if not), the extraction about 175-200 s
-(the 64-row one took 175 s, nearly all vLLM's start; prefill of 128 rows is seconds), verify-dataset (no
---full) about 15 s, the first trainer start to its first checkpoint about 60-90 s + 0.4 min, the kill and the
-supervisor's restart (back-off) with its start 70-100 s, stop about 10 s, resume's start 60-90 s: about
-450-520 s, so the resumed trainer's last steps usually run past call 1's end (the trainer's 4-step call took
-105.7 s, start-up nearly all of it). call 2: what is left of the training (2 epochs of about 80 packed
-2048-token batches each at an estimated 0.3-0.6 s a step, plus each epoch's validation and checkpoint: 60-150
-s in all), then `inv accept`: two vLLM engine starts with the 8B target and a draft (60-120 s each) and
-64 prompts x 128 tokens per draft (seconds of decoding): 200-300 s. ACCEPT_RESERVE_S (300) is held back.
+**The budget** (estimates from the H200's calls, docs/gpu.md; the card may be an H100). Call 1: prep 10-20 s
+(the model built in stage.sh's background), the extraction 175-200 s (the 64-row one took 175 s, nearly all
+vLLM's start), verify-dataset (no --full) 15 s, the first trainer start (the 4-step call took 105.7 s, nearly
+all start-up) to a checkpoint 60-90 s + 0.4 min, the kill, the supervisor's back-off and restart 70-100 s,
+stop 10 s, resume's start 60-90 s: 450-520 s, so the resumed trainer's end usually falls in call 2. Call 2:
+the rest of the training (2 epochs of about 80 packed 2048-token batches at an estimated 0.3-0.6 s a step,
+each epoch's validation and checkpoint: 60-150 s in all), then `inv accept`: two vLLM engine starts of the 8B
+target with a draft (60-120 s each) and 64 prompts x 128 tokens per draft (seconds): 200-300 s.
 
-**Will the draft learn?** The target is random weights (gpu_tools.build_model) and the data pseudo-words, so
-the text has no structure a draft could use; but speculators 0.9 trains the draft against the target's own
-next-token distribution (the stored last layer's states through the verifier's lm_head, which the draft
-shares), given the target's states of layers 2, 16 and 29. In a random pre-norm Llama the residual stream is
-the sum of every layer's output, so layer 29's states hold most of layer 32's, and the target's next token
-is a deterministic function of the states the draft sees: learnable without structure in the text. The
-untrained draft (random fc and decoder layer) picks tokens unrelated to the target's: near 0 at position 0.
-What is not known before the run: how fast 2 epochs over 128 rows at speculators' default learning rate
-get there, and whether the target's greedy generation (its own tokens, which may lie outside the 8 170
-tokens the data uses) stays where the draft was trained. The results say it with numbers either way.
+**Will the draft learn?** The target has random weights (gpu_tools.build_model) and the data is pseudo-words:
+the text has no structure to learn. But the draft is trained against the target's own next-token
+distribution (the stored last layer's states give the targets: verify-dataset refuses files whose last slot
+is not the last layer), given the target's states of layers 2, 16 and 29. In a random pre-norm Llama the
+residual stream sums every layer's output, so layer 29's states carry much of layer 32's, and the target's
+next token is a deterministic function of what the draft sees: learnable without structure in the text.
+The untrained draft (random fc and decoder layer) picks tokens unrelated to the target's: near 0 at position
+0. Not known before the run: how far 2 epochs over 128 rows at speculators' default learning rate get, and
+whether the target's greedy generation (its own tokens, possibly outside the 8 170 the data uses) stays where
+the draft was trained. The results say it with numbers either way.
 
-Environment: TRAINRUN_FRESH=1 (start trainrun over, forgetting an earlier call's), DRAFT (accept's draft
-instead of trainrun's), N_TRAIN (128 here), TRAIN_EPOCHS (2), CHECKPOINT_MINUTES (0.4), TOTAL_SEQ_LEN (2048),
-MORE_STEPS (1), ACCEPT_PROMPTS (64), ACCEPT_TOKENS (128), ACCEPT_RESERVE_S (300). The results' keys:
-`trainrun` and `accept`; issue36_summary.py makes the committed file of them.
+Environment: TRAINRUN_FRESH=1 (start trainrun over), DRAFT (accept's draft instead of trainrun's), N_TRAIN
+(128 here), TRAIN_EPOCHS (2), CHECKPOINT_MINUTES (0.4), TOTAL_SEQ_LEN (2048), MORE_STEPS (1), ACCEPT_PROMPTS
+(64), ACCEPT_TOKENS (128), ACCEPT_RESERVE_S (300). Results: `trainrun`, `accept` (issue36_summary.py).
 """
 import glob
 import itertools
@@ -105,23 +100,18 @@ class Watch:
     last checkpoint's global_step, resumed_from's global_step, driver_pid]); `last` is the whole run object."""
 
     def __init__(self, entry, run_id):
-        self.entry, self.run_id, self.last, self.log_tail = entry, run_id, {}, ""
+        self.entry, self.run_id, self.last = entry, run_id, {}
         entry.setdefault("timeline", [])
 
     def poll(self):
         done = harness.inv("status", "--host", "local", "--run", self.run_id, "--json", timeout=120)
-        found = done["json"] or {}
-        self.log_tail = (found.get("log_tail") or "") if isinstance(found, dict) else ""
-        self.last = run_of(found, self.run_id) or self.last
-        training = self.training()
-        self.entry["timeline"].append([round(time.time() - harness.T0, 1), self.last.get("state"),
-                                       len(self.last.get("attempts") or []), training.get("global_step"),
-                                       training.get("loss"), step_of(training.get("last_checkpoint")),
-                                       step_of(training.get("resumed_from")), self.last.get("driver_pid")])
+        self.last = run_of(done["json"] or {}, self.run_id) or self.last
+        training = self.last.get("training") or {}
+        step, point = progress(self.last)
+        self.entry["timeline"].append([now(), self.last.get("state"), len(self.last.get("attempts") or []), step,
+                                       training.get("loss"), step_of(point), step_of(training.get("resumed_from")),
+                                       driver_pid(self.last)])
         return self.last
-
-    def training(self):
-        return self.last.get("training") or {}
 
     def until(self, holds, timeout, reserve=0):
         """Poll until `holds(run)`; False at `timeout` or with less than `reserve` + END_MARGIN_S of the budget."""
@@ -138,13 +128,45 @@ class Watch:
             time.sleep(POLL_S)
 
 
+def now():
+    """Epoch seconds: the results span calls, each with its own harness.T0."""
+    return round(time.time(), 1)
+
+
+#: The train run's directory and save path, once launched: where progress() looks when the status is silent.
+CONTEXT = {"path": None, "save_path": None}
+GLOBAL_STEP = re.compile(r"\bglobal_step=(\d+)")
+
+
+def disk_checkpoint(save_path):
+    """The newest checkpoint on disk: its directory's training_state.json with the most global steps."""
+    found = [dict(state, path=name) for name, state in (checkpoints(save_path) or {}).items()
+             if isinstance(state, dict) and step_of(state) is not None]
+    return max(found, key=step_of) if found else None
+
+
+def progress(run):
+    """(global step, last checkpoint) of the trainer: the status's training, else the log's last
+    `global_step=` and the newest training_state.json under the save path."""
+    training = run.get("training") or {}
+    step, point = training.get("global_step"), training.get("last_checkpoint")
+    if step is None:
+        steps = GLOBAL_STEP.findall(log_text(CONTEXT["path"])) if CONTEXT["path"] else []
+        step = int(steps[-1]) if steps else None
+    if point is None and CONTEXT["save_path"]:
+        point = disk_checkpoint(CONTEXT["save_path"])
+        point = dict(point, source="training_state.json") if point else None
+    return step, point
+
+
 def snapshot(run):
     training = run.get("training") or {}
+    step, point = progress(run)
     return {"state": run.get("state"), "attempts": len(run.get("attempts") or []),
-            "global_step": training.get("global_step"), "epoch": training.get("epoch"),
+            "global_step": step, "epoch": training.get("epoch"),
             "step": training.get("step"), "loss": training.get("loss"),
-            "last_checkpoint": training.get("last_checkpoint"), "resumed_from": training.get("resumed_from"),
-            "driver_pid": run.get("driver_pid"), "at_s": round(time.time() - harness.T0, 1)}
+            "last_checkpoint": point, "resumed_from": training.get("resumed_from"),
+            "driver_pid": driver_pid(run), "at": now()}
 
 
 def log_text(run_path):
@@ -200,10 +222,8 @@ def trainer_pid(pid, found):
 def first_rows(rows):
     """A file of the data's first `rows` rows: what the extraction reads (the rest is the accept's)."""
     path = os.path.join(harness.SG, "data", "train-first-%d.jsonl" % rows)
-    with open(harness.DATA) as source:
-        lines = list(itertools.islice(source, rows))
-    with open(path, "w") as out:
-        out.writelines(lines)
+    with open(harness.DATA) as source, open(path, "w") as out:
+        out.writelines(itertools.islice(source, rows))
     return path
 
 
@@ -214,7 +234,7 @@ def phase_trainrun(spec="trainrun", later=()):
     entry = harness.results.setdefault(KEY, {"n_train": N_TRAIN, "epochs": TRAIN_EPOCHS,
                                              "checkpoint_minutes": CHECKPOINT_MINUTES,
                                              "total_seq_len": TOTAL_SEQ_LEN, "more_steps": MORE_STEPS})
-    entry.setdefault("calls", []).append({"started_s": round(time.time() - harness.T0, 1), "later": list(later)})
+    entry.setdefault("calls", []).append({"started_at": now(), "later": list(later)})
     reserve = ACCEPT_RESERVE_S if any(p.startswith("accept") for p in later) else 0
     harness.record(KEY, entry)
     if entry.get("done"):
@@ -243,11 +263,12 @@ def phase_trainrun(spec="trainrun", later=()):
         entry["launch"] = {"argv": launched["argv"], "exit": launched["exit"], "seconds": launched["seconds"],
                            "stderr_tail": launched["stderr_tail"], "json": info, "run_id": info.get("run_id"),
                            "path": info.get("path"), "save_path": (info.get("train") or {}).get("save_path"),
-                           "at_s": round(time.time() - harness.T0, 1)}
+                           "at": now()}
         harness.record(KEY, entry)
         harness.log("inv train: exit %d, %s" % (launched["exit"], json.dumps(info)[:600]))
         if not info.get("launched") or not info.get("run_id"):
             return
+    CONTEXT.update(path=entry["launch"]["path"], save_path=entry["launch"].get("save_path"))
     watch = Watch(entry, entry["launch"]["run_id"])
     if not kill_and_restart(entry, watch, reserve) or not stop_and_resume(entry, watch, reserve):
         return
@@ -283,9 +304,8 @@ def kill_and_restart(entry, watch, reserve):
     path, save_path = entry["launch"]["path"], entry["launch"].get("save_path")
     if not entry.get("kill"):
         def checkpointed_and_on(run):
-            training = run.get("training") or {}
-            point = step_of(training.get("last_checkpoint"))
-            return (point is not None and (training.get("global_step") or 0) >= point + MORE_STEPS
+            step, point = progress(run)
+            return (step_of(point) is not None and (step or 0) >= step_of(point) + MORE_STEPS
                     and driver_pid(run) and run.get("state") not in harness.FINAL)
 
         if not watch.until(lambda run: checkpointed_and_on(run) or run.get("state") in harness.FINAL, 900, reserve):
@@ -304,7 +324,7 @@ def kill_and_restart(entry, watch, reserve):
             os.kill(pid, signal.SIGKILL)
             entry["kill"] = {"done": True, "signal": "SIGKILL", "pid": pid, "which": which, "process": killed,
                              "before": before,
-                             "at_epoch": time.time(), "at_s": round(time.time() - harness.T0, 1)}
+                             "at_epoch": time.time(), "at": now()}
         except ProcessLookupError:
             entry["kill"] = {"done": False, "why": "driver_pid %d was gone" % pid, "before": before}
         harness.record(KEY, entry)
@@ -317,7 +337,7 @@ def kill_and_restart(entry, watch, reserve):
         def restarted_and_on(run):
             point = resume_point(run, path, seen, save_path=save_path)
             return (len(run.get("attempts") or []) > attempts and point is not None
-                    and ((run.get("training") or {}).get("global_step") or 0) >= (step_of(point) or 0) + MORE_STEPS
+                    and (progress(run)[0] or 0) >= (step_of(point) or 0) + MORE_STEPS
                     ) or run.get("state") in harness.FINAL
 
         reached = watch.until(restarted_and_on, 600, reserve)
@@ -360,7 +380,7 @@ def stop_and_resume(entry, watch, reserve):
         entry["resume"] = {"argv": resumed["argv"], "exit": resumed["exit"], "seconds": resumed["seconds"],
                            "json": resumed["json"], "stderr_tail": resumed["stderr_tail"],
                            "attempts_before": len(watch.last.get("attempts") or []),
-                           "resumes_logged": seen, "at_s": round(time.time() - harness.T0, 1)}
+                           "resumes_logged": seen, "at": now()}
         harness.record(KEY, entry)
         harness.log("resume: exit %d, %s" % (resumed["exit"], json.dumps(resumed["json"])[:400]))
     return True
@@ -422,13 +442,10 @@ def draft_dir(save_path, run):
                      and os.path.exists(os.path.join(save_path, name, "model.safetensors"))), reverse=True)
     best = os.path.join(save_path, "checkpoint_best")
     best_target = os.path.realpath(best) if os.path.exists(best) else None
-    if epochs:
-        chosen, how = os.path.join(save_path, str(epochs[0])), "the last epoch's directory"
-    elif best_target:
-        chosen, how = best, "checkpoint_best"
-    else:
-        found = sorted(glob.glob(os.path.join(save_path, "*", "model.safetensors")), key=os.path.getmtime)
-        chosen, how = (os.path.dirname(found[-1]), "the newest directory with weights") if found else (None, "none")
+    found = sorted(glob.glob(os.path.join(save_path, "*", "model.safetensors")), key=os.path.getmtime)
+    chosen, how = ((os.path.join(save_path, str(epochs[0])), "the last epoch's directory") if epochs else
+                   (best, "checkpoint_best") if best_target else
+                   (os.path.dirname(found[-1]), "the newest directory with weights") if found else (None, "none"))
     state = harness.read_json(os.path.join(chosen, "training_state.json")) if chosen else None
     return {"path": chosen, "how": how, "save_path": save_path, "checkpoint_best": best_target,
             "training_state": state, "entries": sorted(os.listdir(save_path))}
@@ -457,10 +474,9 @@ def phase_accept(spec="accept"):
     entry = {"draft": draft, "prompts": harness.DATA, "first_row": first_row, "num_prompts": ACCEPT_PROMPTS,
              "max_tokens": ACCEPT_TOKENS, "train_finished": train.get("finished"),
              "shifted_control": "not run: a fourth trainer start and a third engine start do not fit the calls"}
+    entry["error"] = None if draft else "no trained draft (trainrun: %s)" % (train.get("cut") or "not done")
     harness.record("accept", entry)
     if not draft:
-        entry["error"] = "no trained draft (trainrun: %s)" % (train.get("cut") or "not done")
-        harness.record("accept", entry)
         return
     harness.wait_idle(timeout=60)
     left = harness.budget_left()
