@@ -204,6 +204,20 @@ def proc_table():
     return table
 
 
+def process_tree(pid):
+    """A process's command line and its descendants' (what a kill hits), from /proc; None when it is gone."""
+    table = proc_table()
+    if pid not in table:
+        return None
+    below, front = [], [pid]
+    while front:
+        parent = front.pop()
+        children = [child for child, row in table.items() if row[0] == parent]
+        below += [{"pid": child, "cmd": table[child][3][:200]} for child in children]
+        front += children
+    return {"pid": pid, "comm": table[pid][2], "cmd": table[pid][3][:300], "descendants": below}
+
+
 def engine_cores(session=None):
     """The EngineCore processes (vLLM sets their title to VLLM::EngineCore), of one session if given."""
     return sorted(pid for pid, (ppid, sid, comm, cmd) in proc_table().items()

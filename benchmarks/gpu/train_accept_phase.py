@@ -191,18 +191,14 @@ def resumes_in_log(run_path):
     return [point for _, point in sorted(found, key=lambda pair: pair[0])]
 
 
-def process(pid):
-    """The command line of a process and its descendants', from /proc (what was killed)."""
-    table = harness.proc_table()
-    if pid not in table:
-        return None
-    below, front = [], [pid]
-    while front:
-        parent = front.pop()
-        children = [child for child, row in table.items() if row[0] == parent]
-        below += [{"pid": child, "cmd": table[child][3][:200]} for child in children]
-        front += children
-    return {"pid": pid, "comm": table[pid][2], "cmd": table[pid][3][:300], "descendants": below}
+def stepped_since(run, path, seen, point):
+    """Whether the trainer that logged resume line `seen` + 1 has taken MORE_STEPS steps: its log's loss lines
+    after that line (the status's global step may still be the killed trainer's), else the status's step."""
+    text = log_text(path)
+    lines = sorted([m.start() for m in RESUMING.finditer(text)] + [m.start() for m in RESUMING_EPOCH.finditer(text)])
+    if TOTAL_LOSS.search(text) and len(lines) > seen:
+        return len(TOTAL_LOSS.findall(text[lines[seen]:])) >= MORE_STEPS
+    return (progress(run)[0] or 0) >= (step_of(point) or 0) + MORE_STEPS
 
 
 #: A driver_pid that is one of these is a wrapper: the trainer is the python below it.
@@ -317,7 +313,7 @@ def kill_and_restart(entry, watch, reserve):
                              % (watch.last.get("state"), MORE_STEPS), "before": before}
             harness.record(KEY, entry)
             return True
-        killed = process(driver_pid(watch.last))
+        killed = harness.process_tree(driver_pid(watch.last))
         pid, which = trainer_pid(driver_pid(watch.last), killed)
         before["resumes_logged"] = len(resumes_in_log(path))
         try:
@@ -333,12 +329,12 @@ def kill_and_restart(entry, watch, reserve):
     kill = entry["kill"]
     if kill.get("done") and not kill.get("restart"):
         attempts, seen = kill["before"]["attempts"], kill["before"].get("resumes_logged", 0)
+        stale = kill["before"].get("resumed_from")  # the killed trainer's own (None after a fresh start)
 
         def restarted_and_on(run):
-            point = resume_point(run, path, seen, save_path=save_path)
+            point = resume_point(run, path, seen, stale=stale, save_path=save_path)
             return (len(run.get("attempts") or []) > attempts and point is not None
-                    and (progress(run)[0] or 0) >= (step_of(point) or 0) + MORE_STEPS
-                    ) or run.get("state") in harness.FINAL
+                    and stepped_since(run, path, seen, point)) or run.get("state") in harness.FINAL
 
         reached = watch.until(restarted_and_on, 600, reserve)
         if not reached:
@@ -346,8 +342,8 @@ def kill_and_restart(entry, watch, reserve):
             harness.record(KEY, entry)
             return False
         listed = watch.last.get("attempts") or []
-        kill["restart"] = dict(snapshot(watch.last), resumed_from=resume_point(watch.last, path, seen,
-                                                                                 save_path=save_path),
+        kill["restart"] = dict(snapshot(watch.last), resumed_from=resume_point(watch.last, path, seen, stale,
+                                                                                 save_path),
                                status_resumed_from=(watch.last.get("training") or {}).get("resumed_from"),
                                seconds_after_kill=round(time.time() - kill["at_epoch"], 1),
                                killed_attempt=listed[attempts - 1] if len(listed) >= attempts else None,

@@ -242,7 +242,7 @@ def test_a_wrapper_as_driver_pid_has_the_trainer_below_it_killed(device):
     try:
         phase = device.train_accept_phase
         for _ in range(100):  # until bash has started its child
-            found = phase.process(wrapper.pid)
+            found = device.harness.process_tree(wrapper.pid)
             if found and found["descendants"]:
                 break
             __import__("time").sleep(0.05)
