@@ -12,7 +12,7 @@ above the untrained one's by more than the verdict's margin (MARGIN when the ver
 
 The accept's JSON is read defensively (`inv accept` was written beside this): its drafts under "drafts" (or
 "result"/"acceptance" holding them), each draft's per-position rates under "per_position" (or
-"acceptance_per_position"); the whole JSON is kept in the raw file.
+"acceptance_per_position", "per_position_acceptance"); the whole JSON is kept in the raw file.
 """
 import argparse
 import datetime
@@ -50,7 +50,8 @@ def drafts_of(found):
 
 def draft_figures(draft):
     draft = draft or {}
-    rates = draft.get("per_position") or draft.get("acceptance_per_position") or []
+    rates = next((draft[key] for key in ("per_position", "acceptance_per_position", "per_position_acceptance",
+                                         "position_acceptance") if isinstance(draft.get(key), list)), [])
     figures = {key: draft.get(key) for key in DRAFT_KEYS}
     figures["per_position"] = rates
     figures["position0"] = rates[0] if rates else None
@@ -93,8 +94,7 @@ def acceptance(raw):
 def training(raw):
     entry = raw.get("trainrun") or {}
     launch, kill, stop, resume = (entry.get(key) or {} for key in ("launch", "kill", "stop", "resume"))
-    restart = kill.get("restart") or {}
-    final = entry.get("final") or {}
+    restart, final, timeline = kill.get("restart") or {}, entry.get("final") or {}, entry.get("timeline") or []
     return {
         "ran": bool(launch.get("run_id")), "run_id": launch.get("run_id"), "argv": launch.get("argv"),
         "plan": ((launch.get("json") or {}).get("train") or {}),
@@ -120,6 +120,8 @@ def training(raw):
         "logged_resumes": entry.get("logged_resumes"), "attempts": entry.get("attempts"),
         "state": final.get("state"), "finished": entry.get("finished"), "global_step_final": final.get("global_step"),
         "stopped_for_accept": entry.get("stopped_for_accept"), "losses": entry.get("losses"),
+        "status_loss_first_last": [next((row[4] for row in timeline if row[4] is not None), None),
+                                   next((row[4] for row in reversed(timeline) if row[4] is not None), None)],
         "draft": entry.get("draft"), "passed": entry.get("passed"), "cut": entry.get("cut"),
         "timeline": entry.get("timeline"),
     }

@@ -196,6 +196,8 @@ def test_the_phases_results_pass_the_same_checks(device):
     assert kill["global_step_at_kill"] > issue36_summary.step_of(kill["checkpoint_before"])
     assert issue36_summary.step_of(kill["resumed_from"]) == issue36_summary.step_of(kill["checkpoint_before"])
     assert summary["training"]["losses"]["first"][0] > summary["training"]["losses"]["last"][-1]
+    first, last = summary["training"]["status_loss_first_last"]
+    assert first > last
     assert summary["acceptance"]["position0"]["z"] > 3
     assert "| trained | 0.42 |" in issue36_summary.markdown(summary)
     assert issue36_summary.gpu_name({"gpu": "NVIDIA H100 80GB HBM3, 81559 MiB, 580"}) == "h100"
