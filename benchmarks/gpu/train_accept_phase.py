@@ -396,7 +396,7 @@ def finish(entry, watch, reserve):
     stale = ((entry.get("kill") or {}).get("restart") or {}).get("status_resumed_from")
 
     def note_resume(run):
-        if resume and "after" not in resume and len(run.get("attempts") or []) > resume["attempts_before"]:
+        if resume and "after" not in resume:  # its own resume line, or a resume point not the restart's
             point = resume_point(run, path, resume["resumes_logged"], stale=stale,
                                  save_path=entry["launch"].get("save_path"))
             if point is not None:
