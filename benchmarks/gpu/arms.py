@@ -367,7 +367,10 @@ PHASE_MIN_S = {"arm:bare": 95, "arm:hand": 120, "arm:specrig": 130, "states": 45
                "fault": 200,
                # issue 29's (estimates before its first run: the build on the CPU took 24 s; a smoke 190 s)
                "kimi:build": 20, "kimi:drift": 30, "kimi:extract": 150, "kimi:forward": 90, "kimi:states": 40,
-               "kimi:smoke": 190}
+               "kimi:smoke": 190,
+               # issue 36 (train_accept_phase.py): trainrun picks up where an earlier call stopped (a poll or
+               # two when done); accept starts vLLM twice, the 8B target with each draft (60-120 s each)
+               "trainrun": 30, "accept": 200}
 
 
 def expand(phases, env):

@@ -34,6 +34,10 @@ cut short still brings back what it did):
     smoke           inv smoke on a DeepSeek-V3-shaped config (MLA, MoE), shrunk, dummy weights
     train[:DIR]     issue 28: inv verify-dataset --full of an output (DIR, or a short extraction of N_TRAIN rows),
                     then a few steps of the training command it printed (train_step.py)
+    trainrun        issue 36: a short extraction of N_TRAIN rows, inv verify-dataset, inv train --detach; kill -9
+                    of the trainer after a checkpoint, the supervisor's restart and the step it resumed from;
+                    inv stop, inv resume, waited to the end (train_accept_phase.py; resumable across calls)
+    accept          issue 36: inv accept of trainrun's draft against an untrained one on held-out prompts
     warm[:bare]     the extraction server (and with :bare the bare one) started to its /health and stopped:
                     the first start's costs paid in the last staging call, not in the measurement's
 
@@ -52,8 +56,8 @@ and FAULT_WATCH_S (120: fault_phase.py).
 
 This file dispatches; each phase is a module of its own (prep_phase.py: prep, clean; extract_phase.py: extract,
 stop, smoke; arm_phase.py over arm_runs.py and arm_inputs.py: arm; states_phase.py; warm_phase.py;
-fault_phase.py; train_step.py; kimi_phase.py), all standing on harness.py (the settings, the results, the
-tools) and arms.py (the arms' plain data).
+fault_phase.py; train_step.py; kimi_phase.py; train_accept_phase.py: trainrun, accept), all standing on
+harness.py (the settings, the results, the tools) and arms.py (the arms' plain data).
 """
 import os
 import signal
@@ -69,6 +73,7 @@ import harness
 import kimi_phase
 import prep_phase
 import states_phase
+import train_accept_phase
 import train_step
 import warm_phase
 
@@ -117,6 +122,10 @@ def main(phases):
                 states_phase.phase_states(phase)
             elif phase.startswith("warm"):
                 warm_phase.phase_warm(phase)
+            elif phase == "trainrun":  # before "train": issue 36's kill and resume of `inv train`
+                train_accept_phase.phase_trainrun(phase, later=phases[index + 1:])
+            elif phase == "accept":
+                train_accept_phase.phase_accept(phase)
             elif phase.startswith("train"):
                 train_step.phase_train(phase, harness=harness)
             elif phase.startswith("fault"):  # issue 35's fault cells

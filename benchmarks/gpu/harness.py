@@ -118,10 +118,10 @@ def inv(*args, timeout=600):
             "stderr_tail": err[-2000:] if rc else None}
 
 
-def extract_args(out, n, concurrency=None, port=None, settings=None):
-    """`inv extract` on --host local; `settings`: more of its options as a spec writes them, {"writer_threads":
-    "16", "render_server": "1", ...} (a flag of the task's as inv takes it: arms.inv_options)."""
-    args = ["extract", "--host", "local", "--model", MODEL, "--data", DATA, "--out", out,
+def extract_args(out, n, concurrency=None, port=None, settings=None, data=None):
+    """`inv extract` on --host local (of `data`, default DATA); `settings`: more of its options as a spec writes
+    them, {"writer_threads": "16", "render_server": "1", ...} (a flag of the task's as inv takes it: arms.inv_options)."""
+    args = ["extract", "--host", "local", "--model", MODEL, "--data", data or DATA, "--out", out,
             "--max-len", "2048", "--max-samples", str(n), "--port", str(port or PORT), "--json"]
     if concurrency:
         args += ["--concurrency", str(concurrency)]
@@ -202,6 +202,20 @@ def proc_table():
         fields = stat[stat.rindex(")") + 2:].split()
         table[int(entry)] = (int(fields[1]), int(fields[3]), comm, cmd)
     return table
+
+
+def process_tree(pid):
+    """A process's command line and its descendants' (what a kill hits), from /proc; None when it is gone."""
+    table = proc_table()
+    if pid not in table:
+        return None
+    below, front = [], [pid]
+    while front:
+        parent = front.pop()
+        children = [child for child, row in table.items() if row[0] == parent]
+        below += [{"pid": child, "cmd": table[child][3][:200]} for child in children]
+        front += children
+    return {"pid": pid, "comm": table[pid][2], "cmd": table[pid][3][:300], "descendants": below}
 
 
 def engine_cores(session=None):

@@ -76,24 +76,28 @@ def phase_train(spec, *, harness):
         entry["passed"]))
 
 
-def _short_extraction(harness, entry):
-    out = os.path.join(harness.SG, "out", "train")
+def _short_extraction(harness, entry, rows=None, key="train", name="train", data=None):
+    """`inv extract --host local` of `rows` (N_TRAIN) rows of `data` (the call's DATA) into $SG/out/`name`,
+    waited for to its end, recorded in `entry["extraction"]` under the results' `key`: the run's id when it
+    succeeded, else None (train_accept_phase.py shares it)."""
+    rows = rows or N_TRAIN
+    out = os.path.join(harness.SG, "out", name)
     subprocess.run(["rm", "-rf", out], check=False)
-    launched = harness.inv(*harness.extract_args(out, N_TRAIN), timeout=600)
+    launched = harness.inv(*harness.extract_args(out, rows, data=data), timeout=600)
     info = launched["json"] or {}
     entry["extraction"] = {"argv": launched["argv"], "exit": launched["exit"], "seconds": launched["seconds"],
-                           "run_id": info.get("run_id"), "rows": N_TRAIN}
-    harness.record("train", entry)
+                           "run_id": info.get("run_id"), "rows": rows, "data": data or harness.DATA}
+    harness.record(key, entry)
     if not info.get("launched"):
         harness.log("extract did not launch: %s" % json.dumps(launched)[:3000])
         return None
     started = time.time()
     harness.wait_run(info["path"], lambda beat, status: harness.run_state(info["path"]) in harness.FINAL, timeout=600)
-    harness.keep_run_files("train", info["path"])  # its logs come back with the extras, whatever its end
+    harness.keep_run_files(name, info["path"])  # its logs come back with the extras, whatever its end
     ended = _read_json(os.path.join(info["path"], "exit.json"))
     entry["extraction"].update(state=ended.get("state"), wait_s=round(time.time() - started, 1),
                                dataset_at_run_end=ended.get("dataset"))
-    harness.record("train", entry)
+    harness.record(key, entry)
     harness.log("extraction %s: %s; its end says %s" % (info["run_id"], ended.get("state"), ended.get("dataset")))
     return info["run_id"] if ended.get("state") == "succeeded" else None
 

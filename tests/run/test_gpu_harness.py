@@ -182,7 +182,7 @@ def test_the_issue26_preset_is_one_call_whose_environment_the_caller_overrides()
 
 #: The modules that read harness.py's settings at import (its own, and those above it).
 HARNESS_MODULES = ("harness", "arm_inputs", "arm_runs", "arm_phase", "warm_phase", "states_phase", "prep_phase",
-                   "extract_phase", "device_run")
+                   "extract_phase", "train_accept_phase", "device_run")
 
 
 @pytest.fixture
