@@ -140,6 +140,8 @@ def measure(run_dir, name):
     plan = read_plan(run_dir)
     draft = plan["draft"] if name == "trained" else plan["untrained"]["path"]
     beat(run_dir, phase=PHASE_LOADING, draft=name)
+    # The prompts first: a bad row ends the measurement before an engine is loaded for nothing.
+    conversed = conversations(plan["prompts"], plan["first_row"], plan["num_prompts"])
     import vllm
     from vllm import LLM, SamplingParams
 
@@ -148,8 +150,7 @@ def measure(run_dir, name):
               seed=0, speculative_config={"method": "eagle3", "model": draft,
                                           "num_speculative_tokens": plan["k"]})
     tokenizer = llm.get_tokenizer()
-    prompts = [as_text(tokenizer, messages)
-               for messages in conversations(plan["prompts"], plan["first_row"], plan["num_prompts"])]
+    prompts = [as_text(tokenizer, messages) for messages in conversed]
     greedy = SamplingParams(temperature=0.0, max_tokens=plan["max_tokens"])
     generated = 0
     for start in range(0, len(prompts), PROMPTS_PER_CALL):
