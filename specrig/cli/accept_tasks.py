@@ -22,7 +22,7 @@ HELP = {
     "first_row": "the first row of --prompts to use",
     "num_prompts": "prompts to generate from (default 64)",
     "max_tokens": "tokens to generate per prompt, greedy (default 128)",
-    "k": "speculative tokens per step (default 3)",
+    "k": "speculative tokens per step, -k N (default 3)",
     "tp": "tensor parallel size of the target (default 1)",
     "detach": "return once launched instead of following the run to its report",
     "json": "print JSON for scripts instead of tables (a launch returns at once)",
@@ -49,7 +49,7 @@ def accept(c, host, draft=None, run=None, untrained="auto", model=None, prompts=
         "first_row": whole_number(first_row, option="--first-row", default=None),
         "num_prompts": whole_number(num_prompts, option="--num-prompts", default=None),
         "max_tokens": whole_number(max_tokens, option="--max-tokens", default=None),
-        "k": whole_number(k, option="--k", default=None), "tp": whole_number(tp, option="--tp", default=None)})
+        "k": whole_number(k, option="-k", default=None), "tp": whole_number(tp, option="--tp", default=None)})
     seen = {"run_id": run, "step": None}
 
     def follow(status: dict) -> None:

@@ -19,24 +19,31 @@ from specrig.transport import connect
 DEFAULTS = {"num_prompts": 64, "max_tokens": 128, "k": 3, "tp": 1}
 
 
+def flag(name: str) -> str:
+    """The task's flag of an option: Invoke gives a one-letter name its short flag alone (-k)."""
+    return f"-{name}" if len(name) == 1 else f"--{name.replace('_', '-')}"
+
+
 def check_sizes(sizes: dict) -> dict:
-    """The whole-number options, at least 1 (first_row at least 0), before any host is reached."""
+    """The whole-number options, at least 1 (first_row at least 0), before any host is reached; the defaults
+    filled in."""
     for name, value in sizes.items():
-        if value is not None and value < (0 if name == "first_row" else 1):
-            minimum = 0 if name == "first_row" else 1
-            raise UsageError(f"--{name.replace('_', '-')} {value!r}: give a whole number, at least {minimum}")
+        minimum = 0 if name == "first_row" else 1
+        if value is not None and value < minimum:
+            raise UsageError(f"{flag(name)} {value!r}: give a whole number, at least {minimum}")
     return {name: DEFAULTS[name] if value is None and name in DEFAULTS else value for name, value in sizes.items()}
 
 
 def launch(host: Host, given: dict, *, on_update: Callable[[dict], None] | None = None) -> dict:
-    """The measurement launched on the host: {"launched": the host's launch result, "run_id"}; with on_update,
-    followed on the same connection to its end, each status handed to on_update, and its report added."""
+    """The measurement launched on the host: the host's launch result ({"run_id", "path", "supervisor_pid",
+    "slurm", "kind", "accept": the plan}); with on_update, followed on the same connection to its end, each
+    status handed to on_update: its report, the launch result as "launched"."""
     args = {"workdir": host.workdir, "host": host.name, "env": host.env, "server_python": host.server_python,
             "slurm": slurm_settings(host), **given}
     with connect(host) as remote:
         launched = remote.call("accept.launch", args, timeout=RUN_TIMEOUT_S)
         if on_update is None:
-            return {"launched": launched, "run_id": launched["run_id"]}
+            return launched
         final = watch_run(remote, host, launched["run_id"], on_update)
     return {"launched": launched, **report_of(final)}
 

@@ -19,25 +19,27 @@ DROPPED_WITH_VALUE = ("--save-path", "--from-pretrained")
 DROPPED_FLAGS = ("--dry-run",)
 
 
-def read_config(draft):
-    """The draft's config.json; bad-argument unless it is an EAGLE-3 checkpoint vLLM can load."""
+def read_config(draft, option="--draft"):
+    """The draft's config.json; bad-argument (naming the `option` that gave it) unless it is an EAGLE-3
+    checkpoint vLLM can load."""
     path = os.path.join(draft, "config.json")
     try:
         with open(path) as handle:
             config = json.load(handle)
     except FileNotFoundError:
-        raise RemoteFailure("bad-argument", "--draft %r holds no config.json: name a checkpoint directory of "
-                            "`speculators train` (<save_path>/<epoch> or <save_path>/checkpoint_best)" % draft) from None
+        raise RemoteFailure("bad-argument", "%s %r holds no config.json: name a checkpoint directory of "
+                            "`speculators train` (<save_path>/<epoch> or <save_path>/checkpoint_best)"
+                            % (option, draft)) from None
     except (OSError, ValueError) as exc:
-        raise RemoteFailure("bad-argument", "--draft %r: config.json unreadable (%s); name a whole checkpoint"
-                            % (draft, exc)) from None
+        raise RemoteFailure("bad-argument", "%s %r: config.json unreadable (%s); name a whole checkpoint"
+                            % (option, draft, exc)) from None
     algorithm = (config.get("speculators_config") or {}).get("algorithm") or config.get("speculators_model_type")
     if algorithm != "eagle3":
-        raise RemoteFailure("bad-argument", "--draft %r is a %r checkpoint, not eagle3: name an EAGLE-3 draft of "
-                            "`speculators train`" % (draft, algorithm))
+        raise RemoteFailure("bad-argument", "%s %r is no EAGLE-3 draft (its config.json names algorithm %r): name "
+                            "a checkpoint of `speculators train`" % (option, draft, algorithm))
     if not any(name.endswith(".safetensors") for name in os.listdir(draft)):
-        raise RemoteFailure("bad-argument", "--draft %r holds no *.safetensors weights: name a whole checkpoint"
-                            % draft)
+        raise RemoteFailure("bad-argument", "%s %r holds no *.safetensors weights: name a whole checkpoint"
+                            % (option, draft))
     return config
 
 

@@ -103,7 +103,7 @@ def untrained_source(value, draft, config, train_args):
                                 % (draft, checkpoint.TRAIN_COMMAND))
         return {"source": "auto", "path": None}
     path = directory(value, "--untrained")
-    other = checkpoint.read_config(path)
+    other = checkpoint.read_config(path, "--untrained")
     if shape(other) != shape(config):
         raise RemoteFailure("bad-argument", "--untrained %r is not of the draft's shape (%r against %r): make it "
                                             "with the draft's training command and --dry-run, or pass "
