@@ -23,18 +23,10 @@ def show(result: dict, *, host: Host, as_json: bool) -> ExitStatus | None:
         console.print(f"{markup(host.name)}: acceptance run {markup(run_id)} launched. `inv accept --host "
                       f"{markup(host.name)} --run {markup(run_id)}` shows its report, `inv stop` ends it.")
         return None
-    plan = result.get("plan") or {}
-    if plan:
-        console.print(f"{markup(host.name)}: run {markup(result['run_id'])}, {result['state']}: target "
-                      f"{markup(str(plan['model']))}, {plan['num_prompts']} prompts from row {plan['first_row']} of "
-                      f"{markup(str(plan['prompts']))}, k={plan['k']}, greedy, at most {plan['max_tokens']} tokens",
-                      soft_wrap=True)
+    console.print(about(result, host))
     drafts = result.get("drafts") or {}
     if any(drafts.get(name) for name in DRAFTS):
         console.print(side_by_side(drafts))
-    for name in DRAFTS:
-        if drafts.get(name):
-            console.print(f"{name}: {markup(drafts[name]['path'])}", soft_wrap=True)
     failure = result.get("failure")
     if failure and result["state"] != "succeeded":
         console.print(f"[red]failed[/red]: {markup(failure.get('explain') or failure.get('kind') or '?')}")
@@ -49,6 +41,20 @@ def show(result: dict, *, host: Host, as_json: bool) -> ExitStatus | None:
     return None
 
 
+def about(result: dict, host: Host) -> Table:
+    """What was measured, a line each: the run, the target, the prompts, the drafts."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_row("run", f"{markup(host.name)}: {markup(result['run_id'])}, {markup(result['state'])}")
+    plan = result.get("plan")
+    if plan:
+        grid.add_row("target", markup(str(plan["model"])))
+        grid.add_row("prompts", f"{plan['num_prompts']} from row {plan['first_row']} of {markup(str(plan['prompts']))}"
+                                f"; greedy, at most {plan['max_tokens']} tokens, k={plan['k']}")
+        grid.add_row("trained", markup(str(plan["draft"])))
+        grid.add_row("untrained", markup(str(plan["untrained"])))
+    return grid
+
+
 def side_by_side(drafts: dict) -> Table:
     """position | trained | untrained: each position's acceptance rate, then the totals."""
     table = Table("", *DRAFTS, box=None, pad_edge=False)
@@ -56,7 +62,8 @@ def side_by_side(drafts: dict) -> Table:
     positions = max(len(found["acceptance_per_position"]) for found in shown if found)
     for position in range(positions):
         table.add_row(f"position {position}", *(rate_cell(found, position) for found in shown))
-    table.add_row("mean acceptance length", *(cell(found, "mean_acceptance_length") for found in shown))
+    table.add_row("mean acceptance length", *(f"{found['mean_acceptance_length'] or 1:.2f}" if found else "-"
+                                              for found in shown))
     table.add_row("position 0, 95% bounds", *(bounds_cell(found) for found in shown))
     for label, key in (("drafts", "drafts"), ("prompts", "prompts"), ("tokens generated", "generated_tokens")):
         table.add_row(label, *(cell(found, key) for found in shown))
