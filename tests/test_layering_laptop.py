@@ -25,6 +25,7 @@ LAYERS = (
     ("dataset", "drift", "slurm"),          # stages over a host's calls alone; Slurm's refusals and views
     ("patching",),                          # the patch stage: the drift left after a patch
     ("run",),                               # the run stage: patches in force, a dataset's verdict, Slurm jobs
+    ("train",),                             # from a dataset to a draft: the draft's acceptance, over runs
     ("cli",),                               # the tasks, the `specrig` program
     ("__main__",),                          # python -m specrig
 )
