@@ -184,7 +184,7 @@ def test_a_measurement_that_crashes_fails_classified(hosts, drafts):
     assert f"{prompts} row 0 is no JSON" in log
 
 
-def test_stop_ends_a_measurement(hosts, drafts):
+def test_stop_ends_a_measurement_and_resume_finishes_it(hosts, drafts):
     code, launched = accept_json(hosts, "--draft", str(drafts["random"]), "--untrained", "none", *SMALL)
     assert code == 0, launched
     run = RUNS / launched["run_id"]
@@ -197,3 +197,11 @@ def test_stop_ends_a_measurement(hosts, drafts):
     assert status["state"] == "stopped", status
     ended = json.loads(stopped.stdout)
     assert ended["state"] == "stopped" and not ended["left"], ended
+    resumed = inv("resume", "--host", HOST, "--run", launched["run_id"], "--detach", inventory=hosts / "hosts.yaml")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    code, report = accept_json(hosts, "--run", launched["run_id"])
+    # Measured, but with --untrained none there is nothing to judge against: not better.
+    assert report["state"] == "succeeded" and report["drafts"]["trained"]["prompts"] == 8, report
+    assert code == 1 and "not judged" in report["verdict"]["reason"]
+    logs = inv("logs", "--host", HOST, "--run", launched["run_id"], inventory=hosts / "hosts.yaml")
+    assert "the acceptance measurement finished" in logs.stdout
