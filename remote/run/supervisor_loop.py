@@ -349,7 +349,8 @@ class Supervisor:
         if failure["kind"] == DISK_LOW:
             self.workload.ran_low()
         previous, self.previous_failure = self.previous_failure, failure
-        repeated = (failure["retryable"] and previous is not None and not entry["samples_written"]
+        # A workload without samples (SAMPLE_FILE None: a training, an acceptance measurement) records none.
+        repeated = (failure["retryable"] and previous is not None and not entry.get("samples_written")
                     and previous["signature"] == failure["signature"])
         if repeated:
             failure.update(retryable=False, repeats_attempt=previous["attempt"])
