@@ -18,6 +18,7 @@ from base.contract import KIND_ACCEPT
 from base.failure import RemoteFailure
 from run import launching
 from run.acceptance import draft as checkpoint
+from run.acceptance.measure import MAKING
 
 #: The measurement's defaults (the laptop's `inv accept` fills them too).
 DEFAULTS = {"num_prompts": 64, "max_tokens": 128, "k": 3, "tp": 1}
@@ -117,11 +118,12 @@ def shape(config):
 
 
 def untrained_made(untrained, run, train_args):
-    """Where an "auto" untrained draft is made (the run's untrained/) and the command that makes it."""
+    """Where an "auto" untrained draft goes (the run's untrained/) and the command that makes it, in
+    untrained.making/ (measure.py renames it once whole)."""
     if untrained["source"] != "auto":
         return {"argv": None}
     path = run.file("untrained")
-    return {"path": path, "argv": checkpoint.untrained_argv(sys.executable, train_args, path)}
+    return {"path": path, "argv": checkpoint.untrained_argv(sys.executable, train_args, path + MAKING)}
 
 
 def count_rows(path, enough):

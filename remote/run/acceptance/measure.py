@@ -14,6 +14,7 @@ untrained-draft, loading, measuring (which draft, prompts done).
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -26,6 +27,8 @@ from base import atomic
 PHASE_UNTRAINED = "untrained-draft"
 PHASE_LOADING = "loading"
 PHASE_MEASURING = "measuring"
+#: The untrained draft is made in <path>.making and renamed whole: a restart never takes half a draft for one.
+MAKING = ".making"
 #: Prompts per generate() call: the heartbeat counts them between calls.
 PROMPTS_PER_CALL = 8
 #: vLLM's spec-decode counters (vllm/v1/spec_decode/metrics.py, the same names in vLLM 0.10 to 0.32).
@@ -52,13 +55,16 @@ def steps(run_dir):
     step's exit status."""
     plan = read_plan(run_dir)
     untrained = plan["untrained"]
-    if untrained["source"] == "auto" and not os.path.isfile(os.path.join(untrained["path"], "config.json")):
+    if untrained["source"] == "auto" and not os.path.isdir(untrained["path"]):
         beat(run_dir, phase=PHASE_UNTRAINED, draft="untrained")
+        making = untrained["path"] + MAKING
+        shutil.rmtree(making, ignore_errors=True)  # what an attempt ended mid-save left
         print("making the untrained draft: %s" % " ".join(untrained["argv"]), flush=True)
         status = subprocess.call(untrained["argv"], stdin=subprocess.DEVNULL)
         if status != 0:
             print("the untrained draft's `speculators train --dry-run` exited with %d" % status, flush=True)
             return status
+        os.rename(making, untrained["path"])
     drafts = ["trained"] + ([] if untrained["source"] == "none" else ["untrained"])
     for name in drafts:
         if os.path.isfile(os.path.join(plan["results"], name + ".json")):
