@@ -132,14 +132,26 @@ def test_status_shows_the_acceptance(hosts, crafted_run):
     assert "acceptance" in shown.stdout and "better: position 0" in shown.stdout
 
 
-def test_a_draft_that_learned_nothing_is_not_better(hosts, drafts, crafted_run):
-    """A random draft against another random one of the same shape (the crafted run's untrained twin)."""
+def test_a_draft_that_learned_nothing_is_not_better_stopped_and_resumed(hosts, drafts, crafted_run):
+    """A random draft against another random one of the same shape (the crafted run's untrained twin), stopped
+    once it started and resumed: it ends measured, and not better."""
     twin = crafted_run[2]["drafts"]["untrained"]["path"]
-    code, launched, report = launched_and_reported(hosts, "--draft", str(drafts["random"]), "--untrained", twin, *SMALL)
-    assert launched["accept"]["untrained"] == {"source": "dir", "path": twin, "argv": None}
+    code, launched = accept_json(hosts, "--draft", str(drafts["random"]), "--untrained", twin, *SMALL)
+    assert code == 0 and launched["accept"]["untrained"] == {"source": "dir", "path": twin, "argv": None}, launched
+    run_id, inventory = launched["run_id"], hosts / "hosts.yaml"
+    wait_for("the measurement to start", lambda: (RUNS / run_id / "heartbeat.json").exists(), timeout=120,
+             interval=0.5)
+    stopped = inv("stop", "--host", HOST, "--run", run_id, "--json", inventory=inventory, timeout=300)
+    ended = json.loads(stopped.stdout)
+    assert stopped.returncode == 0 and ended["state"] == "stopped" and not ended["left"], stopped.stdout
+    resumed = inv("resume", "--host", HOST, "--run", run_id, "--detach", inventory=inventory)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    code, report = accept_json(hosts, "--run", run_id)
     assert report["state"] == "succeeded", report
     assert code == 1 and report["verdict"]["better"] is False, report
     assert "not clearly better" in report["verdict"]["reason"]
+    assert "the acceptance measurement finished" in inv("logs", "--host", HOST, "--run", run_id,
+                                                        inventory=inventory).stdout
 
 
 def test_the_report_at_80_columns(hosts, crafted_run):
@@ -182,26 +194,3 @@ def test_a_measurement_that_crashes_fails_classified(hosts, drafts):
     assert report["failure"]["kind"] and report["drafts"]["trained"] is None
     log = (RUNS / launched["run_id"] / "driver.log").read_text()
     assert f"{prompts} row 0 is no JSON" in log
-
-
-def test_stop_ends_a_measurement_and_resume_finishes_it(hosts, drafts):
-    code, launched = accept_json(hosts, "--draft", str(drafts["random"]), "--untrained", "none", *SMALL)
-    assert code == 0, launched
-    run = RUNS / launched["run_id"]
-    wait_for("the measurement to start", lambda: (run / "heartbeat.json").exists(), timeout=120, interval=0.5)
-    stopped = inv("stop", "--host", HOST, "--run", launched["run_id"], "--json", inventory=hosts / "hosts.yaml",
-                  timeout=300)
-    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
-    status = json.loads(inv("status", "--host", HOST, "--run", launched["run_id"], "--json",
-                            inventory=hosts / "hosts.yaml").stdout)["runs"][0]
-    assert status["state"] == "stopped", status
-    ended = json.loads(stopped.stdout)
-    assert ended["state"] == "stopped" and not ended["left"], ended
-    resumed = inv("resume", "--host", HOST, "--run", launched["run_id"], "--detach", inventory=hosts / "hosts.yaml")
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    code, report = accept_json(hosts, "--run", launched["run_id"])
-    # Measured, but with --untrained none there is nothing to judge against: not better.
-    assert report["state"] == "succeeded" and report["drafts"]["trained"]["prompts"] == 8, report
-    assert code == 1 and "not judged" in report["verdict"]["reason"]
-    logs = inv("logs", "--host", HOST, "--run", launched["run_id"], inventory=hosts / "hosts.yaml")
-    assert "the acceptance measurement finished" in logs.stdout
