@@ -12,7 +12,7 @@ from pathlib import Path
 
 from invoke import Collection
 
-from specrig.cli import train_tasks
+from specrig.cli import accept_tasks, train_tasks
 from specrig.cli.guard import guarded, task, whole_number
 from specrig.cli.runner import run_task
 from specrig.errors import UsageError
@@ -329,7 +329,8 @@ def verify_dataset(c, host, run=None, out=None, data=None, full=False, hidden_st
 
 
 namespace.add_task(verify_dataset)
-namespace.add_task(train_tasks.train)  # inv train: its own module (specrig/cli/train_tasks.py)
+namespace.add_task(train_tasks.train)  # inv train and inv accept: modules of their own
+namespace.add_task(accept_tasks.accept)
 
 
 # ---- smoke: the extraction on a shrunk model with dummy weights (issue 5) ---------------------

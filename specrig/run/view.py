@@ -154,6 +154,8 @@ def show_run(run: dict, *, log_tail: str | None = None) -> None:
         grid.add_row("failure", describe_failure(refused))
     if (run.get("exit") or {}).get("dataset"):
         grid.add_row("dataset", run_end_text(run["exit"]["dataset"]))
+    if run.get("acceptance"):
+        grid.add_row("acceptance", acceptance_text(run["acceptance"]))
     if run.get("stalled"):
         grid.add_row("stalled", f"no progress for {run.get('seconds_since_progress')} s")
     if run.get("supervisor_unanswering"):
@@ -164,6 +166,20 @@ def show_run(run: dict, *, log_tail: str | None = None) -> None:
     if log_tail:
         console.rule("last log lines")
         print_log(log_tail)
+
+
+def acceptance_text(acceptance: dict) -> str:
+    """An acceptance run's drafts in a line each (position 0's rate, the mean acceptance length), and its verdict
+    (remote/run/acceptance/verdict.py); `inv accept --run` shows them side by side."""
+    lines = []
+    for name, found in (acceptance.get("drafts") or {}).items():
+        lines.append(f"{name}: " + (f"position 0 {found['position0']['rate'] or 0:.3f} ({found['drafts']} drafts), "
+                                    f"mean length {found['mean_acceptance_length'] or 1:.2f}" if found
+                                    else "not measured yet"))
+    verdict = acceptance.get("verdict")
+    if verdict:
+        lines.append(("better: " if verdict["better"] else "not better: ") + markup(verdict["reason"]))
+    return "\n".join(lines)
 
 
 def describe_failure(failure: dict) -> str:

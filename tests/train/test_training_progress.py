@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 import os
 
-from support.paths import REPO
-
 from run import classify
 from run.training import plan, progress
 from run.training.workload import RULES_FILE, seq_len_that_fits
+from support.paths import REPO
 
 H200 = json.loads((REPO / "benchmarks/gpu/results/train-h200-2026-12-03.json").read_text())["train"]
 
