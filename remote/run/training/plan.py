@@ -9,16 +9,18 @@ states), with the launch's options after it: --epochs, --max-steps, --total-seq-
 fraction below 1: every round(steps_per_epoch x freq) steps). A crash loses the steps since the last one, so
 the interval is chosen as the steps taken in `bound_s` (`inv train --checkpoint-minutes`, default 15):
 `bound_s / step_s`. The step's seconds are the run's own, measured by an earlier attempt (the median of its
-last steps, status.json "training"), or before any, PLANNING_TOKENS_PER_S per GPU: a fast rate, so that the
-first attempt checkpoints more often than it needs rather than less. Every attempt plans it again.
+last steps, status.json "training"), or before any, PLANNING_TOKENS_PER_S per GPU: a slow rate, so that the
+first attempt checkpoints more often than it needs (fewer steps between two) rather than less. Every attempt
+plans it again.
 """
 import json
 import math
 import os
 
-#: The step rate a first attempt plans with, in tokens per second per GPU: above what the 8B shape's draft
-#: trained at on one H100 (docs/training.md), so that the first attempt's checkpoints come early, not late.
-PLANNING_TOKENS_PER_S = 50000.0
+#: The step rate a first attempt plans with, in tokens per second per GPU: below what a draft trains at on a
+#: data-center GPU (the 8B shape's, at 2048 tokens a step on one H200: about 6,800; docs/training.md), so that
+#: the first attempt's checkpoints come early, not late.
+PLANNING_TOKENS_PER_S = 2000.0
 #: speculators' default --total-seq-len (its TrainConfig), the tokens packed into one step per GPU.
 DEFAULT_SEQ_LEN = 8192
 DEFAULT_EPOCHS = 20
