@@ -72,7 +72,10 @@ def test_the_checkpoint_interval_is_the_steps_of_the_bound_at_the_measured_rate(
     env, words = plan.words_and_env(["env", "TORCHDYNAMO_DISABLE=1", "speculators", "train", "--epochs", "3"])
     assert env == {"TORCHDYNAMO_DISABLE": "1"} and plan.option(words, "--epochs") == "3"
     argv = plan.trainer_argv(python="/v/bin/python", words=words, gpus=8)
-    assert argv[:6] == ["/v/bin/torchrun", "--standalone", "--nproc-per-node", "8", "-m", "speculators.train"]
+    assert argv[:8] == ["/v/bin/python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "8", "-m",
+                        "speculators.train"]
+    assert plan.trainer_argv(python="/v/bin/python", words=words, gpus=1)[:4] == ["/v/bin/python", "-m",
+                                                                                "speculators", "train"]
 
 
 def test_the_h200_runs_real_failures_are_named_with_their_fix_and_not_restarted():

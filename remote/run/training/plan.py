@@ -55,14 +55,15 @@ def option(words, name, default=None):
 
 
 def trainer_argv(*, python, words, gpus):
-    """The argv that runs the trainer's words (["speculators", "train", ...]) from the environment of `python`:
-    its own console script, or torchrun over the host's GPUs (speculators.train is torchrun's module)."""
-    bindir = os.path.dirname(python)
+    """The argv that runs the trainer's words (["speculators", "train", ...]) on `python`, by module rather than
+    by console script (an environment installed with `pip --target` has its scripts elsewhere): speculators'
+    own command, or torchrun's (torch.distributed.run) over the host's GPUs with speculators.train, which takes
+    the same flags."""
     args = words[2:] if words[:2] == ["speculators", "train"] else words
     if gpus > 1:
-        return [os.path.join(bindir, "torchrun"), "--standalone", "--nproc-per-node", str(gpus), "-m",
+        return [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(gpus), "-m",
                 "speculators.train"] + args
-    return [os.path.join(bindir, "speculators"), "train"] + args
+    return [python, "-m", "speculators", "train"] + args
 
 
 def steps_per_epoch(*, tokens, seq_len, gpus):
