@@ -434,14 +434,14 @@ def _write_command(out, result):
 
 def _write_verdict(out, result):
     """The verdict file (VERDICT_FILE, 0600) beside the command: what a training's launch reads."""
-    loaded = result["counts"]["loaded"]
+    files = result["counts"]["files"]
     verdict = {"trainable": result["trainable"], "verified_at": rundir.now_iso(), "full": result["full"],
                "command": result["command"], "counts": result["counts"], "plan": result["plan"],
                "bad_rows": len(result["bad"]), "problems": result["refusals"] + result["problems"],
                "notes": result["notes"], "vocab": result["vocab"], "hidden_states_path": out,
-               # The tokens of the whole dataset, from the rows the trainer's code loaded: a training plans its
-               # steps per epoch with it.
-               "tokens_per_row": result["counts"]["tokens"] / loaded if loaded else None,
+               # The rows' tokens (every row's token ids are read) over the rows: a training plans its steps
+               # per epoch with it.
+               "tokens_per_row": result["counts"]["tokens"] / files if files else None,
                "fingerprint": fingerprint(out)}
     atomic.write_bytes(os.path.join(out, VERDICT_FILE), json.dumps(verdict, indent=1).encode(), mode=atomic.PRIVATE)
 

@@ -150,8 +150,11 @@ class Watch:
     `idle_jobs`, all of those jobs' processes idle: a step that does its work itself, beside a server whose vLLM
     workers spin on their queues while they wait."""
 
-    def __init__(self, supervisor, log_path, log_offset, processes=None, idle_jobs=None):
+    def __init__(self, supervisor, log_path, log_offset, processes=None, idle_jobs=None, classify_log=None):
         self.supervisor = supervisor
+        #: The attempt's log text -> its failure classified, as the workload classifies (default: the extraction's
+        #: rules): a stall whose log names a cause that will not go away (out of memory, then hung) is that cause.
+        self.classify_log = classify_log or (lambda text: classify.classify(text, 0, host=supervisor.host()))
         self.log_path, self.log_offset = log_path, log_offset
         self.processes = processes
         self.last_progress = time.monotonic()
@@ -221,7 +224,7 @@ class Watch:
         return self.stall_failure(0.0, 0.0, held, None)
 
     def stall_failure(self, quiet, limit, held, idle):
-        known = classify.classify(log_since(self.log_path, self.log_offset), 0, host=self.supervisor.host())
+        known = self.classify_log(log_since(self.log_path, self.log_offset))
         if not known["retryable"]:
             known["explain"] += " (no progress for %.0f s)" % quiet
             return known

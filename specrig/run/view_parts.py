@@ -75,7 +75,8 @@ def training_text(training: dict | None, plan: dict | None = None) -> str | None
     if training.get("epoch") is not None:
         parts.append(f"epoch {training['epoch'] + 1}/{training.get('epochs') or '?'}")
     if training.get("step") is not None:
-        parts.append(f"step {training['step']}/{training.get('steps_per_epoch') or '?'}")
+        per_epoch = training.get("steps_per_epoch") or f"~{training.get('steps_per_epoch_planned') or '?'}"
+        parts.append(f"step {training['step']}/{per_epoch}")
     if training.get("global_step") is not None:
         parts.append(f"{training['global_step']}/{training.get('total_steps') or '?'} in all")
     if training.get("loss") is not None:

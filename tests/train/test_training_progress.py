@@ -30,13 +30,14 @@ def test_the_metric_records_of_a_real_run_give_step_loss_accuracy_and_rate():
     assert fields["step_s"] == 0.3 and fields["eta_s"] == round(4 * 0.3) and fields["tokens_per_s"] == 6700.0
 
 
-def test_a_bar_and_a_mid_epoch_resume_place_the_step_within_its_epoch():
+def test_a_mid_epoch_resume_places_the_step_within_its_epoch_and_its_end_counts_the_epochs_steps():
     log = progress.TrainerLog()
     log.feed("Resuming mid-epoch from epoch=2 local_step=30 global_step=110.\n"
-             "train/loss=4.1, epoch=2, lr=1e-3, global_step=110\r"
-             "Epoch 2:  30%|###       | 31/100 [00:05<00:11,  6.0it/s]\n")
+             "train/loss=4.1, epoch=2, lr=1e-3, global_step=110\n")
     assert log.resumed_from == {"epoch": 2, "local_step": 30, "global_step": 110}
-    assert (log.epoch, log.local_step, log.steps_per_epoch, log.global_step) == (2, 31, 100, 111)
+    assert (log.epoch, log.local_step, log.steps_per_epoch, log.global_step) == (2, 31, None, 111)
+    log.feed("train/loss=4.0, epoch=2, lr=1e-3, global_step=111\nTraining epoch 3/5 completed\n")
+    assert (log.local_step, log.steps_per_epoch, log.global_step) == (32, 32, 112)
 
 
 def test_the_oom_of_the_h200_run_names_the_length_that_trained_there():
@@ -89,3 +90,13 @@ def test_the_h200_runs_real_failures_are_named_with_their_fix_and_not_restarted(
         assert failure["kind"] == kind and not failure["retryable"] and fix in failure["advice"], failure
     killed = classify.classify("", -9, subject="the trainer", rules=rules)
     assert killed["kind"] == "killed" and killed["retryable"] and "last checkpoint" in killed["advice"], killed
+
+
+def test_the_h100s_out_of_memory_that_hung_is_named_with_the_length_that_trained_there():
+    """The trainer printed its out-of-memory error and hung (tests/fixtures/training/README.md): the stall's log,
+    classified by the training's rules, is that error, not a stall; its figures (rich wrapped them over lines)
+    name 2048, at which the same H100 trained at 0.29 s a step."""
+    text = (REPO / "tests/fixtures/training/h100-oom-then-hung.log").read_text()
+    failure = classify.classify(text, 0, subject="the trainer", rules=classify.load_rules(RULES_FILE))
+    assert failure["kind"] == "train-out-of-memory" and not failure["retryable"], failure
+    assert seq_len_that_fits(text, 8192) == 2048

@@ -29,9 +29,9 @@ TRAIN_RATIO = 0.9
 #: Bytes a checkpoint holds per parameter of the draft: its weights in bf16 (2), and for each trained one the
 #: optimizer's two moments, saved in bf16 (4) (speculators/train/checkpointer.py SingleGPUCheckpointer).
 WEIGHT_BYTES, MOMENT_BYTES = 2, 4
-#: The trainer's own environment: rich's log handler wraps a metric record at the terminal's width, so the log
-#: is given a wide one; tqdm rewrites its bar at most every TQDM_MININTERVAL seconds in a file that lives for days.
-TRAINER_ENV = {"COLUMNS": "240", "TQDM_MININTERVAL": "10"}
+#: The trainer's own environment: rich's log handler wraps a record at the terminal's width, and pads each line
+#: to it, so the log is given a width that holds most records on a few lines without padding them far.
+TRAINER_ENV = {"COLUMNS": "240"}
 
 
 def words_and_env(command):

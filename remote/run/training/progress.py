@@ -7,8 +7,8 @@ The log (the run's driver.log, every attempt) is read as it grows, from where th
   `global_step`, flattened: "train/loss_0=1.637, train/full_acc_0=0.00e+00, ..., profile/step_ms=153.2,
   profile/tokens_per_s=1.3e+04, ..., epoch=0, lr=1.00e-03, global_step=3"); rich may wrap a record over
   lines, never inside a pair, and `global_step` ends a step's record;
-- tqdm's bar on stderr, "Epoch 0:  25%|##5  | 10/40 [...]": the step within the epoch and the epoch's steps;
-- "Training epoch 2/20 started": the epochs;
+- "Training epoch 2/20 started": the epochs; "... completed": the steps an epoch has (its last step's local
+  step; speculators 0.9's bar is tqdm.rich's, which draws nothing into a file);
 - "Resuming mid-epoch from epoch=E local_step=S global_step=G." / "Resuming training on epoch E.": where a
   restarted trainer went on from (speculators/train/trainer.py setup_trainer).
 
@@ -24,8 +24,8 @@ import statistics
 
 #: A `key=value` pair of a metric record. Keys are paths ("train/loss_0", "profile/memory_mb/fwd").
 PAIR = re.compile(r"(?<![\w/])([A-Za-z_][\w/]*)=([-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf)|'[^']*')")
-BAR = re.compile(r"Epoch (\d+):\s+\d+%\|[^|\r\n]*\|\s*(\d+)/(\d+)")
 EPOCHS = re.compile(r"Training epoch (\d+)/(\d+) started")
+COMPLETED = re.compile(r"Training epoch (\d+)/(\d+) completed")
 RESUMED_MID = re.compile(r"Resuming mid-epoch from epoch=(\d+) local_step=(\d+) global_step=(\d+)")
 RESUMED_EPOCH = re.compile(r"Resuming training on epoch (\d+)\.")
 #: The trainer's own accuracy figures, position by position: full (every earlier position right too) and cond.
@@ -68,8 +68,8 @@ class TrainerLog:
         found = RESUMED_EPOCH.search(line)
         if found:
             self.resumed_from = {"epoch": int(found.group(1)), "local_step": 0, "global_step": None}
-        for found in BAR.finditer(line):
-            self.epoch, self.local_step, self.steps_per_epoch = (int(value) for value in found.groups())
+        if COMPLETED.search(line) and self.local_step:
+            self.steps_per_epoch = self.local_step
         for key, value in PAIR.findall(line):
             self.pending[key] = value
             if key == "global_step":

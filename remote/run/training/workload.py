@@ -36,9 +36,10 @@ RESUME_TAIL_BYTES = 16 * 2 ** 20
 VALIDATION = re.compile(r"Validation epoch \d+/\d+ started")
 SAVING = re.compile(r"Saving checkpoint to ")
 #: torch's out-of-memory message: what was asked for, the GPU's capacity and what was free, and what PyTorch held.
-OOM_FIGURES = re.compile(r"Tried to allocate (?P<ask>[\d.]+) (?P<ask_unit>[MG]iB)\. GPU \d+ has a total capacity of "
-                         r"(?P<total>[\d.]+) (?P<total_unit>[MG]iB) of which (?P<free>[\d.]+) (?P<free_unit>[MG]iB) "
-                         r"is free\..*?(?P<held>[\d.]+) (?P<held_unit>[MG]iB) is allocated by PyTorch", re.S)
+OOM_FIGURES = re.compile(r"Tried\s+to\s+allocate\s+(?P<ask>[\d.]+)\s+(?P<ask_unit>[MG]iB)\.\s+GPU\s+\d+\s+has\s+a\s+total"
+                         r"\s+capacity\s+of\s+(?P<total>[\d.]+)\s+(?P<total_unit>[MG]iB)\s+of\s+which\s+(?P<free>[\d.]+)"
+                         r"\s+(?P<free_unit>[MG]iB)\s+is\s+free\..*?(?P<held>[\d.]+)\s+(?P<held_unit>[MG]iB)\s+is\s+allocated"
+                         r"\s+by\s+PyTorch", re.S)
 
 
 class Trainer:
@@ -79,8 +80,9 @@ class Trainer:
             sup.log_marker("the stop's checkpoint adopted as epoch %(epoch)d, step %(local_step)d (global step "
                            "%(global_step)d): the trainer resumes from it" % adopted)
         self.checkpoint_before = progress.last_checkpoint(self.save_path)
-        self.reader = progress.TrainerLog()
         measured = sup.status.get("training") or {}
+        self.reader = progress.TrainerLog()
+        self.reader.steps_per_epoch = measured.get("steps_per_epoch")  # an epoch's steps, once one has ended
         checkpoint = plan.checkpoint_plan(
             bound_s=self.plan["checkpoint"]["bound_s"], seq_len=self.plan["total_seq_len"],
             steps_per_epoch=measured.get("steps_per_epoch") or self.plan["steps_per_epoch"],
@@ -107,7 +109,10 @@ class Trainer:
     def watch(self):
         """Follow the trainer until it exits; (exit status, its failure classified, or a stall, or None)."""
         sup = self.supervisor
-        clock = Watch(sup, self.log, self.log_offset, processes=self.job.members)
+        # A trainer that ran out of memory may hang rather than exit (seen on an H100: its data loader's workers
+        # outlive the error): the idle rule ends it, and the training's rules name the cause.
+        clock = Watch(sup, self.log, self.log_offset, processes=self.job.members,
+                      classify_log=lambda text: self.classified(0, text))
         phase, looked = None, 0.0
         checkpoint = self.checkpoint_before
         while True:
@@ -131,8 +136,9 @@ class Trainer:
             clock.enter(phase)
             if phase == PHASE_TRAINING:
                 clock.samples(self.reader.steps_seen)
-            sup.status["training"] = self.reader.fields(last_checkpoint=_shown(checkpoint),
-                                                        total_steps=self.plan["total_steps"])
+            sup.status["training"] = dict(self.reader.fields(last_checkpoint=_shown(checkpoint),
+                                                             total_steps=self.total_steps()),
+                                          steps_per_epoch_planned=self.plan["steps_per_epoch"])
             if exit_status is not None:
                 sup.save()
                 return exit_status, (self.classified(exit_status) if exit_status else None)
@@ -144,6 +150,14 @@ class Trainer:
             if stall and (sup.options["stall_restart"] or not stall["retryable"]):
                 return None, stall
             time.sleep(POLL_S)
+
+    def total_steps(self):
+        """The training's steps in all: the plan's estimate until an epoch has ended and said how many it has."""
+        measured = self.reader.steps_per_epoch
+        if not measured:
+            return self.plan["total_steps"]
+        total = measured * self.plan["epochs"]
+        return min(total, self.plan["max_steps"]) if self.plan.get("max_steps") else total
 
     def read_new(self):
         """The log's whole lines written since the last read."""
@@ -167,9 +181,10 @@ class Trainer:
             phase = PHASE_CHECKPOINTING
         return phase
 
-    def classified(self, exit_status):
-        """The failed attempt's failure by the training's rules; out of memory with the --total-seq-len that fits."""
-        text = self.attempt_log()
+    def classified(self, exit_status, text=None):
+        """The failed attempt's failure by the training's rules (its log, or `text`); out of memory with the
+        --total-seq-len that fits."""
+        text = self.attempt_log() if text is None else text
         failure = classify.classify(text, exit_status, host=self.supervisor.host(), subject="the trainer",
                                     rules=classify.load_rules(RULES_FILE))
         if failure["kind"] == "train-out-of-memory":
