@@ -117,6 +117,15 @@ class RunDir:
     def heartbeat(self):
         return read_json(self.file("heartbeat.json"))
 
+    def heartbeat_since(self, since):
+        """The heartbeat once written at `since` (a time) or later, else None: an earlier one is an earlier
+        attempt's, its phase and counts no longer true."""
+        try:
+            fresh = os.path.getmtime(self.file("heartbeat.json")) >= since
+        except OSError:
+            return None
+        return self.heartbeat if fresh else None
+
     def stop_requested(self):
         return os.path.exists(self.file("stop.request"))
 

@@ -8,8 +8,10 @@ shaped as the classifier's. A workload's watch keeps its progress clock in a Wat
 stall, and reads the attempt's log from where the attempt began (log_since).
 """
 import os
+import subprocess
 import time
 
+from base import procs
 from base.contract import RUNNING, STALLED
 from run import classify
 
@@ -52,6 +54,22 @@ def child_env(**extra):
     """A child's environment: the supervisor's own (run/launching.py put the job's variables there: hosts.yaml's
     `env:`, a node's VLLM_HOST_IP), unbuffered output so the log keeps up, and `extra`."""
     return dict(os.environ, PYTHONUNBUFFERED="1", **extra)
+
+
+def start_job(supervisor, entry, argv, log_path, env):
+    """An attempt's one program started as a job of its own: in a new session (its process group is the job),
+    stdin from /dev/null, stdout and stderr appended to `log_path`, in the run's directory; the attempt's record
+    and the run's status say its pid. (the process, its procs.Job); NotStarted when it cannot be started."""
+    try:
+        with open(log_path, "ab") as log:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    cwd=supervisor.run.path, env=env, start_new_session=True)
+    except OSError as exc:
+        raise NotStarted(argv, exc) from None
+    entry["pid"] = proc.pid
+    job = procs.Job(proc.pid)
+    supervisor.started(driver_pid=proc.pid, driver_pgid=proc.pid)
+    return proc, job
 
 
 def log_since(path, offset):

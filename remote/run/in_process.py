@@ -9,12 +9,10 @@ ran_low() removes the samples it left half-written (their temporary names), ever
 """
 import os
 import re
-import subprocess
 import time
 
-from base import procs
 from base.contract import DRIVER_DEFAULTS, PHASE_DONE, PHASE_EXTRACTING, PHASE_LOADING
-from run.attempt import POLL_S, NotStarted, Watch, child_env, log_since
+from run.attempt import POLL_S, Watch, child_env, log_since, start_job
 from run.driver.output import remove_temporaries
 
 #: Seconds between counts of the output directory (a cheap second sign of progress).
@@ -62,15 +60,7 @@ class InProcessDriver:
         record = sup.record
         program = record.get("driver_program") or sup.run.file(os.path.join("code", "run", "extract_driver.py"))
         argv = [record["python"], program, sup.run.file("driver-args.json")]
-        try:
-            with open(self.log, "ab") as log:
-                self.driver = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                               cwd=sup.run.path, env=child_env(), start_new_session=True)
-        except OSError as exc:
-            raise NotStarted(argv, exc) from None
-        entry["pid"] = self.driver.pid
-        self.job = procs.Job(self.driver.pid)
-        sup.started(driver_pid=self.driver.pid, driver_pgid=self.driver.pid)
+        self.driver, self.job = start_job(sup, entry, argv, self.log, child_env())
         return self.watch()
 
     def watch(self):
@@ -95,7 +85,7 @@ class InProcessDriver:
             if sup.stop_requested():
                 return None, None
             sup.look(pids)  # after the exit: a driver that finished is not ended for the room it left
-            beat = self.heartbeat(started_at)
+            beat = sup.run.heartbeat_since(started_at)
             if beat:
                 clock.enter(beat.get("phase"))
             if beat and beat.get("phase") == PHASE_EXTRACTING:
@@ -113,16 +103,6 @@ class InProcessDriver:
             if stall and (sup.options["stall_restart"] or not stall["retryable"]):
                 return None, stall
             time.sleep(POLL_S)
-
-    def heartbeat(self, since):
-        """The driver's heartbeat, once this attempt's driver wrote it (written `since` then), else None: the one
-        before is the previous attempt's, its phase and count no longer true."""
-        run = self.supervisor.run
-        try:
-            fresh = os.path.getmtime(run.file("heartbeat.json")) >= since
-        except OSError:
-            return None
-        return run.heartbeat if fresh else None
 
     def end(self):
         return self.supervisor.end_job(self.driver, self.job)

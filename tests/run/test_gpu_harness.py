@@ -17,6 +17,7 @@ import sys
 
 import pytest
 
+from support.gpu_harness import harness_modules
 from support.paths import REPO
 
 GPU = REPO / "benchmarks" / "gpu"
@@ -180,30 +181,12 @@ def test_the_issue26_preset_is_one_call_whose_environment_the_caller_overrides()
 
 # -- the harness's modules: harness.py's tools, the phases ----------------------------------------------
 
-#: The modules that read harness.py's settings at import (its own, and those above it).
-HARNESS_MODULES = ("harness", "arm_inputs", "arm_runs", "arm_phase", "warm_phase", "states_phase", "prep_phase",
-                   "extract_phase", "train_accept_phase", "device_run")
-
-
 @pytest.fixture
 def gpu_harness(tmp_path, monkeypatch):
-    """The harness's modules imported on a scratch SG (gpu_harness, which imports every phase), nothing on a GPU
-    or a port; its results start empty. Each module is an attribute: gpu_harness.harness, .arm_phase, ..."""
-    import types
-
-    monkeypatch.setenv("SG", str(tmp_path / "sg"))
-    monkeypatch.setenv("OUT", str(tmp_path / "out"))
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("BUDGET_S", raising=False)
-    for name in HARNESS_MODULES:
-        sys.modules.pop(name, None)
-    importlib.import_module("device_run")
-    modules = types.SimpleNamespace(**{name: sys.modules[name] for name in HARNESS_MODULES})
-    monkeypatch.setattr(modules.harness, "wait_idle", lambda timeout=60: 0)
-    monkeypatch.setattr(modules.harness, "wait_port_free", lambda port=None, timeout=60: 0)
-    yield modules
-    for name in HARNESS_MODULES:
-        sys.modules.pop(name, None)
+    """The harness's modules imported on a scratch SG (support/gpu_harness.py), nothing on a GPU or a port; its
+    results start empty. Each module is an attribute: gpu_harness.harness, .arm_phase, ..."""
+    with harness_modules(tmp_path, monkeypatch) as modules:
+        yield modules
 
 
 def prepared_dir(path, rows=b"x"):

@@ -10,7 +10,6 @@ as the trainer, killed by the phase with SIGKILL), and their results go through 
 checks: the pipeline is what the committed file will come from.
 """
 import copy
-import importlib
 import json
 import os
 import signal
@@ -19,6 +18,7 @@ import sys
 
 import pytest
 
+from support.gpu_harness import harness_modules
 from support.paths import REPO
 
 GPU = REPO / "benchmarks" / "gpu"
@@ -27,8 +27,6 @@ sys.path.insert(0, str(GPU))
 import issue36_summary
 
 RESULTS = sorted((GPU / "results").glob("*-issue36.json"))
-HARNESS_MODULES = ("harness", "arm_inputs", "arm_runs", "arm_phase", "warm_phase", "states_phase", "prep_phase",
-                   "extract_phase", "train_accept_phase", "device_run")
 
 
 @pytest.mark.parametrize("path", RESULTS or [pytest.param(None, marks=pytest.mark.skip(
@@ -152,19 +150,13 @@ class FakeSpecrig:
 @pytest.fixture
 def device(tmp_path, monkeypatch):
     """The harness's modules on a scratch SG with the stand-in CLI as harness.inv; its data file has 200 rows."""
-    import types
+    with harness_modules(tmp_path, monkeypatch) as modules:
+        yield from _with_fake(modules, tmp_path, monkeypatch)
 
-    monkeypatch.setenv("SG", str(tmp_path / "sg"))
-    monkeypatch.setenv("OUT", str(tmp_path / "out"))
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("BUDGET_S", raising=False)
-    for name in HARNESS_MODULES:
-        sys.modules.pop(name, None)
-    importlib.import_module("device_run")
-    modules = types.SimpleNamespace(**{name: sys.modules[name] for name in HARNESS_MODULES})
+
+def _with_fake(modules, tmp_path, monkeypatch):
     fake = FakeSpecrig(tmp_path)
     monkeypatch.setattr(modules.harness, "inv", fake.inv)
-    monkeypatch.setattr(modules.harness, "wait_idle", lambda timeout=60: 0)
     monkeypatch.setattr(modules.train_accept_phase, "POLL_S", 0)
     data = tmp_path / "sg" / "data" / "chat-llama8b.jsonl"
     data.parent.mkdir(parents=True)
@@ -172,8 +164,6 @@ def device(tmp_path, monkeypatch):
     modules.fake = fake
     yield modules
     fake.close()
-    for name in HARNESS_MODULES:
-        sys.modules.pop(name, None)
 
 
 def test_the_phases_results_pass_the_same_checks(device):

@@ -9,14 +9,12 @@ the drafts whose results are missing (measure.py). status.json's `acceptance` ho
 far (verdict.py), and the run's exit record holds it at the end.
 """
 import os
-import subprocess
 import time
 
-from base import procs
 from base.contract import SUCCEEDED
 from run.acceptance import verdict
 from run.acceptance.measure import PHASE_LOADING, PHASE_MEASURING, PHASE_UNTRAINED
-from run.attempt import POLL_S, NotStarted, Watch, child_env, log_since
+from run.attempt import POLL_S, Watch, child_env, log_since, start_job
 
 
 class Acceptance:
@@ -45,15 +43,7 @@ class Acceptance:
         sup = self.supervisor
         argv = [sup.record["python"], sup.run.file(os.path.join("code", "run", "acceptance", "measure.py")),
                 sup.run.path]
-        try:
-            with open(self.log, "ab") as log:
-                self.program = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                                cwd=sup.run.path, env=child_env(), start_new_session=True)
-        except OSError as exc:
-            raise NotStarted(argv, exc) from None
-        entry["pid"] = self.program.pid
-        self.job = procs.Job(self.program.pid)
-        sup.started(driver_pid=self.program.pid, driver_pgid=self.program.pid)
+        self.program, self.job = start_job(sup, entry, argv, self.log, child_env())
         return self.watch()
 
     def watch(self):
@@ -73,7 +63,7 @@ class Acceptance:
             if sup.stop_requested():
                 return None, None
             sup.look(pids)
-            beat = self.heartbeat(started_at)
+            beat = sup.run.heartbeat_since(started_at)
             if beat:
                 # Each draft's loading and measuring is a phase of its own: a new engine, a new pace.
                 clock.enter("%s %s" % (beat.get("phase"), beat.get("draft")))
@@ -85,15 +75,6 @@ class Acceptance:
             if stall and (sup.options["stall_restart"] or not stall["retryable"]):
                 return None, stall
             time.sleep(POLL_S)
-
-    def heartbeat(self, since):
-        """The program's heartbeat once this attempt wrote it, else None (the one before is the last attempt's)."""
-        run = self.supervisor.run
-        try:
-            fresh = os.path.getmtime(run.file("heartbeat.json")) >= since
-        except OSError:
-            return None
-        return run.heartbeat if fresh else None
 
     def end(self):
         return self.supervisor.end_job(self.program, self.job)

@@ -19,13 +19,12 @@ training's own rules (rules.json); out of GPU memory names the --total-seq-len t
 import math
 import os
 import re
-import subprocess
 import time
 
-from base import atomic, procs
+from base import atomic
 from base.contract import PHASE_CHECKPOINTING, PHASE_STARTING, PHASE_TRAINING, PHASE_VALIDATING
 from run import classify
-from run.attempt import POLL_S, NotStarted, Watch, child_env, log_since
+from run.attempt import POLL_S, Watch, child_env, log_since, start_job
 from run.training import plan, progress
 
 RULES_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rules.json")
@@ -94,16 +93,7 @@ class Trainer:
         sup = self.supervisor
         words = self.plan["words"] + ["--checkpoint-freq", repr(entry["checkpoint_plan"]["freq"])]
         argv = plan.trainer_argv(python=sup.record["python"], words=words, gpus=self.plan["gpus"])
-        try:
-            with open(self.log, "ab") as log:
-                self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                             cwd=sup.run.path, env=child_env(**self.plan["env"]),
-                                             start_new_session=True)
-        except OSError as exc:
-            raise NotStarted(argv, exc) from None
-        entry["pid"] = self.proc.pid
-        self.job = procs.Job(self.proc.pid)
-        sup.started(driver_pid=self.proc.pid, driver_pgid=self.proc.pid)
+        self.proc, self.job = start_job(sup, entry, argv, self.log, child_env(**self.plan["env"]))
         return self.watch()
 
     def watch(self):
