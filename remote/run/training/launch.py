@@ -46,7 +46,7 @@ def launch(args):
         raise RemoteFailure("bad-argument", "--checkpoint-minutes %r: give the minutes of work a crash may lose, "
                                             "above 0 (default 15)" % (minutes,))
     states = _states(args)
-    verdict = _verdict(states)
+    verdict = _verdict(states, host=args.get("host") or "HOST")
     env, words = plan.words_and_env(verdict["command"])
     if args.get("no_compile"):
         env["TORCHDYNAMO_DISABLE"] = "1"
@@ -102,16 +102,20 @@ def _states(args):
         raise RemoteFailure("bad-argument", "name the states to train on: --run ID (the extraction's run) or "
                                             "--out DIR (the directory `inv verify-dataset` checked), one of them")
     if args.get("out"):
-        return os.path.abspath(os.path.expanduser(args["out"]))
+        states = os.path.abspath(os.path.expanduser(args["out"]))
+        if not os.path.isdir(states):
+            raise RemoteFailure("bad-argument", "--out %r is no directory on this host: name the states "
+                                                "`inv verify-dataset` checked" % args["out"])
+        return states
     workdir = rundir.workdir_of(args)
     run = rundir.find_run(workdir, args["run"])
     return os.path.abspath(os.path.expanduser(run.record["out"]))
 
 
-def _verdict(states):
+def _verdict(states, *, host):
     """The verdict `inv verify-dataset` left beside the states, when it holds: trainable, and the states as they
-    were then; else train-refused, naming why and the command that fixes it."""
-    verify = "`inv verify-dataset --host HOST --out %s`" % states
+    were then; else train-refused, naming why and the command that fixes it (on `host`, as hosts.yaml names it)."""
+    verify = "`inv verify-dataset --host %s --out %s`" % (host, states)
     verdict = atomic.read_json(os.path.join(states, dataset_verify.VERDICT_FILE))
     if not verdict:
         raise RemoteFailure("train-refused", "%s has not passed verify-dataset (no %s there): run %s first"
