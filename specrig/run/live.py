@@ -60,6 +60,9 @@ def follow(host: Host, run_id: str) -> ExitStatus:
     dataset = (run.get("exit") or {}).get("dataset")
     if dataset:  # what the run's end found of its output as the trainer reads it (issue 28)
         console.print(f"dataset: {run_end_text(dataset)}")
+    draft = (run.get("exit") or {}).get("draft")
+    if draft:  # a training's end: the checkpoint to serve, and to prove with `inv accept`
+        console.print(f"draft: {markup(draft)}; `inv accept --host {host.name} --draft {markup(draft)}` measures it")
     if run["state"] != SUCCEEDED:
         show_run(run)
     return ExitStatus.OK if run["state"] == SUCCEEDED else ExitStatus.FINDINGS

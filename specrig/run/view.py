@@ -128,11 +128,13 @@ def show_run(run: dict, *, log_tail: str | None = None) -> None:
     grid.add_row("state", f"[{style}]{run['state']}[/]" if style else markup(run["state"]))
     beat = run.get("heartbeat") or {}
     speed, eta = pace_texts(run)
-    grid.add_row("phase", ", ".join(filter(None, (markup(beat.get("phase") or "-"), f"{samples(beat)} samples",
-                                                  speed, eta and f"ETA {eta}"))))
     training = training_text(run.get("training"), run.get("checkpoint_plan"))
-    if training:
+    if training:  # a training's progress is its steps, not samples
+        grid.add_row("phase", markup(beat.get("phase") or "-"))
         grid.add_row("training", markup(training))
+    else:
+        grid.add_row("phase", ", ".join(filter(None, (markup(beat.get("phase") or "-"), f"{samples(beat)} samples",
+                                                      speed, eta and f"ETA {eta}"))))
     if beat.get("server"):
         grid.add_row("server", f"vLLM server {markup(beat['server'])}")
     started = beat.get("startup") or {}
@@ -154,6 +156,8 @@ def show_run(run: dict, *, log_tail: str | None = None) -> None:
         grid.add_row("failure", describe_failure(refused))
     if (run.get("exit") or {}).get("dataset"):
         grid.add_row("dataset", run_end_text(run["exit"]["dataset"]))
+    if (run.get("exit") or {}).get("draft"):  # a training's end: what `inv accept --draft` takes
+        grid.add_row("draft", markup(run["exit"]["draft"]))
     if run.get("acceptance"):
         grid.add_row("acceptance", acceptance_text(run["acceptance"]))
     if run.get("stalled"):

@@ -91,8 +91,11 @@ def training_text(training: dict | None, plan: dict | None = None) -> str | None
     if training.get("memory_mib"):
         parts.append(f"{training['memory_mib'] / 1024:.1f} GiB")
     checkpoint = training.get("last_checkpoint")
-    parts.append(f"checkpoint: epoch {checkpoint['epoch'] + 1} step {checkpoint['local_step'] or 'end'}"
-                 if checkpoint else "no checkpoint yet")
+    if checkpoint:
+        where = f"step {checkpoint['local_step']}" if checkpoint["local_step"] else "its end"
+        parts.append(f"last checkpoint: epoch {checkpoint['epoch'] + 1}, {where}")
+    else:
+        parts.append("no checkpoint yet")
     if plan:
         parts.append(checkpoint_plan_text(plan))
     return ", ".join(parts)

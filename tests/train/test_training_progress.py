@@ -100,3 +100,25 @@ def test_the_h100s_out_of_memory_that_hung_is_named_with_the_length_that_trained
     failure = classify.classify(text, 0, subject="the trainer", rules=classify.load_rules(RULES_FILE))
     assert failure["kind"] == "train-out-of-memory" and not failure["retryable"], failure
     assert seq_len_that_fits(text, 8192) == 2048
+
+
+def test_inv_status_shows_the_h100_trainings_progress_in_80_columns(capsys):
+    """The real status of the H100's training run (tests/fixtures/training/README.md), as `inv status --run` shows it."""
+    from specrig.run.view import show_run
+    from specrig.ui import console
+
+    status = json.loads((REPO / "tests/fixtures/training/h100-train-status.json").read_text())
+    width = console.width
+    console.width = 80
+    try:
+        show_run(dict(status, run_id="20261206-123932-6c74", kind="train"))
+    finally:
+        console.width = width
+    shown = capsys.readouterr().out
+    assert max(len(line.rstrip()) for line in shown.splitlines()) <= 80, shown
+    flat = " ".join(shown.split())
+    for said in ("epoch 2/3", "94/1713 in all", "loss 3.726", "acc@1 0.00", "2,350 tok/s", "16.8 GiB",
+                 "last checkpoint: epoch 1, its end", "a checkpoint every 83 steps", "0.29 s/step",
+                 "killed (train-killed-sigkill)"):
+        assert said in flat, (said, shown)
+    assert "samples" not in shown
