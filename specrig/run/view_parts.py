@@ -97,16 +97,20 @@ def training_text(training: dict | None, plan: dict | None = None) -> str | None
     else:
         parts.append("no checkpoint yet")
     if plan:
-        parts.append(checkpoint_plan_text(plan))
+        parts.append(checkpoint_plan_text(plan, step_s=training.get("step_s")))
     return ", ".join(parts)
 
 
-def checkpoint_plan_text(plan: dict) -> str:
-    """How often the trainer checkpoints, and the work a crash may lose at that rate."""
+def checkpoint_plan_text(plan: dict, *, step_s: float | None = None) -> str:
+    """How often the trainer checkpoints, and the work a crash may lose at that rate; and at the measured
+    `step_s` where the plan was made before any step was timed (the next attempt plans with it)."""
     lost = plan["every_steps"] * plan["step_s"]
     rate = "measured" if plan["basis"] == "measured" else "planned"
-    return (f"a checkpoint every {plan['every_steps']} steps: a crash loses at most ~{_duration(lost)} "
+    text = (f"a checkpoint every {plan['every_steps']} steps: a crash loses at most ~{_duration(lost)} "
             f"at the {rate} {plan['step_s']:.2f} s/step")
+    if plan["basis"] != "measured" and step_s:
+        text += f" (~{_duration(plan['every_steps'] * step_s)} at the measured {step_s:.2f})"
+    return text
 
 
 def _duration(seconds: float) -> str:

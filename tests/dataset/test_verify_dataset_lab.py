@@ -405,6 +405,11 @@ def test_train_refuses_in_one_line_what_it_cannot_train_and_writes_nothing(serve
     assert held.returncode == 1 and "already holds an earlier training's checkpoints (epoch 2, step 40)" \
         in held.stderr, held.stderr
     shutil.rmtree(earlier)
+    locked = _train("--out", str(copy), "--save-path", "/root/specrig-not-yours/draft", "--skip-preflight")
+    assert locked.returncode == 1 and "cannot write /root/specrig-not-yours/draft: /root is not a directory this " \
+        "user can write" in locked.stderr, locked.stderr
+    missing = _train("--out", str(copy) + "-nowhere")
+    assert missing.returncode == 2 and "is no directory on this host" in missing.stderr, missing.stderr
     os.unlink(copy / outputs.file_name(2))
     changed = _train("--out", str(copy))
     assert changed.returncode == 1 and "changed since verify-dataset passed it" in changed.stderr, changed.stderr
