@@ -289,7 +289,7 @@ def test_two_shards_of_different_storage_name_the_rows_of_the_other(server_runs,
     try:
         # The trainer reads one directory: the two shards' files are linked into one, which the command names.
         assert merged.parent == first.parent and sorted(os.listdir(merged)) == sorted(
-            [outputs.file_name(row) for row in range(ROWS)] + ["specrig-train-command.sh"])
+            [outputs.file_name(row) for row in range(ROWS)] + ["specrig-train-command.sh", "specrig-verified.json"])
         assert os.readlink(merged / outputs.file_name(ROWS - 1)) == str(second / outputs.file_name(ROWS - 1))
         assert result["command"][result["command"].index("--hidden-states-path") + 1] == str(merged)
     finally:

@@ -457,7 +457,8 @@ def test_verify_dataset_of_a_job_array_links_the_tasks_outputs_for_the_trainer_a
     assert code == 0 and found["trainable"] and found["counts"]["files"] == 6, found
     assert sorted(share["out"] for share in found["shares"]) == [f"{out}/task-0", f"{out}/task-1"], found["shares"]
     merged = Path(found["merged"])
-    assert sorted(os.listdir(merged)) == sorted([f"data_{row}.pt" for row in range(6)] + ["specrig-train-command.sh"])
+    assert sorted(os.listdir(merged)) == sorted([f"data_{row}.pt" for row in range(6)]
+                                                + ["specrig-train-command.sh", "specrig-verified.json"])
     assert os.readlink(merged / "data_3.pt") == f"{out}/task-1/data_3.pt"  # in process, task k holds i % 2 == k
     assert found["command"][found["command"].index("--data-path") + 1] == str(merged), found["command"]
 
