@@ -112,6 +112,18 @@ def supervisor_options(given):
     return dict(SUPERVISOR_DEFAULTS, **(given or {}))
 
 
+def whole_number(args, name, *, minimum, default=None):
+    """The call's whole-number argument `name` (`default` when absent, None included), at least `minimum`;
+    bad-argument naming the option and the value otherwise. For the launches of every run kind."""
+    value = args.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise RemoteFailure("bad-argument", "--%s %r: give a whole number, at least %d"
+                            % (name.replace("_", "-"), value, minimum))
+    return value
+
+
 def host_paths(driver_args):
     """A copy of the driver's arguments with its paths absolute on this host (PATH_ARGS) and its model a
     directory: a Hugging Face repo id becomes its snapshot in this host's cache, the id kept as model_id

@@ -33,8 +33,9 @@ LAYER_SHAPE_KEYS = ("hidden_size", "num_hidden_layers", "vocab_size")
 def launch(args):
     workdir = rundir.workdir_of(args)
     launching.job_environment(args.get("env"))  # the model's snapshot is looked up with HF_HOME, a token
-    sizes = {name: whole(args, name, minimum=1) for name in DEFAULTS}
-    first_row = whole(args, "first_row", minimum=0, default=None)
+    sizes = {name: launching.whole_number(args, name, minimum=1, default=default)
+             for name, default in DEFAULTS.items()}
+    first_row = launching.whole_number(args, "first_row", minimum=0)
     draft = directory(args.get("draft"), "--draft")
     config = checkpoint.read_config(draft)
     train_args = checkpoint.training_args(draft)
@@ -66,19 +67,6 @@ def launch(args):
                 "untrained": dict(untrained, **untrained_made(untrained, run, train_args)), **sizes}
 
     return launching.launch_kind(args, kind=KIND_ACCEPT, out=draft, plan=plan)
-
-
-def whole(args, name, *, minimum, default=0):
-    """The call's whole number `name` (DEFAULTS when absent), at least `minimum`; bad-argument otherwise."""
-    value = args.get(name)
-    if value is None:
-        value = DEFAULTS.get(name, default)
-        if value is None:
-            return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise RemoteFailure("bad-argument", "--%s %r: give a whole number, at least %d"
-                            % (name.replace("_", "-"), value, minimum))
-    return value
 
 
 def directory(value, option):

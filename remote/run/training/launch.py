@@ -39,8 +39,8 @@ TRAIN_GRACE_S = 300.0
 
 
 def launch(args):
-    gpus = _positive(args, "gpus", 1)
-    max_steps = _positive(args, "max_steps", None)
+    gpus = launching.whole_number(args, "gpus", minimum=1, default=1)
+    max_steps = launching.whole_number(args, "max_steps", minimum=1)
     minutes = args.get("checkpoint_minutes")
     if not isinstance(minutes, (int, float)) or isinstance(minutes, bool) or minutes <= 0:
         raise RemoteFailure("bad-argument", "--checkpoint-minutes %r: give the minutes of work a crash may lose, "
@@ -52,8 +52,10 @@ def launch(args):
         env["TORCHDYNAMO_DISABLE"] = "1"
     if args.get("collective_safe"):
         env["NCCL_P2P_DISABLE"] = "1"
-    seq_len = _positive(args, "total_seq_len", int(plan.option(words, "--total-seq-len", plan.DEFAULT_SEQ_LEN)))
-    epochs = _positive(args, "epochs", int(plan.option(words, "--epochs", plan.DEFAULT_EPOCHS)))
+    seq_len = launching.whole_number(args, "total_seq_len", minimum=1,
+                                     default=int(plan.option(words, "--total-seq-len", plan.DEFAULT_SEQ_LEN)))
+    epochs = launching.whole_number(args, "epochs", minimum=1,
+                                    default=int(plan.option(words, "--epochs", plan.DEFAULT_EPOCHS)))
     save_path = os.path.abspath(os.path.expanduser(args.get("save_path") or plan.option(words, "--save-path")))
     model = plan.option(words, "--verifier-name-or-path")
     draft_vocab = plan.option(words, "--draft-vocab-size")
@@ -85,15 +87,6 @@ def launch(args):
 
     launched = launching.launch_kind(dict(args, options=options), kind=KIND_TRAIN, out=save_path, plan=training)
     return dict(launched, preflight=checks)
-
-
-def _positive(args, key, default):
-    value = args.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise RemoteFailure("bad-argument", "--%s %r: give a whole number above 0" % (key.replace("_", "-"), value))
-    return value
 
 
 def _states(args):
