@@ -29,7 +29,9 @@ from base.failure import RemoteFailure
 from base.units import human_bytes
 from dataset import verify as dataset_verify
 from run import disk_watch, launching
+from run.storage import existing_parent
 from run.training import plan, progress
+from slurm import cluster
 
 #: Seconds the accelerator probe may take (torch's import, a CUDA context on each GPU).
 PROBE_TIMEOUT_S = 120
@@ -137,24 +139,15 @@ def _change(then, now):
                                                       now.get("files"), human_bytes(now.get("bytes") or 0))
 
 
-def _nearest_existing(path):
-    while not os.path.exists(path):
-        parent = os.path.dirname(path)
-        if parent == path:
-            break
-        path = parent
-    return path
-
-
 def _save_path_check(save_path):
     """The save path holds no earlier training's checkpoints, and this user can make and write it."""
-    found = progress.last_checkpoint(save_path) or os.path.isdir(os.path.join(save_path, progress.INTERRUPTED))
-    if found:
-        where = ("epoch %(epoch)d, step %(local_step)d" % found) if isinstance(found, dict) else "a stop's checkpoint"
+    checkpoint = progress.last_checkpoint(save_path)
+    if checkpoint or os.path.isdir(os.path.join(save_path, progress.INTERRUPTED)):
+        where = "epoch %(epoch)d, step %(local_step)d" % checkpoint if checkpoint else "a stop's checkpoint"
         return {"name": "save path", "ok": False,
                 "detail": "%s already holds an earlier training's checkpoints (%s), which the trainer would resume: "
                           "`inv resume` that training's run, or pass another --save-path" % (save_path, where)}
-    existing = _nearest_existing(save_path)
+    existing = existing_parent(save_path)
     if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
         return {"name": "save path", "ok": False,
                 "detail": "cannot write %s: %s is not a directory this user can write; pass a --save-path it can"
@@ -164,7 +157,7 @@ def _save_path_check(save_path):
 
 def _room_check(save_path, ckpt_bytes, kept):
     """The disk under the save path holds the checkpoints the training keeps (one per epoch)."""
-    existing = _nearest_existing(save_path)
+    existing = existing_parent(save_path)
     free = disk_watch.free_bytes(existing)
     if ckpt_bytes is None:
         return {"name": "room", "ok": True, "detail": "%s free; a checkpoint's size is unknown (no config.json of "
@@ -182,11 +175,7 @@ def _gres_check(slurm, gpus):
     """A training on a Slurm cluster asks its job for the GPUs it trains on (`slurm.gres`): the login node, where
     this runs, has none of its own to ask torch about."""
     gres = slurm.get("gres") or ""
-    asked = [part for part in gres.split(",") if part.split(":")[0] == "gpu"]
-    count = 0
-    for part in asked:
-        last = part.split(":")[-1]
-        count += int(last) if last.isdigit() else 1
+    count = cluster.gpus_in(gres)
     if count < gpus:
         return {"name": "accelerator", "ok": False,
                 "detail": "slurm.gres %r asks the job for %d GPU(s), and the trainer needs %d: set `gres: gpu:%d` "

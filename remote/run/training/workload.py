@@ -28,6 +28,8 @@ from run.attempt import POLL_S, Watch, child_env, log_since, start_job
 from run.training import plan, progress
 
 RULES_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rules.json")
+#: The training's rules, read once for the supervisor's life (run/classify.py's table format).
+RULES = classify.load_rules(RULES_FILE)
 #: Seconds between looks at the save path's checkpoints.
 CHECKPOINTS_EVERY_S = 5.0
 #: The log's tail read to learn where a stopped trainer was (its step, epoch, local step).
@@ -176,7 +178,7 @@ class Trainer:
         --total-seq-len that fits."""
         text = self.attempt_log() if text is None else text
         failure = classify.classify(text, exit_status, host=self.supervisor.host(), subject="the trainer",
-                                    rules=classify.load_rules(RULES_FILE))
+                                    rules=RULES)
         if failure["kind"] == "train-out-of-memory":
             fits = seq_len_that_fits(text, self.plan["total_seq_len"])
             if fits:
