@@ -28,7 +28,14 @@ from specrig.dataset.view import run_end_text
 from specrig.exit_status import ExitStatus
 from specrig.group import HostOutcome
 from specrig.inventory import Host
-from specrig.run.view_parts import final_verdict, runs_total, show_layers_note, storage_note, training_text
+from specrig.run.view_parts import (
+    final_verdict,
+    format_duration,
+    runs_total,
+    show_layers_note,
+    storage_note,
+    training_text,
+)
 from specrig.slurm.view import show_stopped_job, slurm_job_text
 from specrig.ui import console, gpu_table, print_json
 from specrig.ui.preflight_checks import show_checks, show_preflight_failed
@@ -215,12 +222,6 @@ def _restart_verdict(failure: dict) -> str:
 def show_gpus(gpus: dict | None, apps: list[dict]) -> None:
     if gpus and gpus.get("available"):
         console.print(gpu_table(gpus["gpus"], apps=apps, title="GPUs"))
-
-
-def format_duration(seconds: float) -> str:
-    seconds = int(seconds)
-    hours, rest = divmod(seconds, 3600)
-    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
 
 
 def show_stop(result: dict) -> None:

@@ -87,7 +87,7 @@ def training_text(training: dict | None, plan: dict | None = None) -> str | None
     if training.get("tokens_per_s"):
         parts.append(f"{training['tokens_per_s']:,.0f} tok/s")
     if training.get("eta_s") is not None:
-        parts.append(f"ETA {_duration(training['eta_s'])}")
+        parts.append(f"ETA {format_duration(training['eta_s'])}")
     if training.get("memory_mib"):
         parts.append(f"{training['memory_mib'] / 1024:.1f} GiB")
     checkpoint = training.get("last_checkpoint")
@@ -106,15 +106,15 @@ def checkpoint_plan_text(plan: dict, *, step_s: float | None = None) -> str:
     `step_s` where the plan was made before any step was timed (the next attempt plans with it)."""
     lost = plan["every_steps"] * plan["step_s"]
     rate = "measured" if plan["basis"] == "measured" else "planned"
-    text = (f"a checkpoint every {plan['every_steps']} steps: a crash loses at most ~{_duration(lost)} "
+    text = (f"a checkpoint every {plan['every_steps']} steps: a crash loses at most ~{format_duration(lost)} "
             f"at the {rate} {plan['step_s']:.2f} s/step")
     if plan["basis"] != "measured" and step_s:
-        text += f" (~{_duration(plan['every_steps'] * step_s)} at the measured {step_s:.2f})"
+        text += f" (~{format_duration(plan['every_steps'] * step_s)} at the measured {step_s:.2f})"
     return text
 
 
-def _duration(seconds: float) -> str:
-    seconds = int(round(seconds))
-    if seconds >= 3600:
-        return f"{seconds // 3600}h {seconds % 3600 // 60:02d}m"
-    return f"{seconds // 60}m {seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+def format_duration(seconds: float) -> str:
+    """A duration as the run views show one: "1h02m", "0m27s"."""
+    seconds = int(seconds)
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
