@@ -161,13 +161,7 @@ def launch(args):
         server = None if request.driver_program else plan.of_run(
             run.path, run.run_id, request.driver_args, client_python=sys.executable,
             server_python=request.server_python, nodes=request.nodes)
-        rundir.create(run, dict(request.record, created_at=rundir.now_iso(), server=server), REMOTE_ROOT)
-        try:
-            pid = supervisor_start.start(run)
-        except RemoteFailure:
-            if run.record.get("slurm"):
-                shutil.rmtree(run.path, ignore_errors=True)  # Slurm refused the job: nothing was launched
-            raise
+        pid = create_and_start(run, dict(request.record, created_at=rundir.now_iso(), server=server))
     # The flags the server gets because this vLLM refuses a default setting with the connector (plan.py),
     # the stored layer ids beside the ones speculators' training takes by default, and the storage type.
     return {"run_id": run.run_id, "path": run.path, "supervisor_pid": pid, "slurm": run.record.get("slurm"),
@@ -194,15 +188,21 @@ def launch_kind(args, *, kind, out, plan):
             "driver_args": {"output_dir": out}, "options": options, "env_keys": env_keys, "shard": None,
             "nodes": None, "driver_program": None, "server": None, "server_python": args.get("server_python"),
             "slurm": {"settings": slurm, "job_id": None, "job_ids": [], "array": None} if slurm else None}
-        rundir.create(run, record, REMOTE_ROOT)
-        try:
-            pid = supervisor_start.start(run)
-        except RemoteFailure:
-            if slurm:
-                shutil.rmtree(run.path, ignore_errors=True)  # Slurm refused the job: nothing was launched
-            raise
+        pid = create_and_start(run, record)
     return {"run_id": run.run_id, "path": run.path, "supervisor_pid": pid, "slurm": run.record.get("slurm"),
             "kind": kind, kind: run.record[kind]}
+
+
+def create_and_start(run, record):
+    """The run's directory made with its `record` (rundir.create) and its supervisor started (or its Slurm job
+    submitted): its pid. A Slurm job refused leaves no run behind, since nothing was launched."""
+    rundir.create(run, record, REMOTE_ROOT)
+    try:
+        return supervisor_start.start(run)
+    except RemoteFailure:
+        if record.get("slurm"):
+            shutil.rmtree(run.path, ignore_errors=True)
+        raise
 
 
 # -- resume -------------------------------------------------------------------------------------
