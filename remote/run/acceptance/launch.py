@@ -10,10 +10,9 @@ directory is the run's claimed output: no two active measurements of one draft (
 the GPUs). What the run writes goes in its own directory: acceptance/<draft>.json, untrained/.
 """
 import os
-import subprocess
 import sys
 
-from base import hfcache, rundir
+from base import hfcache, pkgmeta, rundir
 from base.contract import KIND_ACCEPT
 from base.failure import RemoteFailure
 from run import launching
@@ -126,15 +125,14 @@ def count_rows(path, enough):
 
 
 def check_vllm(python):
-    """bad-argument unless `python` (the host's server_python, else python) can import vLLM: the measurement
-    runs vLLM there."""
-    probe = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec('vllm') else 3)"
+    """bad-argument unless `python` (the host's server_python, else python) has vLLM installed: the measurement
+    runs vLLM there. Read from the package metadata by base/pkgmeta.py run with that python, as a server
+    mode's plan reads it."""
     try:
-        found = subprocess.run([python, "-c", probe], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, timeout=FIND_VLLM_TIMEOUT_S).returncode
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        other = pkgmeta.other_environment(python, ["vllm"], FIND_VLLM_TIMEOUT_S)
+    except pkgmeta.EnvironmentUnreadable as exc:
         raise RemoteFailure("bad-argument", "python %r cannot be run (%s): set server_python in hosts.yaml to the "
                                             "python that has vLLM" % (python, exc)) from None
-    if found != 0:
+    if not (other or pkgmeta.environment(["vllm"]))["installed"]["vllm"]:
         raise RemoteFailure("bad-argument", "python %r has no vLLM: the measurement serves the target with vLLM; "
                                             "set server_python in hosts.yaml to the python that has it" % python)
