@@ -145,3 +145,15 @@ def shell_line(words):
     """The command as one line for a POSIX shell, each word that needs it single-quoted."""
     safe = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./=:,+@%")
     return " ".join(word if word and set(word) <= safe else "'" + word.replace("'", "'\\''") + "'" for word in words)
+
+
+def option(words, name, default=None):
+    """The value of option `name` in a training command's words, `--name VALUE` or `--name=VALUE`; the last one
+    given, as speculators' argument parser takes it; else `default`."""
+    value = default
+    for index, word in enumerate(words):
+        if word == name and index + 1 < len(words):
+            value = words[index + 1]
+        elif word.startswith(name + "="):
+            value = word.split("=", 1)[1]
+    return value

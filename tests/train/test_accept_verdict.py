@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from dataset import command
 from run.acceptance import draft, verdict
 
 #: train_command.txt as speculators 0.9.0 wrote it for `python -m speculators train ... --dry-run` on the lab.
@@ -48,7 +49,7 @@ def test_the_untrained_draft_is_the_training_command_with_dry_run(tmp_path):
     epoch = tmp_path / "0"
     epoch.mkdir()
     args = draft.training_args(str(epoch))  # a checkpoint of an epoch: the command is one directory up
-    assert draft.option(args, "--hidden-states-path") == "/data/states"
+    assert command.option(args, "--hidden-states-path") == "/data/states"
     argv = draft.untrained_argv("/py", args, "/run/untrained")
     assert argv[:4] == ["/py", "-m", "speculators", "train"]
     assert argv[-3:] == ["--dry-run", "--save-path", "/run/untrained"]

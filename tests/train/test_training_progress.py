@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 
+from dataset import command
 from run import classify
 from run.training import plan, progress
 from run.training.workload import RULES_FILE, seq_len_that_fits
@@ -71,7 +72,7 @@ def test_the_checkpoint_interval_is_the_steps_of_the_bound_at_the_measured_rate(
     whole = plan.checkpoint_plan(bound_s=900, steps_per_epoch=100, seq_len=8192, step_s=0.3)
     assert whole["freq"] == 30.0 and whole["every_steps"] == 3000
     env, words = plan.words_and_env(["env", "TORCHDYNAMO_DISABLE=1", "speculators", "train", "--epochs", "3"])
-    assert env == {"TORCHDYNAMO_DISABLE": "1"} and plan.option(words, "--epochs") == "3"
+    assert env == {"TORCHDYNAMO_DISABLE": "1"} and command.option(words, "--epochs") == "3"
     argv = plan.trainer_argv(python="/v/bin/python", words=words, gpus=8)
     assert argv[:8] == ["/v/bin/python", "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "8", "-m",
                         "speculators.train"]

@@ -12,6 +12,7 @@ import shlex
 
 from base import rundir
 from base.failure import RemoteFailure
+from dataset import command
 
 TRAIN_COMMAND = "train_command.txt"
 #: Options of the training command that name where it writes or what it starts from, not the draft's shape.
@@ -82,21 +83,11 @@ def untrained_argv(python, args, save_path):
     return [python, "-m", "speculators", "train"] + kept + ["--dry-run", "--save-path", save_path]
 
 
-def option(args, name):
-    """The value of option `name` in a command's arguments, or None."""
-    for index, word in enumerate(args):
-        if word == name and index + 1 < len(args):
-            return args[index + 1]
-        if word.startswith(name + "="):
-            return word.split("=", 1)[1]
-    return None
-
-
 def held_out_prompts(workdir, args):
     """(dataset file, its first row the training did not use) of the extraction whose output the draft was
     trained on (the command's --hidden-states-path, a run of this workdir); bad-argument naming why not, and
     the fix (--prompts)."""
-    states = option(args or [], "--hidden-states-path")
+    states = command.option(args or [], "--hidden-states-path")
     if not states:
         raise RemoteFailure("bad-argument", "no --prompts given and the draft's training command names no "
                             "--hidden-states-path: pass --prompts FILE (a jsonl of conversations on the host)")

@@ -27,6 +27,7 @@ from base import atomic, rundir
 from base.contract import KIND_TRAIN
 from base.failure import RemoteFailure
 from base.units import human_bytes
+from dataset import command
 from dataset import verify as dataset_verify
 from run import disk_watch, launching
 from run.storage import existing_parent
@@ -55,12 +56,12 @@ def launch(args):
     if args.get("collective_safe"):
         env["NCCL_P2P_DISABLE"] = "1"
     seq_len = launching.whole_number(args, "total_seq_len", minimum=1,
-                                     default=int(plan.option(words, "--total-seq-len", plan.DEFAULT_SEQ_LEN)))
+                                     default=int(command.option(words, "--total-seq-len", plan.DEFAULT_SEQ_LEN)))
     epochs = launching.whole_number(args, "epochs", minimum=1,
-                                    default=int(plan.option(words, "--epochs", plan.DEFAULT_EPOCHS)))
-    save_path = os.path.abspath(os.path.expanduser(args.get("save_path") or plan.option(words, "--save-path")))
-    model = plan.option(words, "--verifier-name-or-path")
-    draft_vocab = plan.option(words, "--draft-vocab-size")
+                                    default=int(command.option(words, "--epochs", plan.DEFAULT_EPOCHS)))
+    save_path = os.path.abspath(os.path.expanduser(args.get("save_path") or command.option(words, "--save-path")))
+    model = command.option(words, "--verifier-name-or-path")
+    draft_vocab = command.option(words, "--draft-vocab-size")
     checks = [_save_path_check(save_path)]
     rows, per_row = verdict["counts"]["rows"], verdict.get("tokens_per_row") or plan.DEFAULT_SEQ_LEN
     steps = plan.steps_per_epoch(tokens=rows * per_row, seq_len=seq_len, gpus=gpus)

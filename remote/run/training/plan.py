@@ -45,15 +45,6 @@ def words_and_env(command):
     return env, words
 
 
-def option(words, name, default=None):
-    """The value of the last `name` in the words (speculators' flags: the last wins), else `default`."""
-    value = default
-    for index, word in enumerate(words[:-1]):
-        if word == name:
-            value = words[index + 1]
-    return value
-
-
 def trainer_argv(*, python, words, gpus):
     """The argv that runs the trainer's words (["speculators", "train", ...]) on `python`, by module rather than
     by console script (an environment installed with `pip --target` has its scripts elsewhere): speculators'
