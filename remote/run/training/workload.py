@@ -74,9 +74,12 @@ class Trainer:
         for path in progress.set_aside_incomplete(self.save_path):
             sup.log_marker("%s: a checkpoint whose save was cut short, set aside as %s" % (
                 os.path.dirname(path), os.path.basename(path)))
-        stopped_at = progress.TrainerLog()
-        stopped_at.feed(log_since(self.log, max(0, self.log_offset - RESUME_TAIL_BYTES)))
-        adopted = progress.adopt_interrupted(self.save_path, stopped_at)
+        adopted = None
+        if os.path.isdir(os.path.join(self.save_path, progress.INTERRUPTED)):
+            # Only a stop's checkpoint needs the log read back, to say where the stopped trainer was.
+            stopped_at = progress.TrainerLog()
+            stopped_at.feed(log_since(self.log, max(0, self.log_offset - RESUME_TAIL_BYTES)))
+            adopted = progress.adopt_interrupted(self.save_path, stopped_at)
         if adopted:
             sup.log_marker("the stop's checkpoint adopted as epoch %(epoch)d, step %(local_step)d (global step "
                            "%(global_step)d): the trainer resumes from it" % adopted)
