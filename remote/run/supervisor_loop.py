@@ -351,17 +351,17 @@ class Supervisor:
         previous, self.previous_failure = self.previous_failure, failure
         # Progress kept between the two: new samples, or a training's new checkpoint.
         progressed = entry.get("samples_written") or entry.get("checkpoints_written")
+        kept = "checkpoint" if "checkpoints_written" in entry else "sample"
         repeated = (failure["retryable"] and previous is not None and not progressed
                     and previous["signature"] == failure["signature"])
         if repeated:
             failure.update(retryable=False, repeats_attempt=previous["attempt"])
-            failure["explain"] += "; the same failure as attempt %d, with no new %s since" % (
-                previous["attempt"], "checkpoint" if "checkpoints_written" in entry else "sample")
+            failure["explain"] += "; the same failure as attempt %d, with no new %s since" % (previous["attempt"], kept)
             failure["advice"] += "; a restart would fail the same way, so there was none: `inv resume` once the " \
                                  "cause is fixed"
         retry = failure["retryable"] and self.status["restarts"] < self.options["max_restarts"]
         failure["restarted"] = retry
-        verdict = ("the same failure twice with no new sample: not restarting" if repeated
+        verdict = ("the same failure twice with no new %s: not restarting" % kept if repeated
                    else "restarting" if retry else "not restarting")
         self.log_marker("attempt %d: %s (%s); %s" % (number, failure["kind"], failure["explain"], verdict))
         self.save(last_failure=failure, driver_pid=None)

@@ -123,3 +123,10 @@ def test_inv_status_shows_the_h100_trainings_progress_in_80_columns(capsys):
                  "killed (train-killed-sigkill)"):
         assert said in flat, (said, shown)
     assert "samples" not in shown
+
+
+def test_a_stop_deep_into_an_epoch_is_placed_from_the_status_where_the_logs_tail_begins_mid_epoch():
+    """The log's tail holds the epoch's last steps only: where the epoch began comes from the run's status."""
+    log = progress.TrainerLog.continuing({"epoch": 1, "step": 500, "global_step": 1400})
+    log.feed("".join(f"train/loss=3.0, epoch=1, lr=1e-3, global_step={step}\n" for step in range(1405, 1410)))
+    assert (log.epoch, log.local_step, log.global_step) == (1, 510, 1410)

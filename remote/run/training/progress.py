@@ -51,6 +51,16 @@ class TrainerLog:
         self.epoch_start = None
         self.steps_seen = 0
 
+    @classmethod
+    def continuing(cls, shown):
+        """A reader that goes on from where status.json's "training" (`shown`) saw the trainer: its epoch, and the
+        step that epoch began at. A log read from its tail alone (run/attempt.py log_since) may not reach back to
+        the epoch's first step, from which a record's local step is counted."""
+        log = cls()
+        if shown and shown.get("epoch") is not None and shown.get("step") and shown.get("global_step") is not None:
+            log.epoch, log.epoch_start = shown["epoch"], shown["global_step"] - shown["step"]
+        return log
+
     def feed(self, text):
         """Read a new piece of the log (whole lines: the caller keeps a partial last line for the next)."""
         for line in re.split(r"[\r\n]+", text):

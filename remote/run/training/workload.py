@@ -32,8 +32,6 @@ RULES_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rules.jso
 RULES = classify.load_rules(RULES_FILE)
 #: Seconds between looks at the save path's checkpoints.
 CHECKPOINTS_EVERY_S = 5.0
-#: The log's tail read to learn where a stopped trainer was (its step, epoch, local step).
-RESUME_TAIL_BYTES = 16 * 2 ** 20
 VALIDATION = re.compile(r"Validation epoch \d+/\d+ started")
 SAVING = re.compile(r"Saving checkpoint to ")
 #: torch's out-of-memory message: what was asked for, the GPU's capacity and what was free, and what PyTorch held.
@@ -76,9 +74,10 @@ class Trainer:
                 os.path.dirname(path), os.path.basename(path)))
         adopted = None
         if os.path.isdir(os.path.join(self.save_path, progress.INTERRUPTED)):
-            # Only a stop's checkpoint needs the log read back, to say where the stopped trainer was.
-            stopped_at = progress.TrainerLog()
-            stopped_at.feed(log_since(self.log, max(0, self.log_offset - RESUME_TAIL_BYTES)))
+            # Only a stop's checkpoint needs the log read back, to say where the stopped trainer was: from where
+            # this run's status last saw it, then the log's tail (its last steps, up to its end).
+            stopped_at = progress.TrainerLog.continuing(sup.status.get("training"))
+            stopped_at.feed(log_since(self.log, 0))
             adopted = progress.adopt_interrupted(self.save_path, stopped_at)
         if adopted:
             sup.log_marker("the stop's checkpoint adopted as epoch %(epoch)d, step %(local_step)d (global step "
