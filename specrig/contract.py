@@ -45,6 +45,11 @@ LOST: str = _contract.LOST
 UNRESPONSIVE: str = _contract.UNRESPONSIVE
 ACTIVE_STATES: tuple[str, ...] = _contract.ACTIVE_STATES
 FINAL_STATES: tuple[str, ...] = _contract.FINAL_STATES
+# What a run does (run.json "kind") and the defaults of a training's and an acceptance's launch.
+KIND_TRAIN: str = _contract.KIND_TRAIN
+KIND_ACCEPT: str = _contract.KIND_ACCEPT
+TRAIN_CHECKPOINT_MINUTES: float = _contract.TRAIN_CHECKPOINT_MINUTES
+ACCEPT_DEFAULTS: dict = _contract.ACCEPT_DEFAULTS
 DRIVER_DEFAULTS: dict = _contract.DRIVER_DEFAULTS
 DRIVER_REQUIRED: tuple[str, ...] = _contract.DRIVER_REQUIRED
 SUPERVISOR_DEFAULTS: dict = _contract.SUPERVISOR_DEFAULTS

@@ -45,6 +45,11 @@ KIND_TRAIN = "train"
 #: The target served with a draft, its acceptance measured (remote/run/acceptance/): run.json "accept".
 KIND_ACCEPT = "accept"
 RUN_KINDS = (KIND_EXTRACT, KIND_TRAIN, KIND_ACCEPT)
+#: A training's default bound on the work a crash may lose, in minutes: its checkpoint frequency follows from it
+#: (`inv train --checkpoint-minutes`; remote/run/training/plan.py).
+TRAIN_CHECKPOINT_MINUTES = 15.0
+#: An acceptance measurement's defaults (`inv accept`; remote/run/acceptance/launch.py).
+ACCEPT_DEFAULTS = {"num_prompts": 64, "max_tokens": 128, "k": 3, "tp": 1}
 
 
 def run_kind(record):

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from specrig.contract import ACTIVE_STATES, SUCCEEDED
+from specrig.contract import ACCEPT_DEFAULTS, ACTIVE_STATES, KIND_ACCEPT, SUCCEEDED
 from specrig.errors import UsageError
 from specrig.inventory import Host
 from specrig.run.runs import RUN_TIMEOUT_S, runs_call, watch_run
 from specrig.slurm.submit import slurm_settings
 from specrig.transport import connect
-
-#: The measurement's options and their defaults (remote/run/acceptance/launch.py DEFAULTS holds the same).
-DEFAULTS = {"num_prompts": 64, "max_tokens": 128, "k": 3, "tp": 1}
 
 
 def flag(name: str) -> str:
@@ -31,7 +28,8 @@ def check_sizes(sizes: dict) -> dict:
         minimum = 0 if name == "first_row" else 1
         if value is not None and value < minimum:
             raise UsageError(f"{flag(name)} {value!r}: give a whole number, at least {minimum}")
-    return {name: DEFAULTS[name] if value is None and name in DEFAULTS else value for name, value in sizes.items()}
+    return {name: ACCEPT_DEFAULTS[name] if value is None and name in ACCEPT_DEFAULTS else value
+            for name, value in sizes.items()}
 
 
 def launch(host: Host, given: dict, *, on_update: Callable[[dict], None] | None = None) -> dict:
@@ -53,7 +51,7 @@ def report(host: Host, run_id: str, *, on_update: Callable[[dict], None] | None 
     with connect(host) as remote:
         found = runs_call(remote, host, "status", {"run": run_id})
         run = found["runs"][0]
-        if run.get("kind") != "accept":
+        if run.get("kind") != KIND_ACCEPT:
             raise UsageError(f"--run {run_id!r} is a run of kind {run.get('kind')!r}, not an acceptance measurement",
                              hint="name a run `inv accept` started (`inv status --host H` lists them)")
         if on_update is not None and run["state"] in ACTIVE_STATES:

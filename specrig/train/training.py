@@ -6,6 +6,7 @@ it, and `resume` continues from the trainer's last checkpoint.
 """
 from __future__ import annotations
 
+from specrig.contract import TRAIN_CHECKPOINT_MINUTES
 from specrig.errors import UsageError
 from specrig.inventory import Host
 from specrig.run.settings import supervisor_options
@@ -14,21 +15,19 @@ from specrig.transport import connect
 
 #: The launch probes torch for the GPUs (a CUDA context on each) before anything is written.
 LAUNCH_TIMEOUT_S = 300
-#: The minutes of training a crash may lose, by default (the checkpoint frequency follows from it).
-CHECKPOINT_MINUTES = 15.0
 
 
 def checkpoint_minutes(value: str | float | None) -> float:
     """`--checkpoint-minutes`: a number of minutes above 0 (checked before any host is reached)."""
     if value is None:
-        return CHECKPOINT_MINUTES
+        return TRAIN_CHECKPOINT_MINUTES
     try:
         minutes = float(value)
     except (TypeError, ValueError):
         minutes = 0.0
     if not minutes > 0 or minutes != minutes or minutes == float("inf"):
         raise UsageError(f"--checkpoint-minutes {value!r}: give the minutes of training a crash may lose, above 0",
-                         hint=f"e.g. --checkpoint-minutes {CHECKPOINT_MINUTES:g} (the default)")
+                         hint=f"e.g. --checkpoint-minutes {TRAIN_CHECKPOINT_MINUTES:g} (the default)")
     return minutes
 
 

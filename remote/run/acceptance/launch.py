@@ -13,14 +13,12 @@ import os
 import sys
 
 from base import hfcache, pkgmeta, rundir
-from base.contract import KIND_ACCEPT
+from base.contract import ACCEPT_DEFAULTS, KIND_ACCEPT
 from base.failure import RemoteFailure
 from run import launching
 from run.acceptance import draft as checkpoint
 from run.acceptance.measure import MAKING
 
-#: The measurement's defaults (the laptop's `inv accept` fills them too).
-DEFAULTS = {"num_prompts": 64, "max_tokens": 128, "k": 3, "tp": 1}
 UNTRAINED_CHOICES = ("auto", "none")
 #: Seconds to ask the measuring python whether it has vLLM (without importing it).
 FIND_VLLM_TIMEOUT_S = 60
@@ -33,7 +31,7 @@ def launch(args):
     workdir = rundir.workdir_of(args)
     launching.job_environment(args.get("env"))  # the model's snapshot is looked up with HF_HOME, a token
     sizes = {name: launching.whole_number(args, name, minimum=1, default=default)
-             for name, default in DEFAULTS.items()}
+             for name, default in ACCEPT_DEFAULTS.items()}
     first_row = launching.whole_number(args, "first_row", minimum=0)
     draft = directory(args.get("draft"), "--draft")
     config = checkpoint.read_config(draft)

@@ -24,7 +24,7 @@ import subprocess
 import sys
 
 from base import atomic, rundir
-from base.contract import KIND_TRAIN
+from base.contract import KIND_TRAIN, TRAIN_CHECKPOINT_MINUTES
 from base.failure import RemoteFailure
 from base.units import human_bytes
 from dataset import command
@@ -47,7 +47,7 @@ def launch(args):
     minutes = args.get("checkpoint_minutes")
     if not isinstance(minutes, (int, float)) or isinstance(minutes, bool) or minutes <= 0:
         raise RemoteFailure("bad-argument", "--checkpoint-minutes %r: give the minutes of work a crash may lose, "
-                                            "above 0 (default 15)" % (minutes,))
+                                            "above 0 (default %g)" % (minutes, TRAIN_CHECKPOINT_MINUTES))
     states = _states(args)
     verdict = _verdict(states, host=args.get("host") or "HOST")
     env, words = plan.words_and_env(verdict["command"])
